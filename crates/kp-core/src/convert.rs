@@ -1,0 +1,462 @@
+//! Turning Kubernetes objects into the validated model.
+//!
+//! Every field that can reach rule text (addresses, ports, protocols, names) is checked here, so
+//! a malformed or hostile object is rejected whole, with a reason, before any renderer sees it.
+//! Mirrors the filtering in upstream `pkg/proxy/servicechangetracker.go` (`serviceToServiceMap`)
+//! and `pkg/proxy/endpointslicecache.go`.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::model::{
+    Endpoint, IpFamily, NodeInfo, Protocol, ServiceKey, ServicePort, ServicePortName, SliceEndpoints,
+    SlicePort,
+};
+
+/// Label naming another proxy that owns a Service.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label marking a headless Service.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label joining an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Annotation carrying the time of the change that produced an EndpointSlice.
+pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Node label holding the zone.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Taint the cluster autoscaler puts on nodes it is about to delete.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Why an object was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidObject {
+    /// A required field is missing.
+    #[error("missing field {0}")]
+    Missing(&'static str),
+    /// A name is not a valid DNS label / subdomain.
+    #[error("invalid {field} {value:?}: {reason}")]
+    Name {
+        /// Which field.
+        field: &'static str,
+        /// The offending value (escaped by `Debug`).
+        value: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// An address or CIDR does not parse.
+    #[error("invalid {field} {value:?}")]
+    Address {
+        /// Which field.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+    },
+    /// A port is out of range.
+    #[error("invalid {field} {value}: must be 1-65535")]
+    Port {
+        /// Which field.
+        field: &'static str,
+        /// The offending value.
+        value: i64,
+    },
+    /// A protocol is not TCP, UDP or SCTP.
+    #[error("invalid protocol {0:?}")]
+    Protocol(String),
+    /// Two ports of one Service share a name and protocol.
+    #[error("duplicate port {0:?}")]
+    DuplicatePort(String),
+}
+
+/// How a Service was accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceDisposition {
+    /// Proxied through these ports.
+    Proxied(Vec<ServicePort>),
+    /// Valid, but not ours to proxy (headless, ExternalName, other proxy, no ClusterIP).
+    Ignored(&'static str),
+}
+
+const MAX_LABEL: usize = 63;
+const MAX_SUBDOMAIN: usize = 253;
+
+/// Checks an RFC 1123 DNS label (namespaces, Service names, port names).
+pub fn validate_dns_label(field: &'static str, value: &str) -> Result<(), InvalidObject> {
+    let err = |reason| InvalidObject::Name {
+        field,
+        value: value.to_string(),
+        reason,
+    };
+    if value.is_empty() {
+        return Err(err("must not be empty"));
+    }
+    if value.len() > MAX_LABEL {
+        return Err(err("longer than 63 characters"));
+    }
+    let bytes = value.as_bytes();
+    if !bytes
+        .iter()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+    {
+        return Err(err("only lower-case letters, digits and '-' are allowed"));
+    }
+    if bytes[0] == b'-' || bytes[bytes.len() - 1] == b'-' {
+        return Err(err("must start and end with a letter or digit"));
+    }
+    Ok(())
+}
+
+/// Checks an RFC 1123 DNS subdomain (EndpointSlice and Node names).
+pub fn validate_dns_subdomain(field: &'static str, value: &str) -> Result<(), InvalidObject> {
+    if value.len() > MAX_SUBDOMAIN {
+        return Err(InvalidObject::Name {
+            field,
+            value: value.to_string(),
+            reason: "longer than 253 characters",
+        });
+    }
+    for label in value.split('.') {
+        validate_dns_label(field, label).map_err(|_| InvalidObject::Name {
+            field,
+            value: value.to_string(),
+            reason: "must be dot-separated DNS labels",
+        })?;
+    }
+    Ok(())
+}
+
+fn parse_ip(field: &'static str, value: &str) -> Result<IpAddr, InvalidObject> {
+    // std's parser is strict: no leading zeros, no zones, no whitespace.
+    IpAddr::from_str(value).map_err(|_| InvalidObject::Address {
+        field,
+        value: value.to_string(),
+    })
+}
+
+fn parse_cidr(field: &'static str, value: &str) -> Result<IpNet, InvalidObject> {
+    let net = IpNet::from_str(value.trim()).map_err(|_| InvalidObject::Address {
+        field,
+        value: value.to_string(),
+    })?;
+    Ok(net.trunc())
+}
+
+fn port(field: &'static str, value: i32) -> Result<u16, InvalidObject> {
+    if (1..=65535).contains(&value) {
+        Ok(value as u16)
+    } else {
+        Err(InvalidObject::Port {
+            field,
+            value: value.into(),
+        })
+    }
+}
+
+fn protocol(value: Option<&String>) -> Result<Protocol, InvalidObject> {
+    match value {
+        None => Ok(Protocol::Tcp),
+        Some(p) => Protocol::from_kubernetes(p).ok_or_else(|| InvalidObject::Protocol(p.clone())),
+    }
+}
+
+/// Validates the namespace and name of an object's metadata.
+fn service_key(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<ServiceKey, InvalidObject> {
+    let namespace = meta.namespace.as_deref().unwrap_or("default");
+    let name = meta.name.as_deref().ok_or(InvalidObject::Missing("metadata.name"))?;
+    validate_dns_label("metadata.namespace", namespace)?;
+    validate_dns_label("metadata.name", name)?;
+    Ok(ServiceKey::new(namespace, name))
+}
+
+/// Default ClientIP affinity timeout (3 hours), as upstream.
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+/// Largest affinity timeout the API accepts (1 day).
+pub const MAX_AFFINITY_TIMEOUT: u32 = 86400;
+
+/// Converts a Service into its ports, or says why it is ignored or invalid.
+pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), InvalidObject> {
+    let key = service_key(&svc.metadata)?;
+    let labels = svc.metadata.labels.as_ref();
+    if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
+        return Ok((key, ServiceDisposition::Ignored("owned by another service proxy")));
+    }
+    if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
+        return Ok((key, ServiceDisposition::Ignored("headless")));
+    }
+    let spec = svc.spec.as_ref().ok_or(InvalidObject::Missing("spec"))?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Ok((key, ServiceDisposition::Ignored("ExternalName")));
+    }
+    let mut cluster_ip_strings: Vec<&String> = spec.cluster_ips.iter().flatten().collect();
+    if cluster_ip_strings.is_empty() {
+        cluster_ip_strings.extend(spec.cluster_ip.iter());
+    }
+    if cluster_ip_strings.is_empty() || cluster_ip_strings.iter().any(|ip| ip.as_str() == "None") {
+        return Ok((key, ServiceDisposition::Ignored("headless or no ClusterIP")));
+    }
+    let mut cluster_ips: Vec<IpAddr> = Vec::new();
+    for s in cluster_ip_strings {
+        let ip = parse_ip("spec.clusterIPs", s)?;
+        if !cluster_ips.iter().any(|c| IpFamily::of(c) == IpFamily::of(&ip)) {
+            cluster_ips.push(ip);
+        }
+    }
+    let external_ips = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .map(|s| parse_ip("spec.externalIPs", s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let mut load_balancer_ips = Vec::new();
+    if is_lb {
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        for ing in ingress.into_iter().flatten() {
+            if let Some(ip) = &ing.ip {
+                load_balancer_ips.push(parse_ip("status.loadBalancer.ingress.ip", ip)?);
+            }
+        }
+    }
+    let load_balancer_source_ranges = if is_lb {
+        spec.load_balancer_source_ranges
+            .iter()
+            .flatten()
+            .map(|s| parse_cidr("spec.loadBalancerSourceRanges", s))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        Vec::new()
+    };
+    let session_affinity_timeout = if spec.session_affinity.as_deref() == Some("ClientIP") {
+        let t = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT as i32);
+        if t < 1 || t as u32 > MAX_AFFINITY_TIMEOUT {
+            return Err(InvalidObject::Port {
+                field: "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                value: t.into(),
+            });
+        }
+        Some(t as u32)
+    } else {
+        None
+    };
+    let internal_traffic_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let external_traffic_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let health_check_node_port = match spec.health_check_node_port {
+        Some(p) if external_traffic_local => Some(port("spec.healthCheckNodePort", p)?),
+        _ => None,
+    };
+    let mut ports = Vec::new();
+    let mut seen = BTreeSet::new();
+    for sp in spec.ports.iter().flatten() {
+        let port_name = sp.name.clone().unwrap_or_default();
+        if !port_name.is_empty() {
+            validate_dns_label("spec.ports.name", &port_name)?;
+        }
+        let protocol = protocol(sp.protocol.as_ref())?;
+        if !seen.insert((port_name.clone(), protocol)) {
+            return Err(InvalidObject::DuplicatePort(port_name));
+        }
+        let node_port = match sp.node_port {
+            Some(p) if spec.type_.as_deref() == Some("NodePort") || is_lb => {
+                Some(port("spec.ports.nodePort", p)?)
+            }
+            _ => None,
+        };
+        ports.push(ServicePort {
+            name: ServicePortName {
+                service: key.clone(),
+                port: port_name,
+                protocol,
+            },
+            cluster_ips: cluster_ips.clone(),
+            port: port("spec.ports.port", sp.port)?,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ips: load_balancer_ips.clone(),
+            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+            session_affinity_timeout,
+            internal_traffic_local,
+            external_traffic_local,
+            health_check_node_port,
+        });
+    }
+    Ok((key, ServiceDisposition::Proxied(ports)))
+}
+
+/// Converts an EndpointSlice. `node_name` is this node, to mark local endpoints.
+///
+/// Returns `Ok(None)` for slices that are not ours to use (not IPv4/IPv6, or not joined to a
+/// Service by label).
+pub fn slice_endpoints(
+    slice: &EndpointSlice,
+    node_name: &str,
+) -> Result<Option<SliceEndpoints>, InvalidObject> {
+    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+    validate_dns_label("metadata.namespace", namespace)?;
+    let slice_name = slice
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(InvalidObject::Missing("metadata.name"))?;
+    validate_dns_subdomain("metadata.name", slice_name)?;
+    let Some(service_name) = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+    else {
+        return Ok(None);
+    };
+    validate_dns_label("label kubernetes.io/service-name", service_name)?;
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        _ => return Ok(None),
+    };
+    let trigger_time = slice
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
+        .and_then(|t| parse_rfc3339_seconds(t));
+
+    // Validate every endpoint once, then fan out per port.
+    let mut base = Vec::new();
+    for ep in slice.endpoints.iter().flatten() {
+        let Some(addr) = ep.addresses.first() else {
+            return Err(InvalidObject::Missing("endpoints.addresses"));
+        };
+        let ip = parse_ip("endpoints.addresses", addr)?;
+        if IpFamily::of(&ip) != family {
+            return Err(InvalidObject::Address {
+                field: "endpoints.addresses (family differs from addressType)",
+                value: addr.to_string(),
+            });
+        }
+        if let Some(n) = &ep.node_name {
+            validate_dns_subdomain("endpoints.nodeName", n)?;
+        }
+        let cond = ep.conditions.as_ref();
+        let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+        let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+        let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+        let zone_hints = ep.hints.as_ref().and_then(|h| h.for_zones.as_ref()).map(|zones| {
+            zones.iter().map(|z| z.name.clone()).collect::<BTreeSet<_>>()
+        });
+        base.push(Endpoint {
+            ip,
+            port: 0,
+            ready,
+            serving,
+            terminating,
+            is_local: ep.node_name.as_deref() == Some(node_name),
+            zone_hints,
+        });
+    }
+    let mut ports = Vec::new();
+    for p in slice.ports.iter().flatten() {
+        let Some(number) = p.port else { continue };
+        let number = port("ports.port", number)?;
+        let port_name = p.name.clone().unwrap_or_default();
+        if !port_name.is_empty() {
+            validate_dns_label("ports.name", &port_name)?;
+        }
+        let protocol = protocol(p.protocol.as_ref())?;
+        let endpoints = base
+            .iter()
+            .map(|e| Endpoint {
+                port: number,
+                ..e.clone()
+            })
+            .collect();
+        ports.push(SlicePort {
+            port_name,
+            protocol,
+            endpoints,
+        });
+    }
+    Ok(Some(SliceEndpoints {
+        service: ServiceKey::new(namespace, service_name.clone()),
+        slice_name: slice_name.to_string(),
+        family,
+        ports,
+        trigger_time,
+    }))
+}
+
+/// Converts this node's Node object.
+pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
+    let name = node
+        .metadata
+        .name
+        .clone()
+        .ok_or(InvalidObject::Missing("metadata.name"))?;
+    let spec = node.spec.as_ref();
+    let mut pod_cidrs = Vec::new();
+    let cidrs: Vec<&String> = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
+        Some(list) if !list.is_empty() => list.iter().collect(),
+        _ => spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect(),
+    };
+    for c in cidrs {
+        pod_cidrs.push(parse_cidr("spec.podCIDRs", c)?);
+    }
+    let to_be_deleted = spec
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TAINT_TO_BE_DELETED));
+    Ok(NodeInfo {
+        name,
+        exists: true,
+        deleting: node.metadata.deletion_timestamp.is_some(),
+        to_be_deleted,
+        zone: node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_ZONE))
+            .cloned(),
+        pod_cidrs,
+    })
+}
+
+/// Parses an RFC 3339 UTC timestamp (`2024-01-02T03:04:05Z`, optional fraction) to Unix seconds.
+/// Returns `None` for anything else; the annotation only feeds a metric.
+pub fn parse_rfc3339_seconds(s: &str) -> Option<f64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, mo, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = match time.split_once('.') {
+        Some((hms, f)) => (hms, format!("0.{f}").parse::<f64>().ok()?),
+        None => (time, 0.0),
+    };
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (h, mi, sec) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&day) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    // Days from civil date (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    Some((days * 86400 + h * 3600 + mi * 60 + sec) as f64 + frac)
+}
+
+#[cfg(test)]
+mod tests;

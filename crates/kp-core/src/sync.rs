@@ -1,0 +1,134 @@
+//! When to sync: upstream's bounded-frequency runner, as a pure state machine.
+//!
+//! A sync runs at most once per `min_interval` and at least once per `max_interval`; requests
+//! that arrive in between coalesce into one run. After a failed sync the next run is a full one
+//! and comes sooner, with exponential backoff capped at `max_interval`. Time is an argument, so
+//! tests drive it without sleeping. Mirrors `k8s.io/kubernetes/pkg/util/async/bounded_frequency_runner.go`.
+
+use std::time::{Duration, Instant};
+
+/// Which kind of sync is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Rewrite everything and repair drift.
+    Full,
+    /// Program only what changed.
+    Partial,
+}
+
+/// The runner's state.
+#[derive(Clone, Debug)]
+pub struct SyncSchedule {
+    min_interval: Duration,
+    max_interval: Duration,
+    /// When the last sync finished (successfully or not).
+    last_run: Option<Instant>,
+    /// When the oldest unserved request arrived.
+    requested: Option<Instant>,
+    /// When to retry after a failure.
+    retry_at: Option<Instant>,
+    /// Current retry backoff.
+    backoff: Duration,
+    /// The next sync must be full (start-up, or after a failure).
+    next_full: bool,
+    /// When the last full sync finished.
+    last_full: Option<Instant>,
+}
+
+/// First retry delay after a failure.
+pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+
+impl SyncSchedule {
+    /// A schedule whose first sync is full and due as soon as it is requested.
+    pub fn new(min_interval: Duration, max_interval: Duration) -> Self {
+        SyncSchedule {
+            min_interval,
+            max_interval: max_interval.max(min_interval),
+            last_run: None,
+            requested: None,
+            retry_at: None,
+            backoff: INITIAL_BACKOFF,
+            next_full: true,
+            last_full: None,
+        }
+    }
+
+    /// Records that something changed and a sync is wanted.
+    pub fn request(&mut self, now: Instant) {
+        self.requested.get_or_insert(now);
+    }
+
+    /// When the oldest unserved request arrived, if any (feeds `/healthz`).
+    pub fn oldest_request(&self) -> Option<Instant> {
+        self.requested
+    }
+
+    /// The earliest instant at which [`Self::due`] may return something.
+    pub fn next_wakeup(&self, now: Instant) -> Instant {
+        let Some(last) = self.last_run else {
+            return if self.requested.is_some() { now } else { now + self.max_interval };
+        };
+        let mut at = last + self.max_interval;
+        if self.requested.is_some() {
+            at = at.min(last + self.min_interval);
+        }
+        if let Some(r) = self.retry_at {
+            at = at.min(r);
+        }
+        at.max(now)
+    }
+
+    /// Whether a sync should run at `now`, and which kind.
+    pub fn due(&self, now: Instant) -> Option<SyncKind> {
+        let kind = if self.next_full
+            || self
+                .last_full
+                .is_none_or(|f| now.duration_since(f) >= self.max_interval)
+        {
+            SyncKind::Full
+        } else {
+            SyncKind::Partial
+        };
+        let Some(last) = self.last_run else {
+            return self.requested.map(|_| kind);
+        };
+        let since = now.saturating_duration_since(last);
+        if since >= self.max_interval {
+            return Some(kind);
+        }
+        if self.retry_at.is_some_and(|r| now >= r) {
+            return Some(kind);
+        }
+        if self.requested.is_some() && since >= self.min_interval {
+            return Some(kind);
+        }
+        None
+    }
+
+    /// Records the outcome of a sync of `kind` that finished at `now`.
+    pub fn finished(&mut self, now: Instant, kind: SyncKind, ok: bool) {
+        self.last_run = Some(now);
+        if ok {
+            self.requested = None;
+            self.retry_at = None;
+            self.backoff = INITIAL_BACKOFF;
+            self.next_full = false;
+            if kind == SyncKind::Full {
+                self.last_full = Some(now);
+            }
+        } else {
+            self.next_full = true;
+            self.retry_at = Some(now + self.backoff);
+            self.backoff = (self.backoff * 2).min(self.max_interval);
+        }
+    }
+
+    /// Forces the next sync to be full (for example when someone flushed our rules).
+    pub fn force_full(&mut self, now: Instant) {
+        self.next_full = true;
+        self.request(now);
+    }
+}
+
+#[cfg(test)]
+mod tests;

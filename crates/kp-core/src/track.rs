@@ -1,0 +1,377 @@
+//! The proxy's view of the cluster, and what changed since the last sync.
+//!
+//! Sources feed [`SourceEvent`]s; [`ProxyState::apply`] validates each object, keeps the last
+//! good version of every object (an invalid update never removes what was working), and records
+//! which Services changed. [`ProxyState::take_changes`] hands a sync exactly those Services.
+//! Mirrors upstream `pkg/proxy/servicechangetracker.go` and `endpointschangetracker.go`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::convert::{self, InvalidObject, ServiceDisposition};
+use crate::model::{Endpoint, NodeInfo, ServiceKey, ServicePort, ServicePortName, SliceEndpoints};
+use crate::select::{self, SelectedEndpoints};
+
+/// The kinds of object the proxy watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// core/v1 Service.
+    Service,
+    /// discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice,
+    /// core/v1 Node (only this node).
+    Node,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+        })
+    }
+}
+
+/// A watched object.
+#[derive(Clone, Debug)]
+pub enum Object {
+    /// A Service.
+    Service(Box<Service>),
+    /// An EndpointSlice.
+    EndpointSlice(Box<EndpointSlice>),
+    /// A Node.
+    Node(Box<Node>),
+}
+
+impl Object {
+    /// The object's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::Node(_) => Kind::Node,
+        }
+    }
+
+    /// The object's namespace (empty for Nodes) and name.
+    pub fn key(&self) -> ObjectKey {
+        let meta = match self {
+            Object::Service(s) => &s.metadata,
+            Object::EndpointSlice(s) => &s.metadata,
+            Object::Node(n) => &n.metadata,
+        };
+        ObjectKey {
+            namespace: match self {
+                Object::Node(_) => String::new(),
+                _ => meta.namespace.clone().unwrap_or_else(|| "default".into()),
+            },
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Namespace and name of a watched object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Namespace; empty for cluster-scoped objects.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// What a source reports. The contract: after `Synced(kind)`, the source has delivered every
+/// object of that kind that exists; later it reports each change as `Upsert` or `Delete`. A
+/// source that re-lists reports the objects that vanished meanwhile as `Delete`.
+#[derive(Clone, Debug)]
+pub enum SourceEvent {
+    /// An object was added or changed.
+    Upsert(Object),
+    /// An object was removed.
+    Delete(Kind, ObjectKey),
+    /// The initial list of this kind is complete.
+    Synced(Kind),
+}
+
+/// What applying one event did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The proxy's view changed; a sync is needed.
+    Changed,
+    /// Nothing the proxy programs changed.
+    Unchanged,
+}
+
+/// An object that was rejected, and why. The previous good version (if any) stays in force.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {key}: {reason}")]
+pub struct Rejected {
+    /// The object's kind.
+    pub kind: Kind,
+    /// The object's key.
+    pub key: ObjectKey,
+    /// Why.
+    pub reason: InvalidObject,
+}
+
+/// What changed since the previous [`ProxyState::take_changes`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Changes {
+    /// Services whose ports or endpoints changed (including added and deleted ones).
+    pub services: BTreeSet<ServiceKey>,
+    /// Number of Service object changes included.
+    pub service_changes: u64,
+    /// Number of EndpointSlice object changes included.
+    pub endpoint_changes: u64,
+    /// The Node changed in a way that affects selection (zone, pod CIDRs).
+    pub node_changed: bool,
+    /// `last-change-trigger-time` of the EndpointSlice changes included, as Unix seconds.
+    pub trigger_times: Vec<f64>,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && !self.node_changed
+    }
+}
+
+/// One Service port with its selected endpoints: the unit every dataplane programs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePortState {
+    /// The port.
+    pub port: Arc<ServicePort>,
+    /// Its selected endpoints.
+    pub endpoints: SelectedEndpoints,
+}
+
+/// The proxy's view of the cluster.
+#[derive(Debug, Default)]
+pub struct ProxyState {
+    node_name: String,
+    services: BTreeMap<ServiceKey, Vec<Arc<ServicePort>>>,
+    /// Slices by (namespace, slice name).
+    slices: HashMap<ObjectKey, SliceEndpoints>,
+    /// Slice names per Service.
+    slices_by_service: HashMap<ServiceKey, BTreeSet<ObjectKey>>,
+    node: NodeInfo,
+    synced: BTreeSet<Kind>,
+    pending: Changes,
+}
+
+impl ProxyState {
+    /// An empty view for the node `node_name`.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        let node_name = node_name.into();
+        ProxyState {
+            node: NodeInfo {
+                name: node_name.clone(),
+                ..NodeInfo::default()
+            },
+            node_name,
+            ..ProxyState::default()
+        }
+    }
+
+    /// This node's name.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// This node's Node object, as last seen.
+    pub fn node(&self) -> &NodeInfo {
+        &self.node
+    }
+
+    /// Whether both Services and EndpointSlices have completed their initial list, so rules may
+    /// be programmed without wiping state from partial data.
+    pub fn ready_to_program(&self) -> bool {
+        self.synced.contains(&Kind::Service) && self.synced.contains(&Kind::EndpointSlice)
+    }
+
+    /// Whether the initial list of `kind` has completed.
+    pub fn synced(&self, kind: Kind) -> bool {
+        self.synced.contains(&kind)
+    }
+
+    /// Number of changes waiting for a sync: (service changes, endpoint changes).
+    pub fn pending_counts(&self) -> (u64, u64) {
+        (self.pending.service_changes, self.pending.endpoint_changes)
+    }
+
+    /// Applies one event. A rejected object leaves its previous good version in force.
+    pub fn apply(&mut self, event: SourceEvent) -> Result<Applied, Rejected> {
+        match event {
+            SourceEvent::Synced(kind) => {
+                self.synced.insert(kind);
+                Ok(Applied::Changed)
+            }
+            SourceEvent::Upsert(obj) => {
+                let (kind, key) = (obj.kind(), obj.key());
+                let reject = |reason| Rejected {
+                    kind,
+                    key: key.clone(),
+                    reason,
+                };
+                match obj {
+                    Object::Service(svc) => {
+                        let (skey, disp) = convert::service_ports(&svc).map_err(reject)?;
+                        let ports = match disp {
+                            ServiceDisposition::Proxied(p) => p.into_iter().map(Arc::new).collect(),
+                            ServiceDisposition::Ignored(_) => Vec::new(),
+                        };
+                        Ok(self.set_service(skey, ports))
+                    }
+                    Object::EndpointSlice(slice) => {
+                        match convert::slice_endpoints(&slice, &self.node_name).map_err(reject)? {
+                            Some(eps) => Ok(self.set_slice(key, Some(eps))),
+                            None => Ok(self.set_slice(key, None)),
+                        }
+                    }
+                    Object::Node(node) => {
+                        if key.name != self.node_name {
+                            return Ok(Applied::Unchanged);
+                        }
+                        let info = convert::node_info(&node).map_err(reject)?;
+                        Ok(self.set_node(info))
+                    }
+                }
+            }
+            SourceEvent::Delete(Kind::Service, key) => {
+                Ok(self.set_service(ServiceKey::new(key.namespace, key.name), Vec::new()))
+            }
+            SourceEvent::Delete(Kind::EndpointSlice, key) => Ok(self.set_slice(key, None)),
+            SourceEvent::Delete(Kind::Node, key) => {
+                if key.name != self.node_name {
+                    return Ok(Applied::Unchanged);
+                }
+                Ok(self.set_node(NodeInfo {
+                    name: self.node_name.clone(),
+                    ..NodeInfo::default()
+                }))
+            }
+        }
+    }
+
+    fn set_service(&mut self, key: ServiceKey, ports: Vec<Arc<ServicePort>>) -> Applied {
+        let old = if ports.is_empty() {
+            self.services.remove(&key)
+        } else {
+            self.services.insert(key.clone(), ports.clone())
+        };
+        if old.unwrap_or_default() == ports {
+            return Applied::Unchanged;
+        }
+        self.pending.service_changes += 1;
+        self.pending.services.insert(key);
+        Applied::Changed
+    }
+
+    fn set_slice(&mut self, key: ObjectKey, eps: Option<SliceEndpoints>) -> Applied {
+        let old = match &eps {
+            Some(e) => self.slices.insert(key.clone(), e.clone()),
+            None => self.slices.remove(&key),
+        };
+        if old == eps {
+            return Applied::Unchanged;
+        }
+        if let Some(o) = &old {
+            if let Some(set) = self.slices_by_service.get_mut(&o.service) {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.slices_by_service.remove(&o.service);
+                }
+            }
+            self.pending.services.insert(o.service.clone());
+        }
+        if let Some(e) = &eps {
+            self.slices_by_service
+                .entry(e.service.clone())
+                .or_default()
+                .insert(key);
+            self.pending.services.insert(e.service.clone());
+            if let Some(t) = e.trigger_time {
+                self.pending.trigger_times.push(t);
+            }
+        }
+        self.pending.endpoint_changes += 1;
+        Applied::Changed
+    }
+
+    fn set_node(&mut self, info: NodeInfo) -> Applied {
+        if info == self.node {
+            return Applied::Unchanged;
+        }
+        if info.zone != self.node.zone || info.pod_cidrs != self.node.pod_cidrs {
+            self.pending.node_changed = true;
+        }
+        self.node = info;
+        Applied::Changed
+    }
+
+    /// Takes the changes recorded since the previous call.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// All Service keys currently proxied.
+    pub fn service_keys(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.services.keys()
+    }
+
+    /// Number of proxied Service ports.
+    pub fn service_port_count(&self) -> usize {
+        self.services.values().map(Vec::len).sum()
+    }
+
+    /// The ports of one Service (empty if not proxied).
+    pub fn service_ports(&self, key: &ServiceKey) -> &[Arc<ServicePort>] {
+        self.services.get(key).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// All endpoints of one Service port, merged over its slices and families. An address
+    /// listed by several slices counts once (the slice with the lowest name wins).
+    pub fn endpoints(&self, name: &ServicePortName) -> Vec<Endpoint> {
+        let mut out: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
+        for skey in self.slices_by_service.get(&name.service).into_iter().flatten() {
+            let Some(slice) = self.slices.get(skey) else { continue };
+            for p in &slice.ports {
+                if p.port_name != name.port || p.protocol != name.protocol {
+                    continue;
+                }
+                for ep in &p.endpoints {
+                    out.entry((ep.ip, ep.port)).or_insert_with(|| ep.clone());
+                }
+            }
+        }
+        out.into_values().collect()
+    }
+
+    /// The ports of one Service with their selected endpoints.
+    pub fn service_state(&self, key: &ServiceKey) -> Vec<ServicePortState> {
+        self.service_ports(key)
+            .iter()
+            .map(|port| ServicePortState {
+                endpoints: select::select(port, &self.endpoints(&port.name), &self.node),
+                port: port.clone(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

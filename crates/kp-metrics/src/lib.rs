@@ -1,0 +1,205 @@
+//! Every Prometheus metric kube-proxy-rs exports, in one place, with upstream's names.
+//!
+//! Mirrors upstream `pkg/proxy/metrics/metrics.go`. Names that upstream has keep upstream's
+//! spelling; metrics of our own start with `kubeproxy_rs_`. prometheus-client appends `_total` to
+//! counters, so counters are registered without it. Serving them over HTTP is `kp-serve`'s job.
+
+use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use std::sync::atomic::AtomicU64;
+
+/// A gauge holding a float (timestamps).
+pub type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Label for `traffic_policy`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficPolicyLabel {
+    /// `internal` or `external`.
+    pub traffic_policy: String,
+}
+
+/// Label naming an object kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `Service`, `EndpointSlice` or `Node`.
+    pub kind: String,
+}
+
+/// Labels for source errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceErrorLabel {
+    /// `kubernetes` or `manifests`.
+    pub source: String,
+    /// What failed (`watch`, `parse`, ...).
+    pub reason: String,
+}
+
+/// Label naming a table (`ip`, `ip6`, `nat`, `filter`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    /// The table.
+    pub table: String,
+}
+
+/// All metrics. Cheap to share behind an `Arc`; every field is internally synchronised.
+pub struct Metrics {
+    registry: Registry,
+    /// `kubeproxy_sync_proxy_rules_duration_seconds`: every sync.
+    pub sync_duration: Histogram,
+    /// `kubeproxy_sync_full_proxy_rules_duration_seconds`.
+    pub sync_full_duration: Histogram,
+    /// `kubeproxy_sync_partial_proxy_rules_duration_seconds`.
+    pub sync_partial_duration: Histogram,
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
+    pub last_sync_timestamp: FloatGauge,
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`.
+    pub last_queued_timestamp: FloatGauge,
+    /// `kubeproxy_network_programming_duration_seconds`.
+    pub network_programming_duration: Histogram,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`.
+    pub endpoint_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
+    pub endpoint_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_service_changes_pending`.
+    pub service_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_service_changes_total`.
+    pub service_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` (a gauge, as upstream).
+    pub no_local_endpoints: Family<TrafficPolicyLabel, Gauge>,
+    /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`.
+    pub nftables_sync_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`.
+    pub nftables_cleanup_failures: Counter,
+    /// `kubeproxy_rs_nftables_transaction_statements`: size of each nft transaction sent.
+    pub nftables_transaction_statements: Histogram,
+    /// `kubeproxy_rs_nftables_readback_mismatches_total`: differences found by the read-back check.
+    pub nftables_readback_mismatches: Counter,
+    /// `kubeproxy_rs_invalid_objects_total{kind}`: objects skipped because they failed validation.
+    pub invalid_objects: Family<KindLabel, Counter>,
+    /// `kubeproxy_rs_source_errors_total{source,reason}`: watch failures, unreadable files.
+    pub source_errors: Family<SourceErrorLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn duration_buckets() -> impl Iterator<Item = f64> {
+    // 1 ms .. ~16 s, as upstream's exponential buckets.
+    exponential_buckets(0.001, 2.0, 15)
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let sync_duration = Histogram::new(duration_buckets());
+        let sync_full_duration = Histogram::new(duration_buckets());
+        let sync_partial_duration = Histogram::new(duration_buckets());
+        // Upstream's buckets (0.25 s .. 5 min), with sub-second ones in front: we aim for ms.
+        let network_programming_duration = Histogram::new([
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0,
+            9.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+        ]);
+        let m = Metrics {
+            sync_duration,
+            sync_full_duration,
+            sync_partial_duration,
+            last_sync_timestamp: FloatGauge::default(),
+            last_queued_timestamp: FloatGauge::default(),
+            network_programming_duration,
+            endpoint_changes_pending: Gauge::default(),
+            endpoint_changes_total: Counter::default(),
+            service_changes_pending: Gauge::default(),
+            service_changes_total: Counter::default(),
+            no_local_endpoints: Family::default(),
+            nftables_sync_failures: Counter::default(),
+            nftables_cleanup_failures: Counter::default(),
+            nftables_transaction_statements: Histogram::new(exponential_buckets(1.0, 4.0, 12)),
+            nftables_readback_mismatches: Counter::default(),
+            invalid_objects: Family::default(),
+            source_errors: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", m.sync_duration.clone());
+        r.register("kubeproxy_sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs", m.sync_full_duration.clone());
+        r.register("kubeproxy_sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs", m.sync_partial_duration.clone());
+        r.register("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "The last time proxy rules were successfully synced", m.last_sync_timestamp.clone());
+        r.register("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", "The last time a sync of proxy rules was queued", m.last_queued_timestamp.clone());
+        r.register("kubeproxy_network_programming_duration_seconds", "In Cluster Network Programming Latency in seconds", m.network_programming_duration.clone());
+        r.register("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes", m.endpoint_changes_pending.clone());
+        r.register("kubeproxy_sync_proxy_rules_endpoint_changes", "Cumulative proxy rules Endpoint changes", m.endpoint_changes_total.clone());
+        r.register("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes", m.service_changes_pending.clone());
+        r.register("kubeproxy_sync_proxy_rules_service_changes", "Cumulative proxy rules Service changes", m.service_changes_total.clone());
+        r.register("kubeproxy_sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", m.no_local_endpoints.clone());
+        r.register("kubeproxy_sync_proxy_rules_nftables_sync_failures", "Number of times an nftables transaction failed", m.nftables_sync_failures.clone());
+        r.register("kubeproxy_sync_proxy_rules_nftables_cleanup_failures", "Number of times an nftables cleanup transaction failed", m.nftables_cleanup_failures.clone());
+        r.register("kubeproxy_rs_nftables_transaction_statements", "Statements in each nftables transaction sent to the kernel", m.nftables_transaction_statements.clone());
+        r.register("kubeproxy_rs_nftables_readback_mismatches", "Differences between kernel and desired state found by the read-back check", m.nftables_readback_mismatches.clone());
+        r.register("kubeproxy_rs_invalid_objects", "Objects skipped because they failed validation", m.invalid_objects.clone());
+        r.register("kubeproxy_rs_source_errors", "Errors reading the Kubernetes API or the manifest directory", m.source_errors.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// Counts an object skipped because it failed validation.
+    pub fn invalid_object(&self, kind: &str) {
+        self.invalid_objects
+            .get_or_create(&KindLabel { kind: kind.to_string() })
+            .inc();
+    }
+
+    /// Counts a source error.
+    pub fn source_error(&self, source: &str, reason: &str) {
+        self.source_errors
+            .get_or_create(&SourceErrorLabel {
+                source: source.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Renders the registry in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exports_upstream_names() {
+        let m = Metrics::new();
+        m.nftables_sync_failures.inc();
+        m.no_local_endpoints
+            .get_or_create(&TrafficPolicyLabel { traffic_policy: "external".into() })
+            .set(2);
+        m.sync_full_duration.observe(0.5);
+        let text = m.encode();
+        for name in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count 0",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_network_programming_duration_seconds_bucket",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 0",
+            "kubeproxy_sync_proxy_rules_service_changes_pending 0",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total 1",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
+        ] {
+            assert!(text.contains(name), "missing {name} in:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! kp-nftables-plan (being written).

@@ -1,0 +1,1 @@
+//! kp-nftables (being written).

@@ -1,0 +1,1 @@
+//! kp-serve (being written).

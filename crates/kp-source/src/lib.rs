@@ -1,0 +1,1 @@
+//! kp-source (being written).

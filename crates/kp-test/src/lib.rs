@@ -1,0 +1,1 @@
+//! kp-test (being written).

@@ -1,0 +1,2 @@
+//! kube-proxy binary (being written).
+fn main() {}
