@@ -63,6 +63,18 @@ pub enum InvalidObject {
         /// The offending value.
         value: i64,
     },
+    /// A number other than a port is outside the range the API allows.
+    #[error("invalid {field} {value}: must be {min}-{max}")]
+    OutOfRange {
+        /// Which field.
+        field: &'static str,
+        /// The offending value.
+        value: i64,
+        /// The smallest allowed value.
+        min: i64,
+        /// The largest allowed value.
+        max: i64,
+    },
     /// A protocol is not TCP, UDP or SCTP.
     #[error("invalid protocol {0:?}")]
     Protocol(String),
@@ -196,7 +208,10 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
     if cluster_ip_strings.is_empty() {
         cluster_ip_strings.extend(spec.cluster_ip.iter());
     }
-    if cluster_ip_strings.is_empty() || cluster_ip_strings.iter().any(|ip| ip.as_str() == "None") {
+    // Upstream skips a Service whose primary ClusterIP is unset, "" or "None" (ShouldSkipService).
+    if cluster_ip_strings.first().is_none_or(|ip| ip.is_empty())
+        || cluster_ip_strings.iter().any(|ip| ip.as_str() == "None")
+    {
         return Ok((key, ServiceDisposition::Ignored("headless or no ClusterIP")));
     }
     let mut cluster_ips: Vec<IpAddr> = Vec::new();
@@ -221,6 +236,11 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
             .and_then(|s| s.load_balancer.as_ref())
             .and_then(|lb| lb.ingress.as_ref());
         for ing in ingress.into_iter().flatten() {
+            // With ipMode "Proxy" the load balancer forwards to the node itself; short-circuiting
+            // its IP in-node would bypass it, so upstream programs only VIP-mode (or unset) IPs.
+            if ing.ip_mode.as_deref().is_some_and(|m| m != "VIP") {
+                continue;
+            }
             if let Some(ip) = &ing.ip {
                 load_balancer_ips.push(parse_ip("status.loadBalancer.ingress.ip", ip)?);
             }
@@ -243,9 +263,11 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
             .and_then(|c| c.timeout_seconds)
             .unwrap_or(DEFAULT_AFFINITY_TIMEOUT as i32);
         if t < 1 || t as u32 > MAX_AFFINITY_TIMEOUT {
-            return Err(InvalidObject::Port {
+            return Err(InvalidObject::OutOfRange {
                 field: "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
                 value: t.into(),
+                min: 1,
+                max: MAX_AFFINITY_TIMEOUT.into(),
             });
         }
         Some(t as u32)
@@ -434,17 +456,31 @@ pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
 /// Parses an RFC 3339 UTC timestamp (`2024-01-02T03:04:05Z`, optional fraction) to Unix seconds.
 /// Returns `None` for anything else; the annotation only feeds a metric.
 pub fn parse_rfc3339_seconds(s: &str) -> Option<f64> {
+    // Only unsigned decimal digits: `str::parse` alone would accept "-1", "+1" and "5e3".
+    fn digits(p: &str) -> Option<&str> {
+        (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())).then_some(p)
+    }
+    fn number(p: &str) -> Option<i64> {
+        digits(p)?.parse().ok()
+    }
     let s = s.strip_suffix('Z')?;
     let (date, time) = s.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let mut d = date.splitn(3, '-').map(number);
     let (y, mo, day) = (d.next()??, d.next()??, d.next()??);
     let (hms, frac) = match time.split_once('.') {
-        Some((hms, f)) => (hms, format!("0.{f}").parse::<f64>().ok()?),
+        Some((hms, f)) => (hms, format!("0.{}", digits(f)?).parse::<f64>().ok()?),
         None => (time, 0.0),
     };
-    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let mut t = hms.splitn(3, ':').map(number);
     let (h, mi, sec) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&day) || h > 23 || mi > 59 || sec > 60 {
+    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    let month_days = match mo {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if !(1..=12).contains(&mo) || !(1..=month_days).contains(&day) || h > 23 || mi > 59 || sec > 60 {
         return None;
     }
     // Days from civil date (Howard Hinnant's algorithm).

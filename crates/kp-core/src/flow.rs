@@ -54,6 +54,9 @@ pub enum Verdict {
         endpoints: BTreeSet<(IpAddr, u16)>,
         /// Whether the source is masqueraded to the node's address.
         masquerade: bool,
+        /// ClientIP affinity: later connections from this client stick to the endpoint chosen
+        /// first, for this many seconds.
+        affinity: Option<u32>,
     },
     /// Not a Service packet: left alone.
     Untouched,

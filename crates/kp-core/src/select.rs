@@ -6,8 +6,11 @@
 //!   fallback is decided separately for the cluster set and the local set.
 //! - Topology hints narrow the cluster set to this node's zone, but only when every ready
 //!   endpoint carries hints and at least one is hinted for this zone.
+//! - Each IP family is selected on its own, as upstream runs one proxier per family: IPv6
+//!   endpoints being ready does not stop IPv4 traffic from falling back to terminating IPv4
+//!   endpoints, and IPv6 endpoints without hints do not switch off topology for IPv4.
 
-use crate::model::{Endpoint, NodeInfo, ServicePort};
+use crate::model::{Endpoint, IpFamily, NodeInfo, ServicePort};
 
 /// The endpoints a dataplane programs for one Service port.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,8 +69,26 @@ fn can_use_topology(endpoints: &[Endpoint], node: &NodeInfo) -> Option<String> {
     has_for_zone.then(|| zone.clone())
 }
 
-/// Selects the endpoints for `port` from all of its endpoints, as seen from `node`.
+/// Selects the endpoints for `port` from all of its endpoints, as seen from `node`. The result
+/// lists IPv4 endpoints before IPv6 ones, each family in the order given.
 pub fn select(port: &ServicePort, endpoints: &[Endpoint], node: &NodeInfo) -> SelectedEndpoints {
+    let mut out = SelectedEndpoints::default();
+    for family in IpFamily::ALL {
+        let of_family: Vec<Endpoint> = endpoints
+            .iter()
+            .filter(|e| IpFamily::of(&e.ip) == family)
+            .cloned()
+            .collect();
+        let selected = select_family(port, &of_family, node);
+        out.cluster.extend(selected.cluster);
+        out.local.extend(selected.local);
+        out.has_any |= selected.has_any;
+    }
+    out
+}
+
+/// [`select`] for endpoints of one family.
+fn select_family(port: &ServicePort, endpoints: &[Endpoint], node: &NodeInfo) -> SelectedEndpoints {
     let mut out = SelectedEndpoints::default();
     if uses_cluster_endpoints(port) {
         let zone = can_use_topology(endpoints, node);

@@ -1,1 +1,29 @@
-//! kp-test (being written).
+//! Test support for kube-proxy-rs: real packets through real kernels, inside network
+//! namespaces the tests create and always delete.
+//!
+//! - [`netns`]: a uniquely named [`Netns`] deleted on drop (with whatever still runs in it),
+//!   veth pairs between namespaces, [`ChildGuard`] for background processes, and
+//!   [`require_root`].
+//! - [`lab`]: a [`Lab`] with one node, K pods and an outside client, and the one addressing
+//!   plan all netns tests use.
+//! - [`echo`]: drives the `kp-echo` binary (this crate's `src/bin/kp-echo.rs`), the backend and
+//!   client whose answers say which backend answered and which source address it saw.
+//!
+//! What it leaves to others: starting kube-proxy and writing its manifests (each test does, in
+//! [`Lab::node`]), and the flow table that says what each request should do. It mirrors the
+//! idea, not the code, of upstream's `pkg/proxy/nftables/proxy_userns_test.go`: program the
+//! real kernel in a private namespace.
+//!
+//! Root is needed. Tests that use this crate are marked `#[ignore = "needs root"]`, call
+//! [`require_root`] first, and run with `cargo test -- --include-ignored`.
+
+mod error;
+
+pub mod echo;
+pub mod lab;
+pub mod netns;
+
+pub use echo::{echo_binary, Outcome, Proto, Request};
+pub use error::{Error, Result};
+pub use lab::Lab;
+pub use netns::{require_root, ChildGuard, Netns};

@@ -1,0 +1,464 @@
+//! The shape of the table: a fixed set of chains and rules, plus one small group of objects per
+//! endpoint-count class and per affinity timeout. Services and endpoints are never chains or
+//! rules; they are elements of the sets and maps declared here.
+//!
+//! Why this shape (see `README.md` in this crate): nf_tables re-validates every chain reachable
+//! by a jump on each commit, so per-service and per-endpoint chains make every change pay for
+//! the whole table. Elements cost the same whatever the table's size.
+
+use std::fmt::Write;
+
+use ipnet::IpNet;
+use kp_core::model::IpFamily;
+
+use crate::names::{self, *};
+
+/// How the planner renders the table. Everything here is fixed for the life of the process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// The table's IP family.
+    pub family: IpFamily,
+    /// The masquerade mark (`1 << masqueradeBit`).
+    pub masquerade_mark: u32,
+    /// Masquerade all Service traffic (`masqueradeAll`).
+    pub masquerade_all: bool,
+    /// Whether a detect-local mode is configured (the `pod-cidrs` set decides what is local).
+    pub detect_local: bool,
+    /// `nodePortAddresses` CIDRs of this family; empty means every local address but loopback.
+    pub node_port_addresses: Vec<IpNet>,
+}
+
+impl PlanConfig {
+    /// Upstream's defaults for `family`: mark bit 14, no detect-local, NodePorts on all addresses.
+    pub fn new(family: IpFamily) -> Self {
+        PlanConfig {
+            family,
+            masquerade_mark: 1 << 14,
+            masquerade_all: false,
+            detect_local: false,
+            node_port_addresses: Vec::new(),
+        }
+    }
+}
+
+/// Which key a dispatch class matches, and on which condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Route {
+    /// `daddr . l4proto . dport`: ClusterIPs, ExternalIPs, LoadBalancer IPs.
+    Vips,
+    /// `l4proto . dport` on a NodePort address.
+    NodePorts,
+    /// Like `Vips`, for pod- and node-sourced traffic to `externalTrafficPolicy: Local` entries,
+    /// which upstream short-circuits to the cluster-wide endpoints.
+    LocalSourceVips,
+    /// Like `NodePorts`, short-circuited.
+    LocalSourceNodePorts,
+}
+
+impl Route {
+    fn prefix(self) -> &'static str {
+        match self {
+            Route::Vips => "vips",
+            Route::NodePorts => "nodeports",
+            Route::LocalSourceVips => "local-source-vips",
+            Route::LocalSourceNodePorts => "local-source-nodeports",
+        }
+    }
+
+    /// Whether the key is `daddr . l4proto . dport` (else `l4proto . dport`).
+    pub fn keyed_by_address(self) -> bool {
+        matches!(self, Route::Vips | Route::LocalSourceVips)
+    }
+}
+
+/// Identifies a set or map in the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SetId {
+    /// [`names::CLUSTER_IPS`].
+    ClusterIps,
+    /// [`names::POD_CIDRS`].
+    PodCidrs,
+    /// [`names::NODEPORT_ADDRESSES`].
+    NodePortAddresses,
+    /// [`names::MASQ_VIPS`].
+    MasqVips,
+    /// [`names::MASQ_NODEPORTS`].
+    MasqNodePorts,
+    /// [`names::LOCAL_POLICY_VIPS`].
+    LocalPolicyVips,
+    /// [`names::LOCAL_POLICY_NODEPORTS`].
+    LocalPolicyNodePorts,
+    /// [`names::NO_ENDPOINT_VIPS`].
+    NoEndpointVips,
+    /// [`names::NO_ENDPOINT_NODEPORTS`].
+    NoEndpointNodePorts,
+    /// [`names::FIREWALL_VIPS`].
+    FirewallVips,
+    /// [`names::FIREWALL_ALLOW`].
+    FirewallAllow,
+    /// [`names::HAIRPIN`].
+    Hairpin,
+    /// The keys of one dispatch class: entries with exactly N endpoints.
+    Class(Route, u32),
+    /// The endpoints of one dispatch class: `key . slot → endpoint address . port`.
+    ClassEndpoints(Route, u32),
+    /// VIP entries with ClientIP affinity of this timeout.
+    AffinityVips(u32),
+    /// NodePorts with ClientIP affinity of this timeout.
+    AffinityNodePorts(u32),
+    /// The affinity memory itself (dynamic, written by the packet path).
+    Affinity(u32),
+}
+
+impl SetId {
+    /// The fixed sets and maps, present in every table.
+    pub const FIXED: [SetId; 12] = [
+        SetId::ClusterIps,
+        SetId::PodCidrs,
+        SetId::NodePortAddresses,
+        SetId::MasqVips,
+        SetId::MasqNodePorts,
+        SetId::LocalPolicyVips,
+        SetId::LocalPolicyNodePorts,
+        SetId::NoEndpointVips,
+        SetId::NoEndpointNodePorts,
+        SetId::FirewallVips,
+        SetId::FirewallAllow,
+        SetId::Hairpin,
+    ];
+
+    /// The object's name.
+    pub fn name(self) -> String {
+        match self {
+            SetId::ClusterIps => CLUSTER_IPS.into(),
+            SetId::PodCidrs => POD_CIDRS.into(),
+            SetId::NodePortAddresses => NODEPORT_ADDRESSES.into(),
+            SetId::MasqVips => MASQ_VIPS.into(),
+            SetId::MasqNodePorts => MASQ_NODEPORTS.into(),
+            SetId::LocalPolicyVips => LOCAL_POLICY_VIPS.into(),
+            SetId::LocalPolicyNodePorts => LOCAL_POLICY_NODEPORTS.into(),
+            SetId::NoEndpointVips => NO_ENDPOINT_VIPS.into(),
+            SetId::NoEndpointNodePorts => NO_ENDPOINT_NODEPORTS.into(),
+            SetId::FirewallVips => FIREWALL_VIPS.into(),
+            SetId::FirewallAllow => FIREWALL_ALLOW.into(),
+            SetId::Hairpin => HAIRPIN.into(),
+            SetId::Class(r, n) => format!("{}-{n}", r.prefix()),
+            SetId::ClassEndpoints(r, n) => format!("{}-{n}-endpoints", r.prefix()),
+            SetId::AffinityVips(t) => format!("affinity-{t}-vips"),
+            SetId::AffinityNodePorts(t) => format!("affinity-{t}-nodeports"),
+            SetId::Affinity(t) => format!("affinity-{t}"),
+        }
+    }
+
+    /// Whether the kernel writes this object's elements (so the read-back check skips them).
+    pub fn is_dynamic(self) -> bool {
+        matches!(self, SetId::Affinity(_))
+    }
+
+    /// Whether this is a map (else a set).
+    pub fn is_map(self) -> bool {
+        matches!(
+            self,
+            SetId::NoEndpointVips
+                | SetId::NoEndpointNodePorts
+                | SetId::ClassEndpoints(..)
+                | SetId::Affinity(_)
+        )
+    }
+
+    /// The `add set`/`add map` statement body (what goes between the braces).
+    pub fn declaration(self, family: IpFamily) -> String {
+        let addr = match family {
+            IpFamily::V4 => "ipv4_addr",
+            IpFamily::V6 => "ipv6_addr",
+        };
+        let ip = names::family(family);
+        let vip = format!("{addr} . inet_proto . inet_service");
+        let np = "inet_proto . inet_service";
+        match self {
+            SetId::ClusterIps => format!("type {addr};"),
+            SetId::PodCidrs | SetId::NodePortAddresses => format!("type {addr}; flags interval;"),
+            SetId::MasqVips | SetId::LocalPolicyVips | SetId::FirewallVips => format!("type {vip};"),
+            SetId::AffinityVips(_) => format!("type {vip};"),
+            SetId::MasqNodePorts | SetId::LocalPolicyNodePorts | SetId::AffinityNodePorts(_) => {
+                format!("type {np};")
+            }
+            SetId::NoEndpointVips => format!("type {vip} : verdict;"),
+            SetId::NoEndpointNodePorts => format!("type {np} : verdict;"),
+            SetId::FirewallAllow => format!("type {vip} . {addr}; flags interval;"),
+            SetId::Hairpin => format!("type {addr} . {addr};"),
+            SetId::Class(r, _) if r.keyed_by_address() => format!("type {vip};"),
+            SetId::Class(..) => format!("type {np};"),
+            SetId::ClassEndpoints(r, n) => {
+                let key = if r.keyed_by_address() {
+                    format!("{ip} daddr . meta l4proto . th dport")
+                } else {
+                    "meta l4proto . th dport".into()
+                };
+                format!("typeof {key} . numgen random mod {n} : {ip} daddr . th dport;")
+            }
+            SetId::Affinity(t) => format!(
+                "type {addr} . {addr} . inet_proto . inet_service : {addr} . inet_service; flags dynamic,timeout; timeout {t}s;"
+            ),
+        }
+    }
+}
+
+/// A chain of the table: base chains carry their hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChainDef {
+    /// The chain's name.
+    pub name: &'static str,
+    /// `type … hook … priority …;` for base chains.
+    pub hook: Option<&'static str>,
+}
+
+/// Every chain of the table, in creation order. Priorities are numeric because nft 1.0.6 does
+/// not accept the symbolic `dstnat` on the output hook: dstnat is -100, srcnat 100, filter 0.
+pub fn chains() -> Vec<ChainDef> {
+    let base = |name, hook| ChainDef {
+        name,
+        hook: Some(hook),
+    };
+    let regular = |name| ChainDef { name, hook: None };
+    vec![
+        regular(SERVICE_MASQUERADE),
+        regular(SERVICE_AFFINITY),
+        regular(SERVICE_LOCAL_SOURCE),
+        regular(SERVICE_DISPATCH),
+        regular(SERVICES),
+        regular(FIREWALL_CHECK),
+        regular(REJECT_PACKET),
+        regular(ENDPOINTS_CHECK),
+        regular(MASQUERADING),
+        regular(AFFINITY_UPDATE),
+        base(NAT_PREROUTING, "type nat hook prerouting priority -100; policy accept;"),
+        base(NAT_OUTPUT, "type nat hook output priority -100; policy accept;"),
+        base(NAT_POSTROUTING, "type nat hook postrouting priority 100; policy accept;"),
+        base(FILTER_PREROUTING, "type filter hook prerouting priority -110; policy accept;"),
+        base(FILTER_OUTPUT_PRE_DNAT, "type filter hook output priority -110; policy accept;"),
+        base(FILTER_INPUT, "type filter hook input priority 0; policy accept;"),
+        base(FILTER_FORWARD, "type filter hook forward priority 0; policy accept;"),
+        base(FILTER_OUTPUT, "type filter hook output priority 0; policy accept;"),
+        base(AFFINITY_POSTROUTING, "type filter hook postrouting priority 90; policy accept;"),
+        base(AFFINITY_INPUT, "type filter hook input priority 10; policy accept;"),
+    ]
+}
+
+/// A rule: its chain, its text (without the comment), and a stable id (its comment), by which
+/// the read-back check recognises it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleDef {
+    /// The chain it goes in.
+    pub chain: &'static str,
+    /// The stable id, rendered as the rule's comment.
+    pub id: String,
+    /// The rule body.
+    pub text: String,
+}
+
+/// Expressions that differ between families.
+struct Expr {
+    ip: &'static str,
+    loopback: &'static str,
+}
+
+impl Expr {
+    fn of(family: IpFamily) -> Expr {
+        match family {
+            IpFamily::V4 => Expr {
+                ip: "ip",
+                loopback: "127.0.0.0/8",
+            },
+            IpFamily::V6 => Expr {
+                ip: "ip6",
+                loopback: "::1",
+            },
+        }
+    }
+
+    fn vip_key(&self) -> String {
+        format!("{} daddr . meta l4proto . th dport", self.ip)
+    }
+}
+
+const NODEPORT_KEY: &str = "meta l4proto . th dport";
+
+/// The match that makes a destination a NodePort address.
+fn nodeport_match(cfg: &PlanConfig) -> String {
+    let e = Expr::of(cfg.family);
+    if cfg.node_port_addresses.is_empty() {
+        format!("fib daddr type local {} daddr != {}", e.ip, e.loopback)
+    } else {
+        format!("fib daddr type local {} daddr @{NODEPORT_ADDRESSES}", e.ip)
+    }
+}
+
+/// The fixed rules of the table, in order.
+pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
+    let e = Expr::of(cfg.family);
+    let ip = e.ip;
+    let vip = e.vip_key();
+    let np = nodeport_match(cfg);
+    let mark = cfg.masquerade_mark;
+    let set_mark = format!("meta mark set meta mark or {mark:#x}");
+    let mut rules = Vec::new();
+    let mut add = |chain: &'static str, id: &str, text: String| {
+        rules.push(RuleDef {
+            chain,
+            id: id.to_string(),
+            text,
+        })
+    };
+    add(NAT_PREROUTING, "dispatch", format!("jump {SERVICES}"));
+    add(NAT_OUTPUT, "dispatch", format!("jump {SERVICES}"));
+    add(NAT_POSTROUTING, "masquerade", format!("jump {MASQUERADING}"));
+    add(FILTER_PREROUTING, "firewall", format!("ct state new jump {FIREWALL_CHECK}"));
+    add(FILTER_OUTPUT_PRE_DNAT, "firewall", format!("ct state new jump {FIREWALL_CHECK}"));
+    for chain in [FILTER_INPUT, FILTER_FORWARD, FILTER_OUTPUT] {
+        add(chain, "endpoints", format!("ct state new jump {ENDPOINTS_CHECK}"));
+    }
+    add(AFFINITY_POSTROUTING, "affinity", format!("jump {AFFINITY_UPDATE}"));
+    add(AFFINITY_INPUT, "affinity", format!("jump {AFFINITY_UPDATE}"));
+    for (i, chain) in [SERVICE_MASQUERADE, SERVICE_AFFINITY, SERVICE_LOCAL_SOURCE, SERVICE_DISPATCH]
+        .into_iter()
+        .enumerate()
+    {
+        add(SERVICES, &format!("step-{i}"), format!("jump {chain}"));
+    }
+    // Masquerade marking: before any DNAT, because DNAT ends the walk.
+    if cfg.masquerade_all {
+        add(SERVICE_MASQUERADE, "cluster-ips", format!("{ip} daddr @{CLUSTER_IPS} {set_mark}"));
+    } else if cfg.detect_local {
+        add(
+            SERVICE_MASQUERADE,
+            "cluster-ips",
+            format!("{ip} daddr @{CLUSTER_IPS} {ip} saddr != @{POD_CIDRS} {set_mark}"),
+        );
+    }
+    add(SERVICE_MASQUERADE, "external-vips", format!("{vip} @{MASQ_VIPS} {set_mark}"));
+    add(
+        SERVICE_MASQUERADE,
+        "external-nodeports",
+        format!("{np} {NODEPORT_KEY} @{MASQ_NODEPORTS} {set_mark}"),
+    );
+    add(
+        SERVICE_MASQUERADE,
+        "local-policy-vips-from-node",
+        format!("fib saddr type local {vip} @{LOCAL_POLICY_VIPS} {set_mark}"),
+    );
+    add(
+        SERVICE_MASQUERADE,
+        "local-policy-nodeports-from-node",
+        format!("fib saddr type local {np} {NODEPORT_KEY} @{LOCAL_POLICY_NODEPORTS} {set_mark}"),
+    );
+    add(
+        FIREWALL_CHECK,
+        "source-ranges",
+        format!("{vip} @{FIREWALL_VIPS} {vip} . {ip} saddr != @{FIREWALL_ALLOW} drop"),
+    );
+    add(ENDPOINTS_CHECK, "vips", format!("{vip} vmap @{NO_ENDPOINT_VIPS}"));
+    add(
+        ENDPOINTS_CHECK,
+        "nodeports",
+        format!("{np} {NODEPORT_KEY} vmap @{NO_ENDPOINT_NODEPORTS}"),
+    );
+    add(REJECT_PACKET, "reject", "reject".into());
+    add(
+        MASQUERADING,
+        "hairpin",
+        format!("ct status dnat {ip} saddr . {ip} daddr @{HAIRPIN} masquerade fully-random"),
+    );
+    add(MASQUERADING, "unmarked", format!("meta mark & {mark:#x} == 0 return"));
+    add(MASQUERADING, "clear-mark", format!("meta mark set meta mark xor {mark:#x}"));
+    add(MASQUERADING, "marked", "masquerade fully-random".into());
+    rules
+}
+
+/// The objects and rules of one dispatch class (`route`, `n` endpoints).
+pub fn class_rules(cfg: &PlanConfig, route: Route, n: u32) -> Vec<RuleDef> {
+    let e = Expr::of(cfg.family);
+    let ip = e.ip;
+    let set = SetId::Class(route, n).name();
+    let map = SetId::ClassEndpoints(route, n).name();
+    let (matcher, key) = if route.keyed_by_address() {
+        (String::new(), e.vip_key())
+    } else {
+        (format!("{} ", nodeport_match(cfg)), NODEPORT_KEY.to_string())
+    };
+    let dnat = format!("{matcher}{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
+    let id = format!("class-{set}");
+    match route {
+        Route::Vips | Route::NodePorts => vec![RuleDef {
+            chain: SERVICE_DISPATCH,
+            id,
+            text: dnat,
+        }],
+        Route::LocalSourceVips | Route::LocalSourceNodePorts => {
+            let mut v = Vec::new();
+            if cfg.detect_local {
+                v.push(RuleDef {
+                    chain: SERVICE_LOCAL_SOURCE,
+                    id: format!("{id}-from-pods"),
+                    text: format!("{ip} saddr @{POD_CIDRS} {dnat}"),
+                });
+            }
+            v.push(RuleDef {
+                chain: SERVICE_LOCAL_SOURCE,
+                id: format!("{id}-from-node"),
+                text: format!("fib saddr type local {dnat}"),
+            });
+            v
+        }
+    }
+}
+
+/// The rules of one affinity timeout class.
+pub fn affinity_rules(cfg: &PlanConfig, timeout: u32) -> Vec<RuleDef> {
+    let e = Expr::of(cfg.family);
+    let ip = e.ip;
+    let vip = e.vip_key();
+    let np = nodeport_match(cfg);
+    let map = SetId::Affinity(timeout).name();
+    let vips = SetId::AffinityVips(timeout).name();
+    let nps = SetId::AffinityNodePorts(timeout).name();
+    let client = format!("{ip} saddr . {ip} daddr . meta l4proto . th dport");
+    let mut v = vec![
+        RuleDef {
+            chain: SERVICE_AFFINITY,
+            id: format!("{map}-vips"),
+            text: format!("{vip} @{vips} dnat {ip} to {client} map @{map}"),
+        },
+        RuleDef {
+            chain: SERVICE_AFFINITY,
+            id: format!("{map}-nodeports"),
+            text: format!("{np} {NODEPORT_KEY} @{nps} dnat {ip} to {client} map @{map}"),
+        },
+    ];
+    // Record the choice after DNAT. `ct original proto-dst` needs a protocol dependency to be
+    // usable in a concatenation, hence one rule per protocol.
+    let remembered = format!(
+        "{ip} saddr . ct original {ip} daddr . meta l4proto . ct original proto-dst : {ip} daddr . th dport"
+    );
+    for proto in kp_core::model::Protocol::ALL {
+        let p = proto.as_lower();
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "meta l4proto {p} ct state new ct status dnat ct original {ip} daddr . meta l4proto . ct original proto-dst @{vips} update @{map} {{ {remembered} }}"
+        );
+        v.push(RuleDef {
+            chain: AFFINITY_UPDATE,
+            id: format!("{map}-vips-{p}"),
+            text: s,
+        });
+        v.push(RuleDef {
+            chain: AFFINITY_UPDATE,
+            id: format!("{map}-nodeports-{p}"),
+            text: format!(
+                "meta l4proto {p} ct state new ct status dnat meta l4proto . ct original proto-dst @{nps} update @{map} {{ {remembered} }}"
+            ),
+        });
+    }
+    v
+}

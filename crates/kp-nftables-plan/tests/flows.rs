@@ -1,0 +1,100 @@
+//! The packet-flow table, through the tracer, over the rules the planner renders.
+
+use kp_core::model::IpFamily;
+use kp_core::track::{Kind, ProxyState, SourceEvent};
+use kp_nftables_plan::{NftTracer, NodeContext, PlanConfig, Planner};
+
+fn state() -> ProxyState {
+    let mut s = ProxyState::new(kp_flows::NODE);
+    for o in kp_flows::objects() {
+        s.apply(SourceEvent::Upsert(o)).expect("fixture objects are valid");
+    }
+    s.apply(SourceEvent::Synced(Kind::Service)).unwrap();
+    s.apply(SourceEvent::Synced(Kind::EndpointSlice)).unwrap();
+    s.take_changes();
+    s
+}
+
+fn planners() -> Vec<Planner> {
+    IpFamily::ALL
+        .into_iter()
+        .map(|f| {
+            let mut cfg = PlanConfig::new(f);
+            cfg.detect_local = true;
+            Planner::new(cfg)
+        })
+        .collect()
+}
+
+fn node() -> NodeContext {
+    NodeContext {
+        local_cidrs: vec![
+            kp_flows::CLUSTER_CIDR.parse().unwrap(),
+            "fd00:10:244::/48".parse().unwrap(),
+        ],
+    }
+}
+
+#[test]
+fn every_flow_row_passes_through_the_rendered_table() {
+    let state = state();
+    let mut tracer = NftTracer::new(kp_flows::node_addresses());
+    for mut p in planners() {
+        let tx = p.full(&state, &node());
+        tracer.apply(&tx.text).unwrap_or_else(|e| panic!("{e}\n{}", tx.text));
+    }
+    let failures = kp_flows::check_tracer(&tracer);
+    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn rows_still_pass_when_the_table_was_built_by_partial_syncs() {
+    // Start from an empty cluster, then add every Service through partial syncs.
+    let full = state();
+    let mut empty = ProxyState::new(kp_flows::NODE);
+    let mut tracer = NftTracer::new(kp_flows::node_addresses());
+    let mut ps = planners();
+    for p in &mut ps {
+        tracer.apply(&p.full(&empty, &node()).text).unwrap();
+    }
+    for o in kp_flows::objects() {
+        empty.apply(SourceEvent::Upsert(o)).unwrap();
+        let changes = empty.take_changes();
+        for p in &mut ps {
+            let tx = p.partial(&empty, &changes.services, &node(), changes.node_changed);
+            tracer.apply(&tx.text).unwrap_or_else(|e| panic!("{e}\n{}", tx.text));
+        }
+    }
+    let failures = kp_flows::check_tracer(&tracer);
+    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    // And the partially-built table holds exactly what a full build holds.
+    for (p, mut fresh) in ps.iter().zip(planners()) {
+        fresh.full(&full, &node());
+        for set in fresh.all_sets() {
+            assert_eq!(p.expected_elements(set), fresh.expected_elements(set), "{set:?}");
+        }
+    }
+}
+
+#[test]
+fn the_table_catches_a_ruleset_without_masquerading() {
+    // The tracer is itself tested: drop the masquerade rules and the masquerade rows must fail.
+    let state = state();
+    let mut tracer = NftTracer::new(kp_flows::node_addresses());
+    for mut p in planners() {
+        let tx = p.full(&state, &node());
+        let broken: String = tx
+            .text
+            .lines()
+            .filter(|l| !l.contains("masquerade fully-random"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        tracer.apply(&broken).unwrap();
+    }
+    let failures = kp_flows::check_tracer(&tracer);
+    let masq_rows = kp_flows::cases()
+        .iter()
+        .filter(|c| matches!(c.expect, kp_flows::Expect::Pods { masquerade: true, .. }))
+        .count();
+    assert_eq!(failures.len(), masq_rows, "{}", failures.join("\n"));
+}

@@ -1,0 +1,182 @@
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kp_core::track::{Kind, Object, ObjectKey, SourceEvent};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::Event;
+
+use super::{endpoint_slice_selector, service_selector, RelistTracker, RetryPolicy};
+
+fn svc(name: &str, rv: &str) -> Object {
+    Object::Service(Box::new(Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            resource_version: Some(rv.into()),
+            ..ObjectMeta::default()
+        },
+        ..Service::default()
+    }))
+}
+
+/// Renders events compactly so that whole sequences can be compared.
+fn show(events: &[SourceEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|ev| match ev {
+            SourceEvent::Upsert(obj) => format!("upsert {} {}", obj.kind(), obj.key()),
+            SourceEvent::Delete(kind, key) => format!("delete {kind} {key}"),
+            SourceEvent::Synced(kind) => format!("synced {kind}"),
+        })
+        .collect()
+}
+
+fn feed(tracker: &mut RelistTracker, events: Vec<Event<Object>>) -> Vec<String> {
+    let out: Vec<SourceEvent> = events.into_iter().flat_map(|ev| tracker.handle(ev)).collect();
+    show(&out)
+}
+
+#[test]
+fn initial_list_upserts_each_object_then_reports_synced() {
+    let mut t = RelistTracker::new(Kind::Service);
+    let out = feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("b", "2")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(out, ["upsert Service ns/a", "upsert Service ns/b", "synced Service"]);
+}
+
+#[test]
+fn watch_events_become_upserts_and_deletes() {
+    let mut t = RelistTracker::new(Kind::Service);
+    feed(&mut t, vec![Event::Init, Event::InitApply(svc("a", "1")), Event::InitDone]);
+    let out = feed(
+        &mut t,
+        vec![
+            Event::Apply(svc("b", "2")),
+            Event::Apply(svc("a", "3")),
+            Event::Delete(svc("a", "4")),
+        ],
+    );
+    assert_eq!(out, ["upsert Service ns/b", "upsert Service ns/a", "delete Service ns/a"]);
+}
+
+#[test]
+fn relist_deletes_objects_it_no_longer_lists_and_skips_unchanged_ones() {
+    let mut t = RelistTracker::new(Kind::Service);
+    feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("b", "2")),
+            Event::InitApply(svc("c", "3")),
+            Event::InitDone,
+        ],
+    );
+    let out = feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("c", "9")),
+            Event::InitApply(svc("d", "10")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(
+        out,
+        ["upsert Service ns/c", "upsert Service ns/d", "delete Service ns/b", "synced Service"]
+    );
+}
+
+#[test]
+fn a_relist_that_fails_half_way_deletes_nothing() {
+    let mut t = RelistTracker::new(Kind::Service);
+    feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("b", "2")),
+            Event::InitDone,
+        ],
+    );
+    // The first relist lists only "a", then fails: kube-runtime starts over with a new Init.
+    let out = feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("b", "2")),
+        ],
+    );
+    assert_eq!(out, Vec::<String>::new());
+    assert_eq!(feed(&mut t, vec![Event::InitDone]), ["synced Service"]);
+}
+
+#[test]
+fn deleting_an_unknown_object_reports_nothing() {
+    let mut t = RelistTracker::new(Kind::Service);
+    assert!(t.handle(Event::Delete(svc("x", "1"))).is_empty());
+}
+
+#[test]
+fn objects_without_resource_version_are_always_reported() {
+    let mut t = RelistTracker::new(Kind::Service);
+    let out = feed(&mut t, vec![Event::Apply(svc("a", "")), Event::Apply(svc("a", ""))]);
+    assert_eq!(out, ["upsert Service ns/a", "upsert Service ns/a"]);
+}
+
+#[test]
+fn nodes_are_keyed_without_namespace() {
+    let mut t = RelistTracker::new(Kind::Node);
+    let node = Object::Node(Box::new(Node {
+        metadata: ObjectMeta {
+            name: Some("node-1".into()),
+            resource_version: Some("1".into()),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }));
+    feed(&mut t, vec![Event::Init, Event::InitApply(node), Event::InitDone]);
+    let out = t.handle(Event::Init);
+    assert!(out.is_empty());
+    let out = t.handle(Event::InitDone);
+    match &out[..] {
+        [SourceEvent::Delete(Kind::Node, k), SourceEvent::Synced(Kind::Node)] => {
+            assert_eq!(k, &ObjectKey { namespace: String::new(), name: "node-1".into() });
+        }
+        other => panic!("unexpected {:?}", show(other)),
+    }
+}
+
+#[test]
+fn selectors_match_upstream() {
+    assert_eq!(
+        service_selector(),
+        "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+    );
+    assert_eq!(endpoint_slice_selector(), "!service.kubernetes.io/service-proxy-name");
+}
+
+#[test]
+fn exponential_retry_doubles_up_to_max_and_resets() {
+    let mut b = RetryPolicy::Exponential {
+        initial: Duration::from_millis(10),
+        max: Duration::from_millis(35),
+    }
+    .backoff();
+    let first: Vec<u128> = b.by_ref().take(4).map(|d| d.as_millis()).collect();
+    assert_eq!(first, [10, 20, 35, 35]);
+    b.reset();
+    assert_eq!(b.next(), Some(Duration::from_millis(10)));
+}

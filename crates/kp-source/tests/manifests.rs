@@ -1,0 +1,175 @@
+//! The manifest directory source against a real directory and real inotify.
+//!
+//! Every wait is bounded by a timeout, so a change that is never reported fails the test
+//! instead of hanging it.
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kp_core::track::{Kind, Object, SourceEvent};
+use kp_metrics::Metrics;
+use kp_source::run_manifests;
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+/// How long a change may take to be reported: the brief allows well under a second, the test
+/// allows 2 s so a loaded machine does not make it flaky.
+const CHANGE_DEADLINE: Duration = Duration::from_secs(2);
+
+fn service(name: &str, port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: ns\n\
+         spec:\n  clusterIP: 10.96.0.10\n  ports:\n  - name: http\n    port: {port}\n    protocol: TCP\n"
+    )
+}
+
+const SLICE: &str = "\
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: ns
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.0.1]
+ports:
+- {name: http, port: 8080, protocol: TCP}
+";
+
+const NODE_JSON: &str = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-1"}}"#;
+
+fn show(ev: &SourceEvent) -> String {
+    match ev {
+        SourceEvent::Upsert(obj) => format!("upsert {} {}", obj.kind(), obj.key()),
+        SourceEvent::Delete(kind, key) => format!("delete {kind} {key}"),
+        SourceEvent::Synced(kind) => format!("synced {kind}"),
+    }
+}
+
+async fn next(rx: &mut mpsc::Receiver<SourceEvent>, waiting_for: &str) -> SourceEvent {
+    match timeout(CHANGE_DEADLINE, rx.recv()).await {
+        Ok(Some(ev)) => ev,
+        Ok(None) => panic!("source stopped while waiting for {waiting_for}"),
+        Err(_) => panic!("no event within {CHANGE_DEADLINE:?} while waiting for {waiting_for}"),
+    }
+}
+
+/// Receives `n` events, rendered, sorted (their order within one change is not part of the
+/// contract).
+async fn next_n(rx: &mut mpsc::Receiver<SourceEvent>, n: usize, waiting_for: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(show(&next(rx, waiting_for).await));
+    }
+    out.sort();
+    out
+}
+
+/// Writes a file the way tools should: elsewhere in the directory (a hidden name, which the
+/// source ignores), then renamed into place.
+fn write_atomic(dir: &Path, name: &str, text: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, text).expect("write temp file");
+    fs::rename(&tmp, dir.join(name)).expect("rename into place");
+}
+
+fn source_errors(metrics: &Metrics, reason: &str) -> u64 {
+    let prefix = format!("kubeproxy_rs_source_errors_total{{source=\"manifests\",reason=\"{reason}\"}} ");
+    metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_reports_the_directory_then_follows_live_edits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    fs::write(path.join("web.yaml"), format!("{}---\n{SLICE}", service("web", 80))).expect("write");
+    fs::write(path.join("node.json"), NODE_JSON).expect("write");
+    fs::write(path.join("notes.txt"), "not a manifest").expect("write");
+    fs::write(path.join(".hidden.yaml"), service("hidden", 1)).expect("write");
+
+    let metrics = Arc::new(Metrics::new());
+    let (tx, mut rx) = mpsc::channel(64);
+    let source = tokio::spawn(run_manifests(path.clone(), tx, metrics.clone()));
+
+    // The initial read, then Synced for every kind.
+    assert_eq!(
+        next_n(&mut rx, 3, "the initial objects").await,
+        ["upsert EndpointSlice ns/web-1", "upsert Node node-1", "upsert Service ns/web"]
+    );
+    assert_eq!(
+        next_n(&mut rx, 3, "Synced").await,
+        ["synced EndpointSlice", "synced Node", "synced Service"]
+    );
+
+    // Edit in place: the port changes.
+    fs::write(path.join("web.yaml"), format!("{}---\n{SLICE}", service("web", 8080))).expect("write");
+    let ev = next(&mut rx, "the edited Service").await;
+    let SourceEvent::Upsert(Object::Service(svc)) = &ev else {
+        panic!("expected the Service, got {}", show(&ev))
+    };
+    let ports = svc.spec.as_ref().and_then(|s| s.ports.as_ref()).expect("ports");
+    assert_eq!(ports[0].port, 8080);
+
+    // Drop the slice from the file.
+    write_atomic(&path, "web.yaml", &service("web", 8080));
+    assert_eq!(show(&next(&mut rx, "the slice's deletion").await), "delete EndpointSlice ns/web-1");
+
+    // A broken file reports nothing; the next good change is the next event.
+    fs::write(path.join("broken.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: [\n").expect("write");
+    write_atomic(&path, "db.yml", &service("db", 5432));
+    assert_eq!(show(&next(&mut rx, "db.yml").await), "upsert Service ns/db");
+    assert_eq!(source_errors(&metrics, "parse"), 1);
+
+    // Breaking a good file keeps its objects: deleting another file is the next event.
+    write_atomic(&path, "db.yml", "apiVersion: v1\nkind: Service\nmetadata: [\n");
+    fs::remove_file(path.join("node.json")).expect("remove");
+    assert_eq!(show(&next(&mut rx, "the Node's deletion").await), "delete Node node-1");
+    assert_eq!(source_errors(&metrics, "parse"), 2);
+
+    // Fixing it back to the same content reports nothing; removing it deletes its Service.
+    write_atomic(&path, "db.yml", &service("db", 5432));
+    fs::remove_file(path.join("db.yml")).expect("remove");
+    assert_eq!(show(&next(&mut rx, "db's deletion").await), "delete Service ns/db");
+
+    // Dropping the receiver stops the source.
+    drop(rx);
+    let stopped = timeout(CHANGE_DEADLINE, source).await.expect("source did not stop");
+    assert!(matches!(stopped, Ok(Ok(()))), "{stopped:?}");
+}
+
+#[tokio::test]
+async fn an_empty_directory_is_synced_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tx, mut rx) = mpsc::channel(8);
+    let _source = tokio::spawn(run_manifests(dir.path().to_path_buf(), tx, Arc::new(Metrics::new())));
+    let got: Vec<String> = vec![
+        show(&next(&mut rx, "Synced").await),
+        show(&next(&mut rx, "Synced").await),
+        show(&next(&mut rx, "Synced").await),
+    ];
+    assert_eq!(got, ["synced Service", "synced EndpointSlice", "synced Node"]);
+    // Nothing else is pending.
+    assert!(rx.try_recv().is_err());
+    let _ = Kind::Node;
+}
+
+#[tokio::test]
+async fn a_missing_directory_fails_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tx, _rx) = mpsc::channel(8);
+    let res = timeout(
+        CHANGE_DEADLINE,
+        run_manifests(dir.path().join("absent"), tx, Arc::new(Metrics::new())),
+    )
+    .await
+    .expect("did not fail promptly");
+    let err = res.expect_err("a missing directory must fail");
+    assert!(err.to_string().contains("absent"), "{err}");
+}

@@ -1,0 +1,352 @@
+//! Driving the `kp-echo` binary from tests: start a backend, send requests, read outcomes.
+//!
+//! Both ends run inside lab namespaces through `ip netns exec`; this module only builds the
+//! command lines and parses the one-line-per-attempt output documented in `kp-echo --help`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::netns::{ChildGuard, Netns};
+use crate::{Error, Result};
+
+static ECHO_BINARY: OnceLock<PathBuf> = OnceLock::new();
+
+/// How long [`serve`] waits for a backend to bind its ports.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A transport protocol kp-echo speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Proto {
+    /// TCP: one connection per attempt, an HTTP/1.1 GET answered with `200 OK`.
+    Tcp,
+    /// UDP: one datagram per attempt, answered with one datagram.
+    Udp,
+}
+
+impl Proto {
+    /// The word kp-echo uses on its command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+}
+
+/// What happened to one request attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A backend answered.
+    Answered {
+        /// The backend's `--name`.
+        backend: String,
+        /// The source address the backend saw (the client's own, or a masquerade address).
+        client_seen: IpAddr,
+    },
+    /// No answer before the timeout (dropped somewhere, or blackholed).
+    Timeout,
+    /// ECONNREFUSED: a TCP RST or an ICMP port unreachable.
+    Refused,
+    /// EHOSTUNREACH or ENETUNREACH: no route, or an ICMP host/net unreachable or prohibited.
+    Unreachable,
+    /// ECONNRESET: the connection was reset after it was established.
+    Reset,
+    /// Anything else kp-echo reported (another errno, a malformed answer, a failure to run
+    /// kp-echo at all), as text.
+    Other(String),
+}
+
+impl Outcome {
+    /// Reads one line of `kp-echo request` output.
+    pub fn parse(line: &str) -> Outcome {
+        let line = line.trim();
+        match line {
+            "timeout" => return Outcome::Timeout,
+            "refused" => return Outcome::Refused,
+            "unreachable" => return Outcome::Unreachable,
+            "reset" => return Outcome::Reset,
+            _ => {}
+        }
+        if let Some(message) = line.strip_prefix("error ") {
+            return Outcome::Other(message.to_string());
+        }
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next().map(str::parse), words.next()) {
+            (Some(backend), Some(Ok(client_seen)), None) => Outcome::Answered {
+                backend: backend.to_string(),
+                client_seen,
+            },
+            _ => Outcome::Other(format!("unreadable kp-echo output `{line}`")),
+        }
+    }
+
+    /// The backend that answered, if one did.
+    pub fn backend(&self) -> Option<&str> {
+        match self {
+            Outcome::Answered { backend, .. } => Some(backend),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    /// The same words kp-echo prints, so `Outcome::parse` reads them back.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Answered {
+                backend,
+                client_seen,
+            } => write!(f, "{backend} {client_seen}"),
+            Outcome::Timeout => f.write_str("timeout"),
+            Outcome::Refused => f.write_str("refused"),
+            Outcome::Unreachable => f.write_str("unreachable"),
+            Outcome::Reset => f.write_str("reset"),
+            Outcome::Other(message) => write!(f, "error {message}"),
+        }
+    }
+}
+
+/// Counts outcomes by backend name, and failures by their word (`timeout`, `refused`, ...), to
+/// check how requests spread over endpoints.
+pub fn tally(outcomes: &[Outcome]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for outcome in outcomes {
+        let key = match outcome {
+            Outcome::Answered { backend, .. } => backend.clone(),
+            Outcome::Other(_) => "error".to_string(),
+            other => other.to_string(),
+        };
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// One `kp-echo request` invocation: `count` attempts at `ip:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// TCP or UDP.
+    pub proto: Proto,
+    /// Where to send (a ClusterIP, a node IP, a pod IP, ...).
+    pub ip: IpAddr,
+    /// The destination port.
+    pub port: u16,
+    /// How many attempts; each uses a new socket and so a new source port, unless `src_port`
+    /// is set.
+    pub count: usize,
+    /// Source address to bind (one of the client's aliases, to test source ranges).
+    pub src_ip: Option<IpAddr>,
+    /// Source port to bind, the same for every attempt (to test affinity or conntrack reuse).
+    pub src_port: Option<u16>,
+    /// Per attempt, for connecting and reading the answer together.
+    pub timeout: Duration,
+}
+
+impl Request {
+    /// One attempt, from any source, with a 2 s timeout.
+    pub fn new(proto: Proto, ip: IpAddr, port: u16) -> Request {
+        Request {
+            proto,
+            ip,
+            port,
+            count: 1,
+            src_ip: None,
+            src_port: None,
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Sets the number of attempts (at least 1).
+    pub fn count(mut self, count: usize) -> Request {
+        self.count = count.max(1);
+        self
+    }
+
+    /// Sets the source address.
+    pub fn src_ip(mut self, ip: IpAddr) -> Request {
+        self.src_ip = Some(ip);
+        self
+    }
+
+    /// Sets the source port.
+    pub fn src_port(mut self, port: u16) -> Request {
+        self.src_port = Some(port);
+        self
+    }
+
+    /// Sets the per-attempt timeout (at least 1 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Request {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The kp-echo arguments, after the binary's path.
+    fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            "request".to_string(),
+            self.proto.as_str().to_string(),
+            self.ip.to_string(),
+            self.port.to_string(),
+            "--timeout-ms".to_string(),
+            self.timeout.as_millis().max(1).to_string(),
+            "--count".to_string(),
+            self.count.to_string(),
+        ];
+        if let Some(ip) = self.src_ip {
+            args.extend(["--src-ip".to_string(), ip.to_string()]);
+        }
+        if let Some(port) = self.src_port {
+            args.extend(["--src-port".to_string(), port.to_string()]);
+        }
+        args
+    }
+}
+
+/// Runs `req` from namespace `from`: one outcome per attempt, in order.
+///
+/// Never fails: if kp-echo cannot run, every attempt is an [`Outcome::Other`] saying why.
+pub fn request(from: &Netns, req: &Request) -> Vec<Outcome> {
+    let failed = |why: String| vec![Outcome::Other(why); req.count];
+    let binary = match try_echo_binary() {
+        Ok(binary) => binary,
+        Err(e) => return failed(e.to_string()),
+    };
+    let binary = binary.to_string_lossy();
+    let args = req.args();
+    let mut argv: Vec<&str> = vec![&binary];
+    argv.extend(args.iter().map(String::as_str));
+    let out = match from.exec(&argv) {
+        Ok(out) => out,
+        Err(e) => return failed(e.to_string()),
+    };
+    if !out.status.success() {
+        return failed(format!(
+            "kp-echo {} ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let mut outcomes: Vec<Outcome> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(Outcome::parse)
+        .collect();
+    outcomes.resize(
+        req.count.max(outcomes.len()),
+        Outcome::Other("kp-echo printed fewer lines than attempts".to_string()),
+    );
+    outcomes
+}
+
+/// Starts `kp-echo serve --name NAME` in `ns` on the given ports and waits until it has bound
+/// them all.
+pub fn serve(ns: &Netns, name: &str, tcp: &[u16], udp: &[u16]) -> Result<ChildGuard> {
+    let binary = try_echo_binary()?;
+    let binary = binary.to_string_lossy();
+    let ports: Vec<(&str, String)> = tcp
+        .iter()
+        .map(|p| ("--tcp", p.to_string()))
+        .chain(udp.iter().map(|p| ("--udp", p.to_string())))
+        .collect();
+    let mut argv: Vec<&str> = vec![&binary, "serve", "--name", name];
+    for (flag, port) in &ports {
+        argv.extend([*flag, port.as_str()]);
+    }
+    let mut child = ns.spawn(&argv)?;
+    child.wait_for_log(&format!("kp-echo {name} ready"), READY_TIMEOUT)?;
+    Ok(child)
+}
+
+/// Tells this process which kp-echo to use, ahead of the search in [`echo_binary`]. kp-test's
+/// own tests pass `env!("CARGO_BIN_EXE_kp-echo")`. The first call wins.
+pub fn use_echo_binary(path: impl Into<PathBuf>) {
+    let _ = ECHO_BINARY.set(path.into());
+}
+
+/// The kp-echo binary; panics with the reason if it can be neither found nor built.
+///
+/// See [`try_echo_binary`] for where it looks.
+pub fn echo_binary() -> PathBuf {
+    match try_echo_binary() {
+        Ok(path) => path,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The kp-echo binary, found in this order and remembered for the process:
+///
+/// 1. the path given to [`use_echo_binary`];
+/// 2. `$KP_ECHO`;
+/// 3. `kp-echo` beside the running test (`target/<profile>/`, the parent of `deps/`);
+/// 4. `target/debug/kp-echo` or `target/release/kp-echo` of this workspace (or of
+///    `$CARGO_TARGET_DIR`);
+/// 5. built with `cargo build -p kp-test --bin kp-echo` into `target/kp-echo/`: a separate
+///    target directory, because the `cargo test` that runs us may hold the lock on the usual
+///    one.
+pub fn try_echo_binary() -> Result<PathBuf> {
+    if let Some(path) = ECHO_BINARY.get() {
+        return Ok(path.clone());
+    }
+    let path = locate_echo_binary()?;
+    Ok(ECHO_BINARY.get_or_init(|| path).clone())
+}
+
+fn locate_echo_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("KP_ECHO") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::EchoBinary(format!(
+                "$KP_ECHO is {}, which is not a file",
+                path.display()
+            )))
+        };
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    let beside_test = std::env::current_exe().ok().and_then(|exe| {
+        let dir = exe.parent()?;
+        let dir = if dir.ends_with("deps") {
+            dir.parent()?
+        } else {
+            dir
+        };
+        Some(dir.join("kp-echo"))
+    });
+    let candidates = beside_test.into_iter().chain([
+        target.join("debug/kp-echo"),
+        target.join("release/kp-echo"),
+    ]);
+    for candidate in candidates {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+
+    let build_dir = workspace.join("target/kp-echo");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(["build", "--quiet", "-p", "kp-test", "--bin", "kp-echo", "--target-dir"])
+        .arg(&build_dir)
+        .current_dir(&workspace)
+        .status()
+        .map_err(|e| Error::EchoBinary(format!("running {}: {e}", cargo.to_string_lossy())))?;
+    let built = build_dir.join("debug/kp-echo");
+    if status.success() && built.is_file() {
+        Ok(built)
+    } else {
+        Err(Error::EchoBinary(format!(
+            "not found, and `cargo build -p kp-test --bin kp-echo` failed ({status})"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests;
