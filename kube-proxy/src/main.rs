@@ -1,2 +1,3 @@
 //! kube-proxy binary (being written).
+mod config;
 fn main() {}

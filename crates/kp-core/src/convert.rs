@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::model::{
-    Endpoint, IpFamily, NodeInfo, Protocol, ServiceKey, ServicePort, ServicePortName, SliceEndpoints,
-    SlicePort,
+    Endpoint, IpFamily, NodeInfo, Protocol, ServiceKey, ServicePort, ServicePortName,
+    SliceEndpoints, SlicePort,
 };
 
 /// Label naming another proxy that owns a Service.
@@ -179,7 +179,10 @@ fn service_key(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> Result<ServiceKey, InvalidObject> {
     let namespace = meta.namespace.as_deref().unwrap_or("default");
-    let name = meta.name.as_deref().ok_or(InvalidObject::Missing("metadata.name"))?;
+    let name = meta
+        .name
+        .as_deref()
+        .ok_or(InvalidObject::Missing("metadata.name"))?;
     validate_dns_label("metadata.namespace", namespace)?;
     validate_dns_label("metadata.name", name)?;
     Ok(ServiceKey::new(namespace, name))
@@ -195,7 +198,10 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
     let key = service_key(&svc.metadata)?;
     let labels = svc.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
-        return Ok((key, ServiceDisposition::Ignored("owned by another service proxy")));
+        return Ok((
+            key,
+            ServiceDisposition::Ignored("owned by another service proxy"),
+        ));
     }
     if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
         return Ok((key, ServiceDisposition::Ignored("headless")));
@@ -217,7 +223,10 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
     let mut cluster_ips: Vec<IpAddr> = Vec::new();
     for s in cluster_ip_strings {
         let ip = parse_ip("spec.clusterIPs", s)?;
-        if !cluster_ips.iter().any(|c| IpFamily::of(c) == IpFamily::of(&ip)) {
+        if !cluster_ips
+            .iter()
+            .any(|c| IpFamily::of(c) == IpFamily::of(&ip))
+        {
             cluster_ips.push(ip);
         }
     }
@@ -375,9 +384,16 @@ pub fn slice_endpoints(
         let ready = cond.and_then(|c| c.ready).unwrap_or(true);
         let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
         let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
-        let zone_hints = ep.hints.as_ref().and_then(|h| h.for_zones.as_ref()).map(|zones| {
-            zones.iter().map(|z| z.name.clone()).collect::<BTreeSet<_>>()
-        });
+        let zone_hints = ep
+            .hints
+            .as_ref()
+            .and_then(|h| h.for_zones.as_ref())
+            .map(|zones| {
+                zones
+                    .iter()
+                    .map(|z| z.name.clone())
+                    .collect::<BTreeSet<_>>()
+            });
         base.push(Endpoint {
             ip,
             port: 0,
@@ -480,7 +496,8 @@ pub fn parse_rfc3339_seconds(s: &str) -> Option<f64> {
         4 | 6 | 9 | 11 => 30,
         _ => 31,
     };
-    if !(1..=12).contains(&mo) || !(1..=month_days).contains(&day) || h > 23 || mi > 59 || sec > 60 {
+    if !(1..=12).contains(&mo) || !(1..=month_days).contains(&day) || h > 23 || mi > 59 || sec > 60
+    {
         return None;
     }
     // Days from civil date (Howard Hinnant's algorithm).

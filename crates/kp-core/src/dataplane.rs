@@ -30,7 +30,12 @@ pub trait Dataplane: Send {
     /// Programs the kernel from `state`. With `full`, everything is rewritten and drift
     /// repaired; otherwise only the Services in `changes` are. After an error the caller makes
     /// the next sync full.
-    fn sync(&mut self, state: &ProxyState, changes: &Changes, full: bool) -> Result<SyncReport, Self::Error>;
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &Changes,
+        full: bool,
+    ) -> Result<SyncReport, Self::Error>;
 
     /// Reads the kernel state back and compares it with what the mode believes it programmed.
     /// Returns a description of every difference.

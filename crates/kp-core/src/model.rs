@@ -176,7 +176,9 @@ pub struct ServicePort {
 impl ServicePort {
     /// Whether anything reaches this port from outside the cluster network.
     pub fn has_external(&self) -> bool {
-        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+        self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
     }
 
     /// Whether external traffic uses only node-local endpoints.

@@ -103,7 +103,11 @@ fn select_family(port: &ServicePort, endpoints: &[Endpoint], node: &NodeInfo) ->
             .cloned()
             .collect();
         if out.cluster.is_empty() {
-            out.cluster = endpoints.iter().filter(|e| usable_fallback(e)).cloned().collect();
+            out.cluster = endpoints
+                .iter()
+                .filter(|e| usable_fallback(e))
+                .cloned()
+                .collect();
         }
         out.has_any = !out.cluster.is_empty();
     }
@@ -122,7 +126,11 @@ fn select_family(port: &ServicePort, endpoints: &[Endpoint], node: &NodeInfo) ->
         }
     }
     if local_ready {
-        out.local = endpoints.iter().filter(|e| e.is_local && e.ready).cloned().collect();
+        out.local = endpoints
+            .iter()
+            .filter(|e| e.is_local && e.ready)
+            .cloned()
+            .collect();
     } else if local_fallback {
         out.local = endpoints
             .iter()

@@ -2,7 +2,11 @@
 //!
 //! A sync runs at most once per `min_interval` and at least once per `max_interval`; requests
 //! that arrive in between coalesce into one run. After a failed sync the next run is a full one
-//! and comes sooner, with exponential backoff capped at `max_interval`. Time is an argument, so
+//! and comes sooner: a retry follows exponential backoff (1 s, 2 s, 4 s, ...) capped at
+//! `max_interval` and never sooner than `min_interval`. A failed sync consumes the requests it
+//! tried to serve (so they do not bypass the backoff), but they stay unserved for `/healthz`;
+//! a request that arrives after the failure runs after `min_interval` as usual, like upstream's
+//! runner, since the new change may be what fixes the failure. Time is an argument, so
 //! tests drive it without sleeping. Mirrors `k8s.io/kubernetes/pkg/util/async/bounded_frequency_runner.go`.
 
 use std::time::{Duration, Instant};
@@ -23,8 +27,10 @@ pub struct SyncSchedule {
     max_interval: Duration,
     /// When the last sync finished (successfully or not).
     last_run: Option<Instant>,
-    /// When the oldest unserved request arrived.
+    /// When the oldest request not yet served by a successful sync arrived.
     requested: Option<Instant>,
+    /// Whether a request arrived since the last sync finished.
+    run_wanted: bool,
     /// When to retry after a failure.
     retry_at: Option<Instant>,
     /// Current retry backoff.
@@ -46,6 +52,7 @@ impl SyncSchedule {
             max_interval: max_interval.max(min_interval),
             last_run: None,
             requested: None,
+            run_wanted: false,
             retry_at: None,
             backoff: INITIAL_BACKOFF,
             next_full: true,
@@ -56,6 +63,7 @@ impl SyncSchedule {
     /// Records that something changed and a sync is wanted.
     pub fn request(&mut self, now: Instant) {
         self.requested.get_or_insert(now);
+        self.run_wanted = true;
     }
 
     /// When the oldest unserved request arrived, if any (feeds `/healthz`).
@@ -66,10 +74,14 @@ impl SyncSchedule {
     /// The earliest instant at which [`Self::due`] may return something.
     pub fn next_wakeup(&self, now: Instant) -> Instant {
         let Some(last) = self.last_run else {
-            return if self.requested.is_some() { now } else { now + self.max_interval };
+            return if self.run_wanted {
+                now
+            } else {
+                now + self.max_interval
+            };
         };
         let mut at = last + self.max_interval;
-        if self.requested.is_some() {
+        if self.run_wanted {
             at = at.min(last + self.min_interval);
         }
         if let Some(r) = self.retry_at {
@@ -90,7 +102,7 @@ impl SyncSchedule {
             SyncKind::Partial
         };
         let Some(last) = self.last_run else {
-            return self.requested.map(|_| kind);
+            return self.run_wanted.then_some(kind);
         };
         let since = now.saturating_duration_since(last);
         if since >= self.max_interval {
@@ -99,7 +111,7 @@ impl SyncSchedule {
         if self.retry_at.is_some_and(|r| now >= r) {
             return Some(kind);
         }
-        if self.requested.is_some() && since >= self.min_interval {
+        if self.run_wanted && since >= self.min_interval {
             return Some(kind);
         }
         None
@@ -108,6 +120,7 @@ impl SyncSchedule {
     /// Records the outcome of a sync of `kind` that finished at `now`.
     pub fn finished(&mut self, now: Instant, kind: SyncKind, ok: bool) {
         self.last_run = Some(now);
+        self.run_wanted = false;
         if ok {
             self.requested = None;
             self.retry_at = None;
@@ -118,7 +131,7 @@ impl SyncSchedule {
             }
         } else {
             self.next_full = true;
-            self.retry_at = Some(now + self.backoff);
+            self.retry_at = Some(now + self.backoff.max(self.min_interval));
             self.backoff = (self.backoff * 2).min(self.max_interval);
         }
     }

@@ -344,17 +344,29 @@ impl ProxyState {
     }
 
     /// All endpoints of one Service port, merged over its slices and families. An address
-    /// listed by several slices counts once (the slice with the lowest name wins).
+    /// listed more than once counts once: an entry that is not terminating wins over one that
+    /// is (the pod network reused a terminating pod's address, as upstream's
+    /// `EndpointSliceCache`), and otherwise the slice with the lowest name wins.
     pub fn endpoints(&self, name: &ServicePortName) -> Vec<Endpoint> {
         let mut out: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
-        for skey in self.slices_by_service.get(&name.service).into_iter().flatten() {
-            let Some(slice) = self.slices.get(skey) else { continue };
+        for skey in self
+            .slices_by_service
+            .get(&name.service)
+            .into_iter()
+            .flatten()
+        {
+            let Some(slice) = self.slices.get(skey) else {
+                continue;
+            };
             for p in &slice.ports {
                 if p.port_name != name.port || p.protocol != name.protocol {
                     continue;
                 }
                 for ep in &p.endpoints {
-                    out.entry((ep.ip, ep.port)).or_insert_with(|| ep.clone());
+                    let kept = out.entry((ep.ip, ep.port)).or_insert_with(|| ep.clone());
+                    if kept.terminating && !ep.terminating {
+                        *kept = ep.clone();
+                    }
                 }
             }
         }

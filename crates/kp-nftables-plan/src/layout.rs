@@ -245,6 +245,10 @@ pub fn chains() -> Vec<ChainDef> {
     ]
 }
 
+/// Chains that only hold per-class rules, whose order does not matter (each class matches a
+/// disjoint set of keys). New classes are appended to them by partial syncs.
+pub const UNORDERED_CHAINS: &[&str] = &[SERVICE_AFFINITY, SERVICE_LOCAL_SOURCE, SERVICE_DISPATCH, AFFINITY_UPDATE];
+
 /// A rule: its chain, its text (without the comment), and a stable id (its comment), by which
 /// the read-back check recognises it.
 #[derive(Clone, Debug, PartialEq, Eq)]

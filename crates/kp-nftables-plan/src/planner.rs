@@ -25,6 +25,9 @@ pub struct Transaction {
     pub text: String,
     /// Objects, rules and individual element additions/deletions it contains.
     pub operations: usize,
+    /// Whether it removes or replaces an endpoint of some entry (remembered ClientIP affinity
+    /// choices may then point at an endpoint that no longer serves).
+    pub removes_endpoints: bool,
 }
 
 impl Transaction {
@@ -248,6 +251,34 @@ impl Planner {
         rules
     }
 
+    /// Affinity timeouts in use.
+    pub fn affinity_timeouts(&self) -> Vec<u32> {
+        self.affinities.iter().copied().collect()
+    }
+
+    /// The endpoints (`address . port`) an entry key currently dispatches to, over every route.
+    pub fn endpoints_of(&self, key: &Tuple) -> BTreeSet<Tuple> {
+        let mut out = BTreeSet::new();
+        for &(route, n) in &self.classes {
+            let in_class = self
+                .sets
+                .get(&SetId::Class(route, n))
+                .is_some_and(|m| m.contains_key(key));
+            if !in_class {
+                continue;
+            }
+            let Some(map) = self.sets.get(&SetId::ClassEndpoints(route, n)) else { continue };
+            for slot in 0..n {
+                let mut k = key.atoms().to_vec();
+                k.push(Atom::Slot(slot));
+                if let Some(Some(v)) = map.get(&Tuple::new(k)).and_then(|o| o.first()).map(|(_, v)| v) {
+                    out.insert(v.clone());
+                }
+            }
+        }
+        out
+    }
+
     /// Every set and map the table holds.
     pub fn all_sets(&self) -> Vec<SetId> {
         let mut v = SetId::FIXED.to_vec();
@@ -282,27 +313,50 @@ impl Planner {
 
     /// Recomputes one Service's elements.
     fn replace_service(&mut self, state: &ProxyState, key: &ServiceKey, touched: &mut Touched) {
+        // Compute first, while the current slot assignment is still recorded, so endpoints
+        // that stay keep their slots.
+        let computed: Vec<(ServicePortName, Vec<Element>, PortFacts)> = state
+            .service_state(key)
+            .iter()
+            .map(|sps| {
+                let (els, facts) = contributions(&self.cfg, sps, &|route, key, n| self.slots(route, key, n));
+                (sps.port.name.clone(), els, facts)
+            })
+            .collect();
         for name in self.by_service.remove(key).unwrap_or_default() {
             if let Some(owner) = self.owners.remove(&name) {
                 self.release(owner, touched);
                 self.facts.remove(&owner);
             }
         }
-        let ports = state.service_state(key);
-        if ports.is_empty() {
+        if computed.is_empty() {
             return;
         }
         let mut names_of = Vec::new();
-        for sps in &ports {
+        for (name, els, facts) in computed {
             let owner = self.next_owner;
             self.next_owner += 1;
-            let (els, facts) = contributions(&self.cfg, sps);
             self.claim(owner, els, touched);
-            self.owners.insert(sps.port.name.clone(), owner);
+            self.owners.insert(name.clone(), owner);
             self.facts.insert(owner, facts);
-            names_of.push(sps.port.name.clone());
+            names_of.push(name);
         }
         self.by_service.insert(key.clone(), names_of);
+    }
+
+    /// The endpoints in slots `0..n` of `key` in class (`route`, `n`), if it is there.
+    fn slots(&self, route: Route, key: &Tuple, n: u32) -> Option<Vec<Tuple>> {
+        if !self.sets.get(&SetId::Class(route, n))?.contains_key(key) {
+            return None;
+        }
+        let map = self.sets.get(&SetId::ClassEndpoints(route, n))?;
+        (0..n)
+            .map(|slot| {
+                let mut k = key.atoms().to_vec();
+                k.push(Atom::Slot(slot));
+                map.get(&Tuple::new(k))?.first()?.1.clone()
+            })
+            .collect()
     }
 
     fn note(&self, touched: &mut Touched, set: SetId, key: &Tuple) {
@@ -414,19 +468,36 @@ fn nodeport_key(port: u16, sps: &ServicePortState) -> Tuple {
     Tuple::new(vec![Atom::Proto(sps.port.name.protocol), Atom::Port(port)])
 }
 
+/// Previous slot assignment of an entry: (route, key, endpoint count) → endpoint per slot.
+type PriorSlots<'a> = &'a dyn Fn(Route, &Tuple, u32) -> Option<Vec<Tuple>>;
+
 /// The elements that send `key` to `endpoints`: the key in its class set, and one slot per
-/// endpoint in the class map.
-fn dispatch(route: Route, key: &Tuple, endpoints: &[&Endpoint], out: &mut Vec<Element>) {
+/// endpoint in the class map. When the count is unchanged, endpoints that stay keep their slot
+/// and newcomers take the vacated ones, so replacing one endpoint rewrites one slot.
+fn dispatch(route: Route, key: &Tuple, endpoints: &[&Endpoint], prior: PriorSlots<'_>, out: &mut Vec<Element>) {
     let n = endpoints.len() as u32;
+    let wanted: Vec<Tuple> = endpoints
+        .iter()
+        .map(|ep| Tuple::new(vec![Atom::Ip(ep.ip), Atom::Port(ep.port)]))
+        .collect();
+    let mut slots: Vec<Option<Tuple>> = vec![None; wanted.len()];
+    if let Some(previous) = prior(route, key, n) {
+        for (slot, ep) in previous.into_iter().enumerate() {
+            if wanted.contains(&ep) {
+                slots[slot] = Some(ep);
+            }
+        }
+    }
+    let kept: Vec<Tuple> = slots.iter().flatten().cloned().collect();
+    let mut newcomers = wanted.iter().filter(|w| !kept.contains(w));
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        *slot = newcomers.next().cloned();
+    }
     out.push((SetId::Class(route, n), key.clone(), None));
-    for (slot, ep) in endpoints.iter().enumerate() {
+    for (slot, ep) in slots.into_iter().enumerate() {
         let mut k: Vec<Atom> = key.atoms().to_vec();
         k.push(Atom::Slot(slot as u32));
-        out.push((
-            SetId::ClassEndpoints(route, n),
-            Tuple::new(k),
-            Some(Tuple::new(vec![Atom::Ip(ep.ip), Atom::Port(ep.port)])),
-        ));
+        out.push((SetId::ClassEndpoints(route, n), Tuple::new(k), ep));
     }
 }
 
@@ -440,7 +511,7 @@ fn no_endpoints(set: SetId, key: &Tuple, has_any: bool, out: &mut Vec<Element>) 
 }
 
 /// Everything one Service port puts into the table.
-fn contributions(cfg: &PlanConfig, sps: &ServicePortState) -> (Vec<Element>, PortFacts) {
+fn contributions(cfg: &PlanConfig, sps: &ServicePortState, prior: PriorSlots<'_>) -> (Vec<Element>, PortFacts) {
     let fam = cfg.family;
     let port = &sps.port;
     let sel = &sps.endpoints;
@@ -463,7 +534,7 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState) -> (Vec<Element>, Por
             no_endpoints(SetId::NoEndpointVips, &key, sel.has_any, &mut out);
             facts.no_local_internal = sel.has_any && port.internal_traffic_local;
         } else {
-            dispatch(Route::Vips, &key, &internal, &mut out);
+            dispatch(Route::Vips, &key, &internal, prior, &mut out);
             if let Some(t) = affinity {
                 out.push((SetId::AffinityVips(t), key, None));
             }
@@ -512,7 +583,7 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState) -> (Vec<Element>, Por
         if ext_local {
             out.push((local_policy, key.clone(), None));
             if !cluster.is_empty() {
-                dispatch(local_route, &key, &cluster, &mut out);
+                dispatch(local_route, &key, &cluster, prior, &mut out);
             }
         } else {
             out.push((masq, key.clone(), None));
@@ -521,7 +592,7 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState) -> (Vec<Element>, Por
             no_endpoints(no_ep, &key, sel.has_any, &mut out);
             facts.no_local_external |= sel.has_any && ext_local;
         } else {
-            dispatch(route, &key, &external, &mut out);
+            dispatch(route, &key, &external, prior, &mut out);
             if let Some(aff) = aff {
                 out.push((aff, key, None));
             }
@@ -546,6 +617,7 @@ struct TxWriter {
     adds: String,
     rules: String,
     ops: usize,
+    removes_endpoints: bool,
 }
 
 impl TxWriter {
@@ -557,6 +629,7 @@ impl TxWriter {
             adds: String::new(),
             rules: String::new(),
             ops: 0,
+            removes_endpoints: false,
         }
     }
 
@@ -596,6 +669,7 @@ impl TxWriter {
             return;
         }
         self.ops += keys.len();
+        self.removes_endpoints |= matches!(set, SetId::ClassEndpoints(..));
         let _ = write!(self.deletes, "delete element {} {TABLE} {} ", self.family, set.name());
         render_elements(&mut self.deletes, keys.into_iter().map(|k| (k, None)));
         self.deletes.push('\n');
@@ -618,6 +692,7 @@ impl TxWriter {
         Transaction {
             text,
             operations: self.ops,
+            removes_endpoints: self.removes_endpoints,
         }
     }
 }

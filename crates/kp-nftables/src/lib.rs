@@ -1,1 +1,337 @@
-//! kp-nftables (being written).
+//! The nftables dataplane (`--proxy-mode nftables`): sends the planner's transactions with
+//! `nft -f -`, reads the table back to prove the kernel holds what we planned, and forgets its
+//! record after any failure so the next sync rebuilds the table.
+//!
+//! Planning (what to send) is `kp-nftables-plan`'s; this crate only talks to the kernel.
+//! Mirrors upstream `pkg/proxy/nftables/proxier.go` (`syncProxyRules`, `CleanupLeftovers`).
+
+mod readback;
+mod runner;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use kp_core::dataplane::{Dataplane, SyncReport};
+use kp_core::model::IpFamily;
+use kp_core::track::{Changes, ProxyState};
+use kp_metrics::Metrics;
+use kp_nftables_plan::element::Tuple;
+use kp_nftables_plan::names::{self, TABLE};
+use kp_nftables_plan::{NodeContext, PlanConfig, Planner, SetId, layout};
+
+pub use readback::{KernelTable, canonical, parse_table};
+pub use runner::NftCommand;
+
+/// What went wrong talking to the kernel. Every variant is retryable: the next sync is a full
+/// rebuild.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `nft` could not be started or fed (not installed, no permission).
+    #[error("cannot run nft: {0}")]
+    Spawn(std::io::Error),
+    /// The kernel or nft refused a transaction; nothing of it was applied.
+    #[error("nft transaction failed (exit {status:?}): {stderr}{}", failing_statement.as_ref().map(|s| format!("\n  failing statement: {s}")).unwrap_or_default())]
+    Transaction {
+        /// nft's exit code.
+        status: Option<i32>,
+        /// What nft printed.
+        stderr: String,
+        /// The statement nft pointed at, if it did.
+        failing_statement: Option<String>,
+    },
+    /// A listing failed.
+    #[error("nft -j {args} failed: {stderr}")]
+    List {
+        /// The listing's arguments.
+        args: String,
+        /// What nft printed.
+        stderr: String,
+    },
+    /// A listing could not be understood.
+    #[error("cannot parse nft output: {0}")]
+    Parse(String),
+}
+
+/// How detect-local decides which sources are pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DetectLocal {
+    /// No detection: ClusterIP traffic is not masqueraded (unless `masqueradeAll`).
+    None,
+    /// Sources inside these cluster CIDRs are pods.
+    ClusterCidr(Vec<IpNet>),
+    /// Sources inside this node's `podCIDRs` are pods.
+    NodeCidr,
+}
+
+/// The mode's settings.
+#[derive(Clone, Debug)]
+pub struct NftablesConfig {
+    /// Families to program (one table each).
+    pub families: Vec<IpFamily>,
+    /// `masqueradeBit`.
+    pub masquerade_bit: u32,
+    /// `masqueradeAll`.
+    pub masquerade_all: bool,
+    /// detect-local mode.
+    pub detect_local: DetectLocal,
+    /// `nodePortAddresses` as CIDRs; empty for every local address but loopback.
+    pub node_port_addresses: Vec<IpNet>,
+}
+
+impl Default for NftablesConfig {
+    fn default() -> Self {
+        NftablesConfig {
+            families: IpFamily::ALL.to_vec(),
+            masquerade_bit: 14,
+            masquerade_all: false,
+            detect_local: DetectLocal::None,
+            node_port_addresses: Vec::new(),
+        }
+    }
+}
+
+/// The nftables dataplane.
+pub struct NftablesDataplane {
+    cfg: NftablesConfig,
+    planners: Vec<Planner>,
+    nft: NftCommand,
+    metrics: Arc<Metrics>,
+    last_transaction: String,
+}
+
+impl NftablesDataplane {
+    /// A dataplane that has programmed nothing yet; the first sync rebuilds the tables.
+    pub fn new(cfg: NftablesConfig, nft: NftCommand, metrics: Arc<Metrics>) -> Self {
+        let planners = cfg
+            .families
+            .iter()
+            .map(|f| {
+                Planner::new(PlanConfig {
+                    family: *f,
+                    masquerade_mark: 1 << cfg.masquerade_bit,
+                    masquerade_all: cfg.masquerade_all,
+                    detect_local: cfg.detect_local != DetectLocal::None,
+                    node_port_addresses: cfg.node_port_addresses.clone(),
+                })
+            })
+            .collect();
+        NftablesDataplane {
+            cfg,
+            planners,
+            nft,
+            metrics,
+            last_transaction: String::new(),
+        }
+    }
+
+    /// The last transaction sent (for tests and debugging).
+    pub fn last_transaction(&self) -> &str {
+        &self.last_transaction
+    }
+
+    fn node_context(&self, state: &ProxyState) -> NodeContext {
+        NodeContext {
+            local_cidrs: match &self.cfg.detect_local {
+                DetectLocal::None => Vec::new(),
+                DetectLocal::ClusterCidr(c) => c.clone(),
+                DetectLocal::NodeCidr => state.node().pod_cidrs.clone(),
+            },
+        }
+    }
+
+    fn send(&mut self, text: String) -> Result<(), Error> {
+        let r = self.nft.run(&text);
+        self.last_transaction = text;
+        if let Err(e) = &r {
+            self.metrics.nftables_sync_failures.inc();
+            tracing::error!(error = %e, "nftables sync failed; the next sync rebuilds the tables");
+            for p in &mut self.planners {
+                p.invalidate();
+            }
+        }
+        r
+    }
+
+    /// Deletes remembered ClientIP affinity choices that point at endpoints no longer serving
+    /// their entry, so a client is not pinned to a removed pod until its timeout expires.
+    fn purge_stale_affinity(&mut self) -> Result<usize, Error> {
+        let mut script = String::new();
+        let mut removed = 0;
+        for p in &self.planners {
+            let fam = names::family(p.config().family);
+            for t in p.affinity_timeouts() {
+                let map = SetId::Affinity(t).name();
+                let json = self.nft.json(&["list", "map", fam, TABLE, &map])?;
+                let table = parse_table(&json)?;
+                let Some(els) = table.sets.get(&map) else { continue };
+                let mut stale = Vec::new();
+                for (k, v) in els {
+                    let Some(v) = v else { continue };
+                    let (vip, nodeport) = match k.atoms() {
+                        [_, daddr, proto, port] => (
+                            Tuple::new(vec![*daddr, *proto, *port]),
+                            Tuple::new(vec![*proto, *port]),
+                        ),
+                        _ => continue,
+                    };
+                    let valid: BTreeSet<Tuple> = p
+                        .endpoints_of(&vip)
+                        .into_iter()
+                        .chain(p.endpoints_of(&nodeport))
+                        .map(|t| canonical(&t))
+                        .collect();
+                    if !valid.contains(&canonical(v)) {
+                        stale.push(k.to_string());
+                    }
+                }
+                if !stale.is_empty() {
+                    removed += stale.len();
+                    script.push_str(&format!("delete element {fam} {TABLE} {map} {{ {} }}\n", stale.join(", ")));
+                }
+            }
+        }
+        if !script.is_empty() {
+            // An entry may expire between listing and deleting; that fails this cleanup only,
+            // and the next one catches whatever is left.
+            if let Err(e) = self.nft.run(&script) {
+                tracing::debug!(error = %e, "stale affinity cleanup raced with expiry");
+                return Ok(0);
+            }
+        }
+        Ok(removed)
+    }
+
+    fn rebuild(&mut self, state: &ProxyState, node: &NodeContext) -> Result<usize, Error> {
+        let mut text = String::new();
+        let mut ops = 0;
+        for p in &mut self.planners {
+            let tx = p.full(state, node);
+            text.push_str(&tx.text);
+            ops += tx.operations;
+        }
+        self.send(text)?;
+        Ok(ops)
+    }
+}
+
+/// Rule ids expected per chain; chains whose rule order does not matter are sorted.
+fn expected_chains(p: &Planner) -> BTreeMap<String, Vec<String>> {
+    let mut chains: BTreeMap<String, Vec<String>> = layout::chains()
+        .into_iter()
+        .map(|c| (c.name.to_string(), Vec::new()))
+        .collect();
+    for r in p.all_rules() {
+        chains.entry(r.chain.to_string()).or_default().push(r.id);
+    }
+    for c in layout::UNORDERED_CHAINS {
+        if let Some(v) = chains.get_mut(*c) {
+            v.sort();
+        }
+    }
+    chains
+}
+
+impl Dataplane for NftablesDataplane {
+    type Error = Error;
+
+    fn mode(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(&mut self, state: &ProxyState, changes: &Changes, full: bool) -> Result<SyncReport, Error> {
+        let node = self.node_context(state);
+        let mut rebuild = !self.planners.iter().all(Planner::programmed);
+        if full && !rebuild {
+            // A periodic full sync: prove the kernel still holds what we planned; rebuild only
+            // if something changed behind our back.
+            let diffs = self.verify()?;
+            if !diffs.is_empty() {
+                self.metrics.nftables_readback_mismatches.inc_by(diffs.len() as u64);
+                for d in diffs.iter().take(10) {
+                    tracing::warn!(difference = %d, "nftables table differs from the plan; rebuilding");
+                }
+                rebuild = true;
+            }
+        }
+        let ops = if rebuild {
+            self.rebuild(state, &node)?
+        } else {
+            let mut text = String::new();
+            let mut ops = 0;
+            let mut removes_endpoints = false;
+            for p in &mut self.planners {
+                let tx = p.partial(state, &changes.services, &node, changes.node_changed);
+                text.push_str(&tx.text);
+                ops += tx.operations;
+                removes_endpoints |= tx.removes_endpoints;
+            }
+            if ops > 0 {
+                self.send(text)?;
+            }
+            if removes_endpoints && self.planners.iter().any(|p| !p.affinity_timeouts().is_empty()) {
+                let n = self.purge_stale_affinity()?;
+                if n > 0 {
+                    tracing::info!(entries = n, "removed ClientIP affinity entries of removed endpoints");
+                }
+            }
+            ops
+        };
+        self.metrics.nftables_transaction_statements.observe(ops as f64);
+        let no_local = self
+            .planners
+            .iter()
+            .map(Planner::no_local_endpoints)
+            .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+        Ok(SyncReport {
+            full: rebuild,
+            operations: ops,
+            no_local_endpoints: no_local,
+        })
+    }
+
+    fn verify(&mut self) -> Result<Vec<String>, Error> {
+        let mut diffs = Vec::new();
+        for p in &self.planners {
+            let fam = names::family(p.config().family);
+            let json = match self.nft.json(&["list", "table", fam, TABLE]) {
+                Ok(j) => j,
+                Err(Error::List { .. }) => {
+                    diffs.push(format!("{fam}: table {TABLE} is missing"));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut kernel = parse_table(&json)?;
+            for c in layout::UNORDERED_CHAINS {
+                if let Some(v) = kernel.chains.get_mut(*c) {
+                    v.sort();
+                }
+            }
+            let sets = p
+                .all_sets()
+                .into_iter()
+                .map(|s| (s.name(), (!s.is_dynamic()).then(|| p.expected_elements(s))))
+                .collect();
+            diffs.extend(readback::compare(fam, &expected_chains(p), &sets, &kernel));
+        }
+        Ok(diffs)
+    }
+
+    fn cleanup(&mut self) -> Result<(), Error> {
+        let mut script = String::new();
+        for f in IpFamily::ALL {
+            let fam = names::family(f);
+            // Adding first makes the delete succeed whether or not the table exists.
+            script.push_str(&format!("add table {fam} {TABLE}\ndelete table {fam} {TABLE}\n"));
+        }
+        let r = self.nft.run(&script);
+        if r.is_err() {
+            self.metrics.nftables_cleanup_failures.inc();
+        }
+        for p in &mut self.planners {
+            p.invalidate();
+        }
+        r
+    }
+}

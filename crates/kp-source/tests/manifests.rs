@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kp_core::track::{Kind, Object, SourceEvent};
+use kp_core::track::{Object, SourceEvent};
 use kp_metrics::Metrics;
 use kp_source::run_manifests;
 use tokio::sync::mpsc;
@@ -77,7 +77,8 @@ fn write_atomic(dir: &Path, name: &str, text: &str) {
 }
 
 fn source_errors(metrics: &Metrics, reason: &str) -> u64 {
-    let prefix = format!("kubeproxy_rs_source_errors_total{{source=\"manifests\",reason=\"{reason}\"}} ");
+    let prefix =
+        format!("kubeproxy_rs_source_errors_total{{source=\"manifests\",reason=\"{reason}\"}} ");
     metrics
         .encode()
         .lines()
@@ -89,7 +90,11 @@ fn source_errors(metrics: &Metrics, reason: &str) -> u64 {
 async fn the_source_reports_the_directory_then_follows_live_edits() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().to_path_buf();
-    fs::write(path.join("web.yaml"), format!("{}---\n{SLICE}", service("web", 80))).expect("write");
+    fs::write(
+        path.join("web.yaml"),
+        format!("{}---\n{SLICE}", service("web", 80)),
+    )
+    .expect("write");
     fs::write(path.join("node.json"), NODE_JSON).expect("write");
     fs::write(path.join("notes.txt"), "not a manifest").expect("write");
     fs::write(path.join(".hidden.yaml"), service("hidden", 1)).expect("write");
@@ -101,7 +106,11 @@ async fn the_source_reports_the_directory_then_follows_live_edits() {
     // The initial read, then Synced for every kind.
     assert_eq!(
         next_n(&mut rx, 3, "the initial objects").await,
-        ["upsert EndpointSlice ns/web-1", "upsert Node node-1", "upsert Service ns/web"]
+        [
+            "upsert EndpointSlice ns/web-1",
+            "upsert Node node-1",
+            "upsert Service ns/web"
+        ]
     );
     assert_eq!(
         next_n(&mut rx, 3, "Synced").await,
@@ -109,38 +118,65 @@ async fn the_source_reports_the_directory_then_follows_live_edits() {
     );
 
     // Edit in place: the port changes.
-    fs::write(path.join("web.yaml"), format!("{}---\n{SLICE}", service("web", 8080))).expect("write");
+    fs::write(
+        path.join("web.yaml"),
+        format!("{}---\n{SLICE}", service("web", 8080)),
+    )
+    .expect("write");
     let ev = next(&mut rx, "the edited Service").await;
     let SourceEvent::Upsert(Object::Service(svc)) = &ev else {
         panic!("expected the Service, got {}", show(&ev))
     };
-    let ports = svc.spec.as_ref().and_then(|s| s.ports.as_ref()).expect("ports");
+    let ports = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .expect("ports");
     assert_eq!(ports[0].port, 8080);
 
     // Drop the slice from the file.
     write_atomic(&path, "web.yaml", &service("web", 8080));
-    assert_eq!(show(&next(&mut rx, "the slice's deletion").await), "delete EndpointSlice ns/web-1");
+    assert_eq!(
+        show(&next(&mut rx, "the slice's deletion").await),
+        "delete EndpointSlice ns/web-1"
+    );
 
     // A broken file reports nothing; the next good change is the next event.
-    fs::write(path.join("broken.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: [\n").expect("write");
+    write_atomic(
+        &path,
+        "broken.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: [\n",
+    );
     write_atomic(&path, "db.yml", &service("db", 5432));
     assert_eq!(show(&next(&mut rx, "db.yml").await), "upsert Service ns/db");
     assert_eq!(source_errors(&metrics, "parse"), 1);
 
     // Breaking a good file keeps its objects: deleting another file is the next event.
-    write_atomic(&path, "db.yml", "apiVersion: v1\nkind: Service\nmetadata: [\n");
+    write_atomic(
+        &path,
+        "db.yml",
+        "apiVersion: v1\nkind: Service\nmetadata: [\n",
+    );
     fs::remove_file(path.join("node.json")).expect("remove");
-    assert_eq!(show(&next(&mut rx, "the Node's deletion").await), "delete Node node-1");
+    assert_eq!(
+        show(&next(&mut rx, "the Node's deletion").await),
+        "delete Node node-1"
+    );
     assert_eq!(source_errors(&metrics, "parse"), 2);
 
     // Fixing it back to the same content reports nothing; removing it deletes its Service.
     write_atomic(&path, "db.yml", &service("db", 5432));
     fs::remove_file(path.join("db.yml")).expect("remove");
-    assert_eq!(show(&next(&mut rx, "db's deletion").await), "delete Service ns/db");
+    assert_eq!(
+        show(&next(&mut rx, "db's deletion").await),
+        "delete Service ns/db"
+    );
 
     // Dropping the receiver stops the source.
     drop(rx);
-    let stopped = timeout(CHANGE_DEADLINE, source).await.expect("source did not stop");
+    let stopped = timeout(CHANGE_DEADLINE, source)
+        .await
+        .expect("source did not stop");
     assert!(matches!(stopped, Ok(Ok(()))), "{stopped:?}");
 }
 
@@ -148,16 +184,22 @@ async fn the_source_reports_the_directory_then_follows_live_edits() {
 async fn an_empty_directory_is_synced_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (tx, mut rx) = mpsc::channel(8);
-    let _source = tokio::spawn(run_manifests(dir.path().to_path_buf(), tx, Arc::new(Metrics::new())));
+    let _source = tokio::spawn(run_manifests(
+        dir.path().to_path_buf(),
+        tx,
+        Arc::new(Metrics::new()),
+    ));
     let got: Vec<String> = vec![
         show(&next(&mut rx, "Synced").await),
         show(&next(&mut rx, "Synced").await),
         show(&next(&mut rx, "Synced").await),
     ];
-    assert_eq!(got, ["synced Service", "synced EndpointSlice", "synced Node"]);
+    assert_eq!(
+        got,
+        ["synced Service", "synced EndpointSlice", "synced Node"]
+    );
     // Nothing else is pending.
     assert!(rx.try_recv().is_err());
-    let _ = Kind::Node;
 }
 
 #[tokio::test]

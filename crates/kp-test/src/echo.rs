@@ -320,10 +320,9 @@ fn locate_echo_binary() -> Result<PathBuf> {
         };
         Some(dir.join("kp-echo"))
     });
-    let candidates = beside_test.into_iter().chain([
-        target.join("debug/kp-echo"),
-        target.join("release/kp-echo"),
-    ]);
+    let candidates = beside_test
+        .into_iter()
+        .chain([target.join("debug/kp-echo"), target.join("release/kp-echo")]);
     for candidate in candidates {
         if candidate.is_file() {
             return Ok(candidate);
@@ -333,7 +332,15 @@ fn locate_echo_binary() -> Result<PathBuf> {
     let build_dir = workspace.join("target/kp-echo");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(&cargo)
-        .args(["build", "--quiet", "-p", "kp-test", "--bin", "kp-echo", "--target-dir"])
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "kp-test",
+            "--bin",
+            "kp-echo",
+            "--target-dir",
+        ])
         .arg(&build_dir)
         .current_dir(&workspace)
         .status()

@@ -152,7 +152,12 @@ impl Lab {
         }
         node.add_route("default", &CLIENT_IP.to_string())?;
         node.add_route("default", &CLIENT_IP6.to_string())?;
-        for dest in [SERVICE_CIDR, CLUSTER_CIDR, EXTERNAL_IP_CIDR, LOAD_BALANCER_CIDR] {
+        for dest in [
+            SERVICE_CIDR,
+            CLUSTER_CIDR,
+            EXTERNAL_IP_CIDR,
+            LOAD_BALANCER_CIDR,
+        ] {
             client.add_route(dest, &NODE_IP.to_string())?;
         }
         for dest in [

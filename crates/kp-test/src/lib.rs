@@ -19,6 +19,7 @@
 
 mod error;
 
+pub mod flows;
 pub mod echo;
 pub mod lab;
 pub mod netns;

@@ -182,7 +182,10 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         if let Err(e) = delete(&self.name) {
-            eprintln!("kp-test: could not delete network namespace {}: {e}", self.name);
+            eprintln!(
+                "kp-test: could not delete network namespace {}: {e}",
+                self.name
+            );
         }
     }
 }

@@ -141,7 +141,11 @@ fn failures_are_told_apart() {
     // Nothing listens on port 9: a RST for TCP, an ICMP port unreachable for UDP.
     for proto in [Proto::Tcp, Proto::Udp] {
         let req = Request::new(proto, lab.pod_ip(0), 9).timeout(short);
-        assert_eq!(lab.send(lab.client(), &req), vec![Outcome::Refused], "{proto:?}");
+        assert_eq!(
+            lab.send(lab.client(), &req),
+            vec![Outcome::Refused],
+            "{proto:?}"
+        );
     }
     // The client has no route to 10.200.0.0/16.
     let nowhere: IpAddr = "10.200.0.1".parse().unwrap();
@@ -166,7 +170,10 @@ fn namespaces_are_gone_after_the_lab_drops() {
     let names = lab.namespaces();
     assert_eq!(names.len(), 4);
     let listed = netns::list().unwrap();
-    assert!(names.iter().all(|n| listed.contains(n)), "{names:?} not in {listed:?}");
+    assert!(
+        names.iter().all(|n| listed.contains(n)),
+        "{names:?} not in {listed:?}"
+    );
     drop(lab);
     assert_gone(&names);
 }
@@ -216,7 +223,10 @@ fn dropping_a_namespace_kills_processes_started_outside_a_guard() {
     assert_eq!(ns.pids(), vec![sleeper.id()]);
     drop(ns);
     let status = sleeper.wait().unwrap();
-    assert!(!status.success(), "sleep should have been killed, got {status}");
+    assert!(
+        !status.success(),
+        "sleep should have been killed, got {status}"
+    );
     assert_gone(&[name]);
 }
 
@@ -242,7 +252,10 @@ fn two_labs_in_parallel_do_not_collide() {
     }
     let names_a: BTreeSet<&String> = a.0.iter().collect();
     let names_b: BTreeSet<&String> = b.0.iter().collect();
-    assert!(names_a.is_disjoint(&names_b), "{names_a:?} and {names_b:?} overlap");
+    assert!(
+        names_a.is_disjoint(&names_b),
+        "{names_a:?} and {names_b:?} overlap"
+    );
     assert_gone(&a.0);
     assert_gone(&b.0);
 }

@@ -109,11 +109,7 @@ impl GoDuration {
         }
 
         // Largest magnitude a signed 64-bit count of nanoseconds can hold for this sign.
-        let limit: u128 = if negative {
-            1 << 63
-        } else {
-            (1 << 63) - 1
-        };
+        let limit: u128 = if negative { 1 << 63 } else { (1 << 63) - 1 };
         let mut total: u128 = 0;
         while !rest.is_empty() {
             let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
@@ -167,12 +163,10 @@ impl GoDuration {
                 return Err(fail("out of range"));
             }
         }
-        // `total` is at most 2^63, so both conversions below are exact.
-        let nanos = if negative {
-            (-(total as i128)) as i64
-        } else {
-            total as i64
-        };
+        // `total` is within `limit`, so these conversions cannot fail; they are checked anyway.
+        let magnitude = i128::try_from(total).map_err(|_| fail("out of range"))?;
+        let signed = if negative { -magnitude } else { magnitude };
+        let nanos = i64::try_from(signed).map_err(|_| fail("out of range"))?;
         Ok(GoDuration { nanos })
     }
 }

@@ -71,6 +71,8 @@ pub enum ConfigError {
 pub struct FieldError {
     /// Path of the field in the config file, e.g. `nftables.syncPeriod`.
     pub field: String,
+    /// The flag that set the value, when one did (`--iptables-sync-period`).
+    pub flag: Option<&'static str>,
     /// The offending value, as written.
     pub value: String,
     /// What is wrong with it.
@@ -79,7 +81,11 @@ pub struct FieldError {
 
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {:?}: {}", self.field, self.value, self.detail)
+        write!(f, "{}", self.field)?;
+        if let Some(flag) = self.flag {
+            write!(f, " (set by {flag})")?;
+        }
+        write!(f, ": {:?}: {}", self.value, self.detail)
     }
 }
 

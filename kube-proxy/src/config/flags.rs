@@ -19,8 +19,8 @@ use super::{LocalMode, ProxyMode};
 
 /// kube-proxy-rs: the Kubernetes network proxy. Watches Services, EndpointSlices and this
 /// Node, and programs the kernel so that Service traffic reaches the endpoints.
-#[derive(Clone, Debug, Default, Parser)]
-#[command(name = "kube-proxy", version, max_term_width = 100)]
+#[derive(Clone, Debug, Parser)]
+#[command(name = "kube-proxy", version)]
 pub(crate) struct Flags {
     /// Path to a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1). Flags given on
     /// the command line override its values.
@@ -33,7 +33,13 @@ pub(crate) struct Flags {
     pub write_config_to: Option<PathBuf>,
 
     /// Remove the rules that every proxy mode installs, then exit.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
     pub cleanup: Option<bool>,
 
     /// Which proxy mode to use: 'iptables' (the default, as upstream), 'ipvs', 'nftables',
@@ -99,13 +105,24 @@ pub(crate) struct Flags {
 
     /// SNAT all traffic sent via Service cluster IPs. This may be required with some CNI
     /// plugins.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
     pub masquerade_all: Option<bool>,
 
     /// Comma-separated CIDR ranges of the node IPs that accept NodePort connections, or the
     /// single word 'primary' (the node's primary IPs according to the Node object). Unset means
     /// all local IPs, except in nftables mode, where it means 'primary' (as upstream).
-    #[arg(long, value_name = "CIDRS", value_delimiter = ',', value_parser = parse_node_port_address)]
+    #[arg(
+        long,
+        value_name = "CIDRS",
+        value_delimiter = ',',
+        value_parser = parse_node_port_address
+    )]
     pub nodeport_addresses: Option<Vec<String>>,
 
     /// In iptables and ipvs modes, the bit of the fwmark space that marks packets to SNAT, in
@@ -128,7 +145,13 @@ pub(crate) struct Flags {
 
     /// If false, NodePort services cannot be reached via localhost. Applies only to iptables
     /// mode and IPv4. [default: true]
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
     pub iptables_localhost_nodeports: Option<bool>,
 
     /// The IPVS scheduler in ipvs mode: rr (the default), wrr, lc, wlc, lblc, lblcr, sh, dh,
@@ -145,7 +168,13 @@ pub(crate) struct Flags {
     pub ipvs_min_sync_period: Option<GoDuration>,
 
     /// In ipvs mode, set arp_ignore to 1 and arp_announce to 2.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
     pub ipvs_strict_arp: Option<bool>,
 
     /// Range of host ports (begin-end, a single port, or begin+offset, inclusive) that the
@@ -181,7 +210,12 @@ pub(crate) struct Flags {
 
     /// Feature gates as comma-separated key=true|false pairs. Accepted for compatibility and
     /// reported at start; none changes kube-proxy-rs's behaviour yet.
-    #[arg(long, value_name = "KEY=BOOL,...", value_delimiter = ',', value_parser = parse_feature_gate)]
+    #[arg(
+        long,
+        value_name = "KEY=BOOL,...",
+        value_delimiter = ',',
+        value_parser = parse_feature_gate
+    )]
     pub feature_gates: Option<Vec<(String, bool)>>,
 
     /// Log verbosity: the number for the log level. [default: 0]

@@ -80,7 +80,10 @@ pub struct KubeProxyConfiguration {
     #[serde(deserialize_with = "nullable")]
     pub enable_profiling: bool,
     /// Feature gates by name. Accepted and logged; none changes our behaviour yet.
-    #[serde(deserialize_with = "nullable", skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        deserialize_with = "nullable",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub feature_gates: BTreeMap<String, bool>,
     /// `ip:port` of the proxy health server.
     #[serde(deserialize_with = "nullable")]
@@ -208,10 +211,7 @@ pub struct KubeProxyIPTablesConfiguration {
     #[serde(deserialize_with = "nullable")]
     pub min_sync_period: GoDuration,
     /// Recent upstream's opt-in to SNAT with the node's InternalIP. Not implemented here.
-    #[serde(
-        rename = "snatNodeInternalIP",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "snatNodeInternalIP", skip_serializing_if = "Option::is_none")]
     pub snat_node_internal_ip: Option<bool>,
     /// Longest time between two syncs.
     #[serde(deserialize_with = "nullable")]
@@ -303,7 +303,7 @@ pub struct LoggingConfiguration {
     #[serde(deserialize_with = "nullable")]
     pub verbosity: u32,
     /// Per-file verbosity. Accepted; no effect.
-    #[serde(deserialize_with = "nullable")]
+    #[serde(deserialize_with = "nullable", skip_serializing_if = "Vec::is_empty")]
     pub vmodule: Vec<VModuleItem>,
 }
 
@@ -344,8 +344,15 @@ pub struct VModuleItem {
 }
 
 /// A Kubernetes resource quantity kept as text (`"0"`, `"1Mi"`); YAML may give it as a number.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Quantity(pub String);
+
+impl Default for Quantity {
+    /// Zero, as upstream writes it.
+    fn default() -> Self {
+        Quantity("0".to_owned())
+    }
+}
 
 impl Serialize for Quantity {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

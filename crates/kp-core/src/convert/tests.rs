@@ -18,7 +18,8 @@ fn service_with_meta(metadata: Value, spec: Value) -> Service {
 
 fn load_balancer(spec: Value, ingress: Value) -> Service {
     let mut svc = service(spec);
-    svc.status = serde_json::from_value(json!({"loadBalancer": {"ingress": ingress}})).expect("status JSON");
+    svc.status =
+        serde_json::from_value(json!({"loadBalancer": {"ingress": ingress}})).expect("status JSON");
     svc
 }
 
@@ -94,7 +95,9 @@ fn a_cluster_ip_service_becomes_one_port_per_spec_port() {
 
 #[test]
 fn a_port_without_a_protocol_is_tcp_and_without_a_name_is_unnamed() {
-    let port = only_port(&service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 443}]})));
+    let port = only_port(&service(
+        json!({"clusterIP": "10.96.0.1", "ports": [{"port": 443}]}),
+    ));
     assert_eq!(port.name.protocol, Protocol::Tcp);
     assert_eq!(port.name.port, "");
     assert_eq!(port.name.to_string(), "web/api");
@@ -102,7 +105,10 @@ fn a_port_without_a_protocol_is_tcp_and_without_a_name_is_unnamed() {
 
 #[test]
 fn a_service_without_a_namespace_is_in_default() {
-    let svc = service_with_meta(json!({"name": "api"}), json!({"clusterIP": "10.96.0.1", "ports": tcp_80()}));
+    let svc = service_with_meta(
+        json!({"name": "api"}),
+        json!({"clusterIP": "10.96.0.1", "ports": tcp_80()}),
+    );
     let (key, _) = service_ports(&svc).expect("valid");
     assert_eq!(key, ServiceKey::new("default", "api"));
 }
@@ -153,8 +159,14 @@ fn a_load_balancer_service_carries_ingress_ips_and_source_ranges() {
     let port = only_port(&svc);
     assert_eq!(port.node_port, Some(31443));
     assert_eq!(port.external_ips, [ip("203.0.113.7")]);
-    assert_eq!(port.load_balancer_ips, [ip("203.0.113.10"), ip("203.0.113.11")]);
-    assert_eq!(port.load_balancer_source_ranges, [net("192.0.2.0/24"), net("198.51.100.0/25")]);
+    assert_eq!(
+        port.load_balancer_ips,
+        [ip("203.0.113.10"), ip("203.0.113.11")]
+    );
+    assert_eq!(
+        port.load_balancer_source_ranges,
+        [net("192.0.2.0/24"), net("198.51.100.0/25")]
+    );
 }
 
 #[test]
@@ -181,7 +193,11 @@ fn load_balancer_source_ranges_drop_host_bits() {
     );
     assert_eq!(
         only_port(&svc).load_balancer_source_ranges,
-        [net("10.0.0.0/8"), net("2001:db8::/32"), net("192.0.2.77/32")]
+        [
+            net("10.0.0.0/8"),
+            net("2001:db8::/32"),
+            net("192.0.2.77/32")
+        ]
     );
 }
 
@@ -203,7 +219,13 @@ fn load_balancer_fields_on_other_service_types_are_not_programmed() {
 
 #[test]
 fn a_malformed_load_balancer_source_range_is_rejected() {
-    for bad in ["192.0.2.0", "192.0.2.0/33", "192.0.2.0/24; accept", "192.0.2.0/24 /8", "::/129"] {
+    for bad in [
+        "192.0.2.0",
+        "192.0.2.0/33",
+        "192.0.2.0/24; accept",
+        "192.0.2.0/24 /8",
+        "::/129",
+    ] {
         let svc = load_balancer(
             json!({
                 "type": "LoadBalancer",
@@ -225,7 +247,8 @@ fn a_malformed_load_balancer_source_range_is_rejected() {
 fn headless_services_are_ignored() {
     let by_cluster_ip = service(json!({"clusterIP": "None", "ports": tcp_80()}));
     assert!(ignored_reason(&by_cluster_ip).contains("headless"));
-    let by_cluster_ips = service(json!({"clusterIP": "None", "clusterIPs": ["None"], "ports": tcp_80()}));
+    let by_cluster_ips =
+        service(json!({"clusterIP": "None", "clusterIPs": ["None"], "ports": tcp_80()}));
     assert!(ignored_reason(&by_cluster_ips).contains("headless"));
     let by_label = service_with_meta(
         json!({"namespace": "web", "name": "api", "labels": {"service.kubernetes.io/headless": ""}}),
@@ -236,7 +259,9 @@ fn headless_services_are_ignored() {
 
 #[test]
 fn external_name_services_are_ignored() {
-    let svc = service(json!({"type": "ExternalName", "externalName": "db.example.com", "ports": tcp_80()}));
+    let svc = service(
+        json!({"type": "ExternalName", "externalName": "db.example.com", "ports": tcp_80()}),
+    );
     assert_eq!(ignored_reason(&svc), "ExternalName");
 }
 
@@ -293,7 +318,13 @@ fn a_malformed_secondary_cluster_ip_is_rejected() {
         "clusterIPs": ["10.96.0.1", "fd00::1\nflush ruleset"],
         "ports": tcp_80(),
     }));
-    assert!(matches!(rejected(&svc), InvalidObject::Address { field: "spec.clusterIPs", .. }));
+    assert!(matches!(
+        rejected(&svc),
+        InvalidObject::Address {
+            field: "spec.clusterIPs",
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -322,14 +353,19 @@ fn a_malformed_load_balancer_ingress_ip_is_rejected() {
     );
     assert!(matches!(
         rejected(&svc),
-        InvalidObject::Address { field: "status.loadBalancer.ingress.ip", .. }
+        InvalidObject::Address {
+            field: "status.loadBalancer.ingress.ip",
+            ..
+        }
     ));
 }
 
 #[test]
 fn service_ports_outside_1_to_65535_are_rejected() {
     for bad in [0, 70000, -1] {
-        let err = rejected(&service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": bad}]})));
+        let err = rejected(&service(
+            json!({"clusterIP": "10.96.0.1", "ports": [{"port": bad}]}),
+        ));
         assert_eq!(
             err,
             InvalidObject::Port {
@@ -337,10 +373,25 @@ fn service_ports_outside_1_to_65535_are_rejected() {
                 value: bad.into()
             }
         );
-        assert_eq!(err.to_string(), format!("invalid spec.ports.port {bad}: must be 1-65535"));
+        assert_eq!(
+            err.to_string(),
+            format!("invalid spec.ports.port {bad}: must be 1-65535")
+        );
     }
-    assert_eq!(only_port(&service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 65535}]}))).port, 65535);
-    assert_eq!(only_port(&service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 1}]}))).port, 1);
+    assert_eq!(
+        only_port(&service(
+            json!({"clusterIP": "10.96.0.1", "ports": [{"port": 65535}]})
+        ))
+        .port,
+        65535
+    );
+    assert_eq!(
+        only_port(&service(
+            json!({"clusterIP": "10.96.0.1", "ports": [{"port": 1}]})
+        ))
+        .port,
+        1
+    );
 }
 
 #[test]
@@ -364,10 +415,12 @@ fn node_ports_outside_1_to_65535_are_rejected() {
 #[test]
 fn protocols_other_than_tcp_udp_and_sctp_are_rejected() {
     for bad in ["ICMP", "tcp", "TCP ", ""] {
-        let svc = service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80, "protocol": bad}]}));
+        let svc =
+            service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80, "protocol": bad}]}));
         assert_eq!(rejected(&svc), InvalidObject::Protocol(bad.into()));
     }
-    let sctp = service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80, "protocol": "SCTP"}]}));
+    let sctp =
+        service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80, "protocol": "SCTP"}]}));
     assert_eq!(only_port(&sctp).name.protocol, Protocol::Sctp);
 }
 
@@ -384,8 +437,12 @@ fn two_ports_with_the_same_name_and_protocol_are_rejected() {
     assert_eq!(err, InvalidObject::DuplicatePort("http".into()));
     assert_eq!(err.to_string(), "duplicate port \"http\"");
 
-    let two_unnamed = service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80}, {"port": 81}]}));
-    assert_eq!(rejected(&two_unnamed), InvalidObject::DuplicatePort(String::new()));
+    let two_unnamed =
+        service(json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80}, {"port": 81}]}));
+    assert_eq!(
+        rejected(&two_unnamed),
+        InvalidObject::DuplicatePort(String::new())
+    );
 }
 
 #[test]
@@ -417,7 +474,11 @@ fn hostile_names_are_rejected_and_shown_escaped() {
     );
     let cases = [
         (hostile_port, "spec.ports.name", "http\"; drop"),
-        (hostile_namespace, "metadata.namespace", "web\nflush ruleset"),
+        (
+            hostile_namespace,
+            "metadata.namespace",
+            "web\nflush ruleset",
+        ),
         (hostile_name, "metadata.name", "api\"; drop"),
     ];
     for (svc, expected_field, raw) in cases {
@@ -432,7 +493,10 @@ fn hostile_names_are_rejected_and_shown_escaped() {
             message,
             format!("invalid {expected_field} {raw:?}: only lower-case letters, digits and '-' are allowed")
         );
-        assert!(!message.contains('\n'), "message must not carry a raw newline: {message}");
+        assert!(
+            !message.contains('\n'),
+            "message must not carry a raw newline: {message}"
+        );
     }
 }
 
@@ -445,19 +509,33 @@ fn names_must_be_dns_labels() {
         assert!(validate_dns_label("f", bad).is_err(), "{bad:?} accepted");
     }
     let too_long = validate_dns_label("f", &"a".repeat(64)).expect_err("64 characters");
-    assert!(too_long.to_string().contains("longer than 63"), "{too_long}");
+    assert!(
+        too_long.to_string().contains("longer than 63"),
+        "{too_long}"
+    );
 
     assert!(validate_dns_subdomain("f", "api-x7k2p.example").is_ok());
     for bad in ["a..b", ".a", "a.", "a/b"] {
-        assert!(validate_dns_subdomain("f", bad).is_err(), "{bad:?} accepted");
+        assert!(
+            validate_dns_subdomain("f", bad).is_err(),
+            "{bad:?} accepted"
+        );
     }
-    let long = ["a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(63)].join(".");
+    let long = [
+        "a".repeat(63),
+        "b".repeat(63),
+        "c".repeat(63),
+        "d".repeat(63),
+    ]
+    .join(".");
     assert!(validate_dns_subdomain("f", &long).is_err());
 }
 
 #[test]
 fn client_ip_affinity_defaults_to_three_hours() {
-    let svc = service(json!({"clusterIP": "10.96.0.1", "sessionAffinity": "ClientIP", "ports": tcp_80()}));
+    let svc = service(
+        json!({"clusterIP": "10.96.0.1", "sessionAffinity": "ClientIP", "ports": tcp_80()}),
+    );
     assert_eq!(only_port(&svc).session_affinity_timeout, Some(10800));
 }
 
@@ -485,9 +563,15 @@ fn client_ip_affinity_timeouts_outside_one_second_to_one_day_are_rejected() {
         }));
         let err = rejected(&svc);
         let message = err.to_string();
-        assert!(message.contains("spec.sessionAffinityConfig.clientIP.timeoutSeconds"), "{message}");
+        assert!(
+            message.contains("spec.sessionAffinityConfig.clientIP.timeoutSeconds"),
+            "{message}"
+        );
         assert!(message.contains(&bad.to_string()), "{message}");
-        assert!(message.contains("86400"), "the message must state the real bound: {message}");
+        assert!(
+            message.contains("86400"),
+            "the message must state the real bound: {message}"
+        );
     }
 }
 
@@ -556,7 +640,13 @@ fn an_out_of_range_health_check_node_port_is_rejected() {
         "healthCheckNodePort": 0,
         "ports": [{"port": 80, "nodePort": 30080}],
     }));
-    assert!(matches!(rejected(&svc), InvalidObject::Port { field: "spec.healthCheckNodePort", value: 0 }));
+    assert!(matches!(
+        rejected(&svc),
+        InvalidObject::Port {
+            field: "spec.healthCheckNodePort",
+            value: 0
+        }
+    ));
 }
 
 // ---- EndpointSlices ----
@@ -579,7 +669,9 @@ fn slice(address_type: &str, endpoints: Value) -> EndpointSlice {
 }
 
 fn converted(slice: &EndpointSlice) -> SliceEndpoints {
-    slice_endpoints(slice, NODE).expect("valid slice").expect("a slice we use")
+    slice_endpoints(slice, NODE)
+        .expect("valid slice")
+        .expect("a slice we use")
 }
 
 fn converted_endpoints(slice: &EndpointSlice) -> Vec<Endpoint> {
@@ -597,7 +689,10 @@ fn slice_rejected(slice: &EndpointSlice) -> InvalidObject {
 
 #[test]
 fn a_slice_joins_its_service_by_label_and_lists_endpoints_per_port() {
-    let mut s = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}, {"addresses": ["10.244.2.6"]}]));
+    let mut s = slice(
+        "IPv4",
+        json!([{"addresses": ["10.244.1.5"]}, {"addresses": ["10.244.2.6"]}]),
+    );
     s.ports = serde_json::from_value(json!([
         {"name": "http", "port": 8080, "protocol": "TCP"},
         {"name": "", "port": 53, "protocol": "UDP"},
@@ -609,9 +704,19 @@ fn a_slice_joins_its_service_by_label_and_lists_endpoints_per_port() {
     assert_eq!(eps.family, IpFamily::V4);
     assert_eq!(eps.trigger_time, None);
     assert_eq!(eps.ports.len(), 2);
-    assert_eq!((eps.ports[0].port_name.as_str(), eps.ports[0].protocol), ("http", Protocol::Tcp));
-    assert_eq!((eps.ports[1].port_name.as_str(), eps.ports[1].protocol), ("", Protocol::Udp));
-    let shown: Vec<String> = eps.ports[1].endpoints.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        (eps.ports[0].port_name.as_str(), eps.ports[0].protocol),
+        ("http", Protocol::Tcp)
+    );
+    assert_eq!(
+        (eps.ports[1].port_name.as_str(), eps.ports[1].protocol),
+        ("", Protocol::Udp)
+    );
+    let shown: Vec<String> = eps.ports[1]
+        .endpoints
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert_eq!(shown, ["10.244.1.5:53", "10.244.2.6:53"]);
     assert!(eps.ports[0].endpoints.iter().all(|e| e.port == 8080));
 }
@@ -620,7 +725,10 @@ fn a_slice_joins_its_service_by_label_and_lists_endpoints_per_port() {
 fn endpoint_conditions_default_to_ready_serving_and_not_terminating() {
     let eps = converted_endpoints(&slice("IPv4", json!([{"addresses": ["10.244.1.5"]}])));
     assert!(eps[0].ready && eps[0].serving && !eps[0].terminating);
-    let empty = converted_endpoints(&slice("IPv4", json!([{"addresses": ["10.244.1.5"], "conditions": {}}])));
+    let empty = converted_endpoints(&slice(
+        "IPv4",
+        json!([{"addresses": ["10.244.1.5"], "conditions": {}}]),
+    ));
     assert!(empty[0].ready && empty[0].serving && !empty[0].terminating);
 }
 
@@ -651,7 +759,10 @@ fn an_ipv6_slice_converts() {
     let eps = converted(&slice("IPv6", json!([{"addresses": ["fd00:244::5"]}])));
     assert_eq!(eps.family, IpFamily::V6);
     let ep = &eps.ports[0].endpoints[0];
-    assert_eq!(ep.ip, IpAddr::V6(Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 5)));
+    assert_eq!(
+        ep.ip,
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 5))
+    );
     assert_eq!(ep.to_string(), "[fd00:244::5]:8080");
 }
 
@@ -699,34 +810,75 @@ fn an_fqdn_slice_is_not_used() {
 #[test]
 fn hostile_slice_fields_are_rejected() {
     let mut bad_label = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
-    bad_label.metadata.labels = Some([(LABEL_SERVICE_NAME.to_string(), "api\"; drop".to_string())].into());
-    assert!(matches!(slice_rejected(&bad_label), InvalidObject::Name { field: "label kubernetes.io/service-name", .. }));
+    bad_label.metadata.labels =
+        Some([(LABEL_SERVICE_NAME.to_string(), "api\"; drop".to_string())].into());
+    assert!(matches!(
+        slice_rejected(&bad_label),
+        InvalidObject::Name {
+            field: "label kubernetes.io/service-name",
+            ..
+        }
+    ));
 
     let mut bad_port_name = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
-    bad_port_name.ports = serde_json::from_value(json!([{"name": "http\nx", "port": 8080}])).expect("ports JSON");
-    assert!(matches!(slice_rejected(&bad_port_name), InvalidObject::Name { field: "ports.name", .. }));
+    bad_port_name.ports =
+        serde_json::from_value(json!([{"name": "http\nx", "port": 8080}])).expect("ports JSON");
+    assert!(matches!(
+        slice_rejected(&bad_port_name),
+        InvalidObject::Name {
+            field: "ports.name",
+            ..
+        }
+    ));
 
     let mut bad_port = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
-    bad_port.ports = serde_json::from_value(json!([{"name": "http", "port": 70000}])).expect("ports JSON");
-    assert_eq!(slice_rejected(&bad_port), InvalidObject::Port { field: "ports.port", value: 70000 });
+    bad_port.ports =
+        serde_json::from_value(json!([{"name": "http", "port": 70000}])).expect("ports JSON");
+    assert_eq!(
+        slice_rejected(&bad_port),
+        InvalidObject::Port {
+            field: "ports.port",
+            value: 70000
+        }
+    );
 
     let mut bad_protocol = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
-    bad_protocol.ports = serde_json::from_value(json!([{"name": "http", "port": 8080, "protocol": "ICMP"}]))
-        .expect("ports JSON");
-    assert_eq!(slice_rejected(&bad_protocol), InvalidObject::Protocol("ICMP".into()));
+    bad_protocol.ports =
+        serde_json::from_value(json!([{"name": "http", "port": 8080, "protocol": "ICMP"}]))
+            .expect("ports JSON");
+    assert_eq!(
+        slice_rejected(&bad_protocol),
+        InvalidObject::Protocol("ICMP".into())
+    );
 
-    let bad_node = slice("IPv4", json!([{"addresses": ["10.244.1.5"], "nodeName": "node a"}]));
-    assert!(matches!(slice_rejected(&bad_node), InvalidObject::Name { field: "endpoints.nodeName", .. }));
+    let bad_node = slice(
+        "IPv4",
+        json!([{"addresses": ["10.244.1.5"], "nodeName": "node a"}]),
+    );
+    assert!(matches!(
+        slice_rejected(&bad_node),
+        InvalidObject::Name {
+            field: "endpoints.nodeName",
+            ..
+        }
+    ));
 
     let mut bad_namespace = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
     bad_namespace.metadata.namespace = Some("web\"".into());
-    assert!(matches!(slice_rejected(&bad_namespace), InvalidObject::Name { field: "metadata.namespace", .. }));
+    assert!(matches!(
+        slice_rejected(&bad_namespace),
+        InvalidObject::Name {
+            field: "metadata.namespace",
+            ..
+        }
+    ));
 }
 
 #[test]
 fn a_slice_port_without_a_number_is_skipped() {
     let mut s = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
-    s.ports = serde_json::from_value(json!([{"name": "all"}, {"name": "http", "port": 8080}])).expect("ports JSON");
+    s.ports = serde_json::from_value(json!([{"name": "all"}, {"name": "http", "port": 8080}]))
+        .expect("ports JSON");
     let eps = converted(&s);
     assert_eq!(eps.ports.len(), 1);
     assert_eq!(eps.ports[0].port_name, "http");
@@ -763,9 +915,16 @@ fn zone_hints_are_kept_and_absent_hints_stay_absent() {
 #[test]
 fn the_trigger_time_annotation_is_read_as_unix_seconds() {
     let mut s = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
-    s.metadata.annotations = Some([(ANNOTATION_TRIGGER_TIME.to_string(), "2021-01-01T00:00:00Z".to_string())].into());
+    s.metadata.annotations = Some(
+        [(
+            ANNOTATION_TRIGGER_TIME.to_string(),
+            "2021-01-01T00:00:00Z".to_string(),
+        )]
+        .into(),
+    );
     assert_eq!(converted(&s).trigger_time, Some(1_609_459_200.0));
-    s.metadata.annotations = Some([(ANNOTATION_TRIGGER_TIME.to_string(), "yesterday".to_string())].into());
+    s.metadata.annotations =
+        Some([(ANNOTATION_TRIGGER_TIME.to_string(), "yesterday".to_string())].into());
     assert_eq!(converted(&s).trigger_time, None);
 }
 
@@ -784,23 +943,39 @@ fn a_node_reports_its_pod_cidrs_and_zone() {
     .expect("valid node");
     assert_eq!(info.name, NODE);
     assert_eq!(info.zone.as_deref(), Some("zone-a"));
-    assert_eq!(info.pod_cidrs, [net("10.244.1.0/24"), net("fd00:244:1::/64")]);
+    assert_eq!(
+        info.pod_cidrs,
+        [net("10.244.1.0/24"), net("fd00:244:1::/64")]
+    );
     assert!(info.exists && !info.deleting && !info.to_be_deleted);
     assert!(info.eligible());
 }
 
 #[test]
 fn a_node_with_only_the_single_pod_cidr_field_uses_it() {
-    let info = node_info(&node(json!({"metadata": {"name": NODE}, "spec": {"podCIDR": "10.244.1.7/24"}})))
-        .expect("valid node");
+    let info = node_info(&node(
+        json!({"metadata": {"name": NODE}, "spec": {"podCIDR": "10.244.1.7/24"}}),
+    ))
+    .expect("valid node");
     assert_eq!(info.pod_cidrs, [net("10.244.1.0/24")]);
     assert_eq!(info.zone, None);
 }
 
 #[test]
 fn a_node_with_a_malformed_pod_cidr_is_rejected() {
-    let err = node_info(&node(json!({"metadata": {"name": NODE}, "spec": {"podCIDRs": ["10.244.1.0/24 accept"]}})));
-    assert!(matches!(err, Err(InvalidObject::Address { field: "spec.podCIDRs", .. })), "{err:?}");
+    let err = node_info(&node(
+        json!({"metadata": {"name": NODE}, "spec": {"podCIDRs": ["10.244.1.0/24 accept"]}}),
+    ));
+    assert!(
+        matches!(
+            err,
+            Err(InvalidObject::Address {
+                field: "spec.podCIDRs",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -839,7 +1014,10 @@ fn a_node_with_other_taints_is_eligible() {
 
 #[test]
 fn a_node_without_a_name_is_rejected() {
-    assert_eq!(node_info(&node(json!({"metadata": {}}))), Err(InvalidObject::Missing("metadata.name")));
+    assert_eq!(
+        node_info(&node(json!({"metadata": {}}))),
+        Err(InvalidObject::Missing("metadata.name"))
+    );
 }
 
 // ---- Timestamps ----

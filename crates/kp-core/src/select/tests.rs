@@ -93,7 +93,10 @@ fn not_ready(n: u8) -> Endpoint {
 }
 
 fn local(ep: Endpoint) -> Endpoint {
-    Endpoint { is_local: true, ..ep }
+    Endpoint {
+        is_local: true,
+        ..ep
+    }
 }
 
 fn hinted(ep: Endpoint, zones: &[&str]) -> Endpoint {
@@ -106,7 +109,16 @@ fn hinted(ep: Endpoint, zones: &[&str]) -> Endpoint {
 fn v6(ep: Endpoint) -> Endpoint {
     let IpAddr::V4(v4) = ep.ip else { return ep };
     Endpoint {
-        ip: IpAddr::V6(Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, v4.octets()[3].into())),
+        ip: IpAddr::V6(Ipv6Addr::new(
+            0xfd00,
+            0x244,
+            0,
+            0,
+            0,
+            0,
+            0,
+            v4.octets()[3].into(),
+        )),
         ..ep
     }
 }
@@ -123,24 +135,39 @@ fn addrs(ns: &[u8]) -> Vec<String> {
 #[test]
 fn ready_endpoints_serve() {
     let port = cluster_ip_port();
-    let s = select(&port, &[ready(1), not_ready(2), terminating(3), ready(4)], &node());
+    let s = select(
+        &port,
+        &[ready(1), not_ready(2), terminating(3), ready(4)],
+        &node(),
+    );
     assert_eq!(shown(&s.cluster), addrs(&[1, 4]));
     assert_eq!(shown(s.internal(&port)), addrs(&[1, 4]));
-    assert!(s.local.is_empty(), "the local set is unused under Cluster policies");
+    assert!(
+        s.local.is_empty(),
+        "the local set is unused under Cluster policies"
+    );
     assert!(s.has_any);
 }
 
 #[test]
 fn terminating_endpoints_serve_when_none_are_ready() {
     let port = cluster_ip_port();
-    let s = select(&port, &[not_ready(1), terminating(2), terminated(3), terminating(4)], &node());
+    let s = select(
+        &port,
+        &[not_ready(1), terminating(2), terminated(3), terminating(4)],
+        &node(),
+    );
     assert_eq!(shown(&s.cluster), addrs(&[2, 4]));
     assert!(s.has_any);
 }
 
 #[test]
 fn terminating_endpoints_are_not_used_while_one_is_ready() {
-    let s = select(&cluster_ip_port(), &[terminating(1), ready(2), terminating(3)], &node());
+    let s = select(
+        &cluster_ip_port(),
+        &[terminating(1), ready(2), terminating(3)],
+        &node(),
+    );
     assert_eq!(shown(&s.cluster), addrs(&[2]));
 }
 
@@ -164,29 +191,44 @@ fn the_local_set_falls_back_to_terminating_endpoints_on_its_own() {
 }
 
 #[test]
-fn the_cluster_set_falls_back_while_the_local_set_is_ready() {
-    // The one ready endpoint is local but not in this node's zone hints, so it is dropped by
-    // topology... which must not happen: topology never empties the cluster set, so here the
-    // cluster set simply holds the ready endpoint, and terminating remote ones stay unused.
+fn the_cluster_set_falls_back_even_when_the_local_set_cannot() {
+    // Remote endpoints are only terminating and the local one is not serving at all: the
+    // cluster set falls back to the remote ones, and the local set stays empty.
     let port = external_local_port();
-    let s = select(&port, &[local(ready(1)), terminating(2)], &node());
-    assert_eq!(shown(&s.cluster), addrs(&[1]));
-    assert_eq!(shown(&s.local), addrs(&[1]));
+    let s = select(
+        &port,
+        &[terminating(1), local(not_ready(2)), terminating(3)],
+        &node(),
+    );
+    assert_eq!(shown(&s.cluster), addrs(&[1, 3]));
+    assert!(s.local.is_empty());
+    assert!(s.has_any);
 }
 
 #[test]
 fn local_ready_endpoints_win_over_local_terminating_ones() {
     let port = internal_local_port();
-    let s = select(&port, &[local(terminating(1)), local(ready(2)), ready(3)], &node());
+    let s = select(
+        &port,
+        &[local(terminating(1)), local(ready(2)), ready(3)],
+        &node(),
+    );
     assert_eq!(shown(&s.local), addrs(&[2]));
 }
 
 #[test]
 fn internal_traffic_policy_local_sends_cluster_traffic_to_local_endpoints() {
     let port = internal_local_port();
-    let s = select(&port, &[local(ready(1)), ready(2), local(ready(3))], &node());
+    let s = select(
+        &port,
+        &[local(ready(1)), ready(2), local(ready(3))],
+        &node(),
+    );
     assert_eq!(shown(s.internal(&port)), addrs(&[1, 3]));
-    assert!(s.cluster.is_empty(), "a ClusterIP-only port with Local internal policy needs no cluster set");
+    assert!(
+        s.cluster.is_empty(),
+        "a ClusterIP-only port with Local internal policy needs no cluster set"
+    );
 }
 
 #[test]
@@ -286,7 +328,11 @@ fn topology_ignores_the_hints_of_endpoints_that_are_not_ready() {
 
 #[test]
 fn one_ready_endpoint_without_hints_switches_topology_off() {
-    let eps = [hinted(ready(1), &[ZONE]), hinted(ready(2), &["zone-b"]), ready(3)];
+    let eps = [
+        hinted(ready(1), &[ZONE]),
+        hinted(ready(2), &["zone-b"]),
+        ready(3),
+    ];
     let s = select(&cluster_ip_port(), &eps, &node());
     assert_eq!(shown(&s.cluster), addrs(&[1, 2, 3]));
 }
@@ -316,7 +362,10 @@ fn hints_are_ignored_on_a_node_without_a_zone() {
 
 #[test]
 fn hints_are_ignored_when_falling_back_to_terminating_endpoints() {
-    let eps = [hinted(terminating(1), &[ZONE]), hinted(terminating(2), &["zone-b"])];
+    let eps = [
+        hinted(terminating(1), &[ZONE]),
+        hinted(terminating(2), &["zone-b"]),
+    ];
     let s = select(&cluster_ip_port(), &eps, &node());
     assert_eq!(shown(&s.cluster), addrs(&[1, 2]));
 }
@@ -324,7 +373,10 @@ fn hints_are_ignored_when_falling_back_to_terminating_endpoints() {
 #[test]
 fn hints_do_not_narrow_the_local_set() {
     let port = external_local_port();
-    let eps = [hinted(ready(1), &[ZONE]), hinted(local(ready(2)), &["zone-b"])];
+    let eps = [
+        hinted(ready(1), &[ZONE]),
+        hinted(local(ready(2)), &["zone-b"]),
+    ];
     let s = select(&port, &eps, &node());
     assert_eq!(shown(&s.cluster), addrs(&[1]));
     assert_eq!(shown(&s.local), addrs(&[2]));
@@ -333,7 +385,11 @@ fn hints_do_not_narrow_the_local_set() {
 #[test]
 fn a_port_with_nothing_usable_has_no_endpoints_anywhere() {
     let eps = [not_ready(1), terminated(2), local(not_ready(3))];
-    for port in [cluster_ip_port(), internal_local_port(), external_local_port()] {
+    for port in [
+        cluster_ip_port(),
+        internal_local_port(),
+        external_local_port(),
+    ] {
         for endpoints in [&eps[..], &[]] {
             let s = select(&port, endpoints, &node());
             assert!(!s.has_any, "{port:?}");
@@ -356,7 +412,12 @@ fn each_address_family_falls_back_on_its_own() {
     // Upstream runs one proxier per family: ready IPv6 endpoints do not stop IPv4 traffic from
     // using terminating IPv4 endpoints.
     let port = external_local_port();
-    let eps = [terminating(1), v6(ready(2)), local(terminating(3)), v6(terminating(4))];
+    let eps = [
+        terminating(1),
+        v6(ready(2)),
+        local(terminating(3)),
+        v6(terminating(4)),
+    ];
     let s = select(&port, &eps, &node());
     assert_eq!(
         shown(&s.cluster),
@@ -376,7 +437,11 @@ fn each_address_family_decides_topology_on_its_own() {
     let s = select(&cluster_ip_port(), &eps, &node());
     assert_eq!(
         shown(&s.cluster),
-        ["10.244.0.1:8080", "[fd00:244::3]:8080", "[fd00:244::4]:8080"]
+        [
+            "10.244.0.1:8080",
+            "[fd00:244::3]:8080",
+            "[fd00:244::4]:8080"
+        ]
     );
 }
 
@@ -387,38 +452,68 @@ fn usable(ep: &Endpoint) -> bool {
 }
 
 /// Upstream's rules, written as set filters over one family at a time.
-fn expected(port: &ServicePort, endpoints: &[Endpoint], node: &NodeInfo) -> (Vec<Endpoint>, Vec<Endpoint>) {
+fn expected(
+    port: &ServicePort,
+    endpoints: &[Endpoint],
+    node: &NodeInfo,
+) -> (Vec<Endpoint>, Vec<Endpoint>) {
     let uses_cluster = !port.internal_traffic_local || port.has_external();
-    let uses_local = port.internal_traffic_local || (port.external_traffic_local && port.has_external());
+    let uses_local =
+        port.internal_traffic_local || (port.external_traffic_local && port.has_external());
     let zone = node.zone.clone().filter(|z| !z.is_empty());
     let hints_of = |e: &Endpoint| e.zone_hints.clone().unwrap_or_default();
     let (mut cluster, mut local) = (Vec::new(), Vec::new());
     for family in IpFamily::ALL {
-        let eps: Vec<&Endpoint> = endpoints.iter().filter(|e| IpFamily::of(&e.ip) == family).collect();
+        let eps: Vec<&Endpoint> = endpoints
+            .iter()
+            .filter(|e| IpFamily::of(&e.ip) == family)
+            .collect();
         let ready: Vec<&Endpoint> = eps.iter().copied().filter(|e| e.ready).collect();
-        let fallback: Vec<&Endpoint> = eps.iter().copied().filter(|e| e.serving && e.terminating).collect();
+        let fallback: Vec<&Endpoint> = eps
+            .iter()
+            .copied()
+            .filter(|e| e.serving && e.terminating)
+            .collect();
         if uses_cluster {
             let topology_zone = zone.as_ref().filter(|z| {
-                ready.iter().all(|e| !hints_of(e).is_empty()) && ready.iter().any(|e| hints_of(e).contains(*z))
+                ready.iter().all(|e| !hints_of(e).is_empty())
+                    && ready.iter().any(|e| hints_of(e).contains(*z))
             });
             let in_zone: Vec<&Endpoint> = ready
                 .iter()
                 .copied()
                 .filter(|e| topology_zone.is_none_or(|z| hints_of(e).contains(z)))
                 .collect();
-            cluster.extend(if in_zone.is_empty() { fallback.clone() } else { in_zone });
+            cluster.extend(if in_zone.is_empty() {
+                fallback.clone()
+            } else {
+                in_zone
+            });
         }
         if uses_local {
-            let local_ready: Vec<&Endpoint> = ready.iter().copied().filter(|e| e.is_local).collect();
-            let local_fallback: Vec<&Endpoint> = fallback.iter().copied().filter(|e| e.is_local).collect();
-            local.extend(if local_ready.is_empty() { local_fallback } else { local_ready });
+            let local_ready: Vec<&Endpoint> =
+                ready.iter().copied().filter(|e| e.is_local).collect();
+            let local_fallback: Vec<&Endpoint> =
+                fallback.iter().copied().filter(|e| e.is_local).collect();
+            local.extend(if local_ready.is_empty() {
+                local_fallback
+            } else {
+                local_ready
+            });
         }
     }
-    (cluster.into_iter().cloned().collect(), local.into_iter().cloned().collect())
+    (
+        cluster.into_iter().cloned().collect(),
+        local.into_iter().cloned().collect(),
+    )
 }
 
 fn arb_zone() -> impl Strategy<Value = String> {
-    prop_oneof![Just("zone-a".to_string()), Just("zone-b".to_string()), Just("zone-c".to_string())]
+    prop_oneof![
+        Just("zone-a".to_string()),
+        Just("zone-b".to_string()),
+        Just("zone-c".to_string())
+    ]
 }
 
 fn arb_endpoint(n: u8) -> impl Strategy<Value = Endpoint> {
@@ -427,25 +522,31 @@ fn arb_endpoint(n: u8) -> impl Strategy<Value = Endpoint> {
         any::<(bool, bool, bool, bool)>(),
         prop::option::weighted(0.7, prop::collection::btree_set(arb_zone(), 0..3)),
     )
-        .prop_map(move |(ipv6, (ready, serving, terminating, is_local), zone_hints)| {
-            let ep = Endpoint {
-                ready,
-                serving,
-                terminating,
-                is_local,
-                zone_hints,
-                ..endpoint(n, true, true, false)
-            };
-            if ipv6 {
-                v6(ep)
-            } else {
-                ep
-            }
-        })
+        .prop_map(
+            move |(ipv6, (ready, serving, terminating, is_local), zone_hints)| {
+                let ep = Endpoint {
+                    ready,
+                    serving,
+                    terminating,
+                    is_local,
+                    zone_hints,
+                    ..endpoint(n, true, true, false)
+                };
+                if ipv6 {
+                    v6(ep)
+                } else {
+                    ep
+                }
+            },
+        )
 }
 
 fn arb_endpoints() -> impl Strategy<Value = Vec<Endpoint>> {
-    (0usize..9).prop_flat_map(|len| (0..len).map(|n| arb_endpoint(n as u8 + 1)).collect::<Vec<_>>())
+    (0usize..9).prop_flat_map(|len| {
+        (0..len)
+            .map(|n| arb_endpoint(n as u8 + 1))
+            .collect::<Vec<_>>()
+    })
 }
 
 fn arb_port() -> impl Strategy<Value = ServicePort> {
@@ -494,8 +595,14 @@ proptest! {
         if uses_cluster && eps.iter().any(|e| e.ready) {
             prop_assert!(!s.cluster.is_empty(), "a ready endpoint exists but the cluster set is empty");
             if topology_off {
-                let ready: Vec<Endpoint> = eps.iter().filter(|e| e.ready).cloned().collect();
-                prop_assert_eq!(sorted(s.cluster.clone()), sorted(ready));
+                // Every ready endpoint serves; a terminating one only stands in for a family
+                // that has no ready endpoint.
+                let cluster: BTreeSet<&Endpoint> = s.cluster.iter().collect();
+                prop_assert!(eps.iter().filter(|e| e.ready).all(|e| cluster.contains(e)));
+                for e in s.cluster.iter().filter(|e| !e.ready) {
+                    let family = IpFamily::of(&e.ip);
+                    prop_assert!(!eps.iter().any(|r| r.ready && IpFamily::of(&r.ip) == family));
+                }
             }
         }
 

@@ -125,10 +125,11 @@ where
     U: std::str::FromStr,
     U::Err: std::fmt::Display,
 {
-    url.parse().map_err(|err: U::Err| SourceError::InvalidMaster {
-        url: url.to_string(),
-        reason: err.to_string(),
-    })
+    url.parse()
+        .map_err(|err: U::Err| SourceError::InvalidMaster {
+            url: url.to_string(),
+            reason: err.to_string(),
+        })
 }
 
 /// Label selector for Services: upstream skips those another proxy owns and headless ones.

@@ -33,7 +33,10 @@ fn show(events: &[SourceEvent]) -> Vec<String> {
 }
 
 fn feed(tracker: &mut RelistTracker, events: Vec<Event<Object>>) -> Vec<String> {
-    let out: Vec<SourceEvent> = events.into_iter().flat_map(|ev| tracker.handle(ev)).collect();
+    let out: Vec<SourceEvent> = events
+        .into_iter()
+        .flat_map(|ev| tracker.handle(ev))
+        .collect();
     show(&out)
 }
 
@@ -49,13 +52,27 @@ fn initial_list_upserts_each_object_then_reports_synced() {
             Event::InitDone,
         ],
     );
-    assert_eq!(out, ["upsert Service ns/a", "upsert Service ns/b", "synced Service"]);
+    assert_eq!(
+        out,
+        [
+            "upsert Service ns/a",
+            "upsert Service ns/b",
+            "synced Service"
+        ]
+    );
 }
 
 #[test]
 fn watch_events_become_upserts_and_deletes() {
     let mut t = RelistTracker::new(Kind::Service);
-    feed(&mut t, vec![Event::Init, Event::InitApply(svc("a", "1")), Event::InitDone]);
+    feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitDone,
+        ],
+    );
     let out = feed(
         &mut t,
         vec![
@@ -64,7 +81,14 @@ fn watch_events_become_upserts_and_deletes() {
             Event::Delete(svc("a", "4")),
         ],
     );
-    assert_eq!(out, ["upsert Service ns/b", "upsert Service ns/a", "delete Service ns/a"]);
+    assert_eq!(
+        out,
+        [
+            "upsert Service ns/b",
+            "upsert Service ns/a",
+            "delete Service ns/a"
+        ]
+    );
 }
 
 #[test]
@@ -92,7 +116,12 @@ fn relist_deletes_objects_it_no_longer_lists_and_skips_unchanged_ones() {
     );
     assert_eq!(
         out,
-        ["upsert Service ns/c", "upsert Service ns/d", "delete Service ns/b", "synced Service"]
+        [
+            "upsert Service ns/c",
+            "upsert Service ns/d",
+            "delete Service ns/b",
+            "synced Service"
+        ]
     );
 }
 
@@ -132,7 +161,10 @@ fn deleting_an_unknown_object_reports_nothing() {
 #[test]
 fn objects_without_resource_version_are_always_reported() {
     let mut t = RelistTracker::new(Kind::Service);
-    let out = feed(&mut t, vec![Event::Apply(svc("a", "")), Event::Apply(svc("a", ""))]);
+    let out = feed(
+        &mut t,
+        vec![Event::Apply(svc("a", "")), Event::Apply(svc("a", ""))],
+    );
     assert_eq!(out, ["upsert Service ns/a", "upsert Service ns/a"]);
 }
 
@@ -147,13 +179,22 @@ fn nodes_are_keyed_without_namespace() {
         },
         ..Node::default()
     }));
-    feed(&mut t, vec![Event::Init, Event::InitApply(node), Event::InitDone]);
+    feed(
+        &mut t,
+        vec![Event::Init, Event::InitApply(node), Event::InitDone],
+    );
     let out = t.handle(Event::Init);
     assert!(out.is_empty());
     let out = t.handle(Event::InitDone);
     match &out[..] {
         [SourceEvent::Delete(Kind::Node, k), SourceEvent::Synced(Kind::Node)] => {
-            assert_eq!(k, &ObjectKey { namespace: String::new(), name: "node-1".into() });
+            assert_eq!(
+                k,
+                &ObjectKey {
+                    namespace: String::new(),
+                    name: "node-1".into()
+                }
+            );
         }
         other => panic!("unexpected {:?}", show(other)),
     }
@@ -165,7 +206,10 @@ fn selectors_match_upstream() {
         service_selector(),
         "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
     );
-    assert_eq!(endpoint_slice_selector(), "!service.kubernetes.io/service-proxy-name");
+    assert_eq!(
+        endpoint_slice_selector(),
+        "!service.kubernetes.io/service-proxy-name"
+    );
 }
 
 #[test]

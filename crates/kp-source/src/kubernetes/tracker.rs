@@ -51,7 +51,8 @@ impl RelistTracker {
                     listing.insert(key.clone());
                 }
                 let version = resource_version(&obj);
-                if !version.is_empty() && self.known.get(&key).map(String::as_str) == Some(version) {
+                if !version.is_empty() && self.known.get(&key).map(String::as_str) == Some(version)
+                {
                     return Vec::new();
                 }
                 self.known.insert(key, version.to_string());

@@ -162,7 +162,8 @@ fn decode_document(value: Value, out: &mut Vec<Object>) -> Result<(), String> {
         Some(_) => return Err(format!("{kind}: items is not a sequence")),
     };
     for (i, item) in items.into_iter().enumerate() {
-        let obj = decode_object(item, item_type).map_err(|reason| format!("item {}: {reason}", i + 1))?;
+        let obj =
+            decode_object(item, item_type).map_err(|reason| format!("item {}: {reason}", i + 1))?;
         out.push(obj);
     }
     Ok(())
@@ -302,8 +303,10 @@ impl ManifestSet {
                 .collect();
             let winner = holders.iter().max_by_key(|(_, e)| e.generation);
             if let (Some((winner_path, _)), true) = (winner, holders.len() > 1) {
-                let files: Vec<String> =
-                    holders.iter().map(|(p, _)| p.display().to_string()).collect();
+                let files: Vec<String> = holders
+                    .iter()
+                    .map(|(p, _)| p.display().to_string())
+                    .collect();
                 warn!(
                     files = ?files,
                     using = %winner_path.display(),

@@ -43,7 +43,8 @@ fn read(files: &[(&str, Option<&str>)]) -> BTreeMap<PathBuf, io::Result<String>>
 }
 
 fn errors(metrics: &Metrics, reason: &str) -> u64 {
-    let line = format!("kubeproxy_rs_source_errors_total{{source=\"manifests\",reason=\"{reason}\"}} ");
+    let line =
+        format!("kubeproxy_rs_source_errors_total{{source=\"manifests\",reason=\"{reason}\"}} ");
     metrics
         .encode()
         .lines()
@@ -60,22 +61,41 @@ fn state() -> (DirState, Arc<Metrics>) {
 fn a_broken_file_keeps_its_last_good_content_and_is_counted() {
     let (mut dir, metrics) = state();
     let good = format!("{}---\n{}", service("a", 80), service("b", 81));
-    let out = dir.apply_read(read(&[("x.yaml", Some(&good)), ("y.yaml", Some(&service("c", 82)))]));
-    assert_eq!(show(&out), ["upsert Service ns/a", "upsert Service ns/b", "upsert Service ns/c"]);
+    let out = dir.apply_read(read(&[
+        ("x.yaml", Some(&good)),
+        ("y.yaml", Some(&service("c", 82))),
+    ]));
+    assert_eq!(
+        show(&out),
+        [
+            "upsert Service ns/a",
+            "upsert Service ns/b",
+            "upsert Service ns/c"
+        ]
+    );
 
     // x.yaml breaks (and drops b); y.yaml changes. Only y's change is reported.
     let broken = format!("{}---\nkind: [\n", service("a", 80));
-    let out = dir.apply_read(read(&[("x.yaml", Some(&broken)), ("y.yaml", Some(&service("c", 83)))]));
+    let out = dir.apply_read(read(&[
+        ("x.yaml", Some(&broken)),
+        ("y.yaml", Some(&service("c", 83))),
+    ]));
     assert_eq!(show(&out), ["upsert Service ns/c"]);
     assert_eq!(errors(&metrics, "parse"), 1);
 
     // The same broken text again is neither parsed nor counted again.
-    let out = dir.apply_read(read(&[("x.yaml", Some(&broken)), ("y.yaml", Some(&service("c", 83)))]));
+    let out = dir.apply_read(read(&[
+        ("x.yaml", Some(&broken)),
+        ("y.yaml", Some(&service("c", 83))),
+    ]));
     assert!(out.is_empty());
     assert_eq!(errors(&metrics, "parse"), 1);
 
     // Fixed: now b goes.
-    let out = dir.apply_read(read(&[("x.yaml", Some(&service("a", 80))), ("y.yaml", Some(&service("c", 83)))]));
+    let out = dir.apply_read(read(&[
+        ("x.yaml", Some(&service("a", 80))),
+        ("y.yaml", Some(&service("c", 83))),
+    ]));
     assert_eq!(show(&out), ["delete Service ns/b"]);
 }
 
@@ -87,14 +107,22 @@ fn an_unreadable_file_keeps_its_objects() {
     assert!(out.is_empty());
     assert_eq!(errors(&metrics, "read"), 1);
     // Readable again with the same text: nothing changed, nothing to report.
-    assert!(dir.apply_read(read(&[("x.yaml", Some(&service("a", 80)))])).is_empty());
+    assert!(dir
+        .apply_read(read(&[("x.yaml", Some(&service("a", 80)))]))
+        .is_empty());
 }
 
 #[test]
 fn a_deleted_file_deletes_its_objects_even_if_it_was_broken_last() {
     let (mut dir, _) = state();
-    dir.apply_read(read(&[("x.yaml", Some(&service("a", 80))), ("y.yaml", Some(&service("b", 81)))]));
-    dir.apply_read(read(&[("x.yaml", Some("kind: [")), ("y.yaml", Some(&service("b", 81)))]));
+    dir.apply_read(read(&[
+        ("x.yaml", Some(&service("a", 80))),
+        ("y.yaml", Some(&service("b", 81))),
+    ]));
+    dir.apply_read(read(&[
+        ("x.yaml", Some("kind: [")),
+        ("y.yaml", Some(&service("b", 81))),
+    ]));
     let out = dir.apply_read(read(&[("y.yaml", Some(&service("b", 81)))]));
     assert_eq!(show(&out), ["delete Service ns/a"]);
     let out = dir.apply_read(read(&[]));
@@ -129,9 +157,15 @@ fn only_visible_yaml_and_json_files_are_manifests() {
 
 #[test]
 fn reading_a_file_does_not_wake_the_source_but_writing_does() {
-    assert!(!wakes(&EventKind::Access(AccessKind::Open(AccessMode::Any))));
-    assert!(!wakes(&EventKind::Access(AccessKind::Close(AccessMode::Read))));
-    assert!(wakes(&EventKind::Access(AccessKind::Close(AccessMode::Write))));
+    assert!(!wakes(&EventKind::Access(AccessKind::Open(
+        AccessMode::Any
+    ))));
+    assert!(!wakes(&EventKind::Access(AccessKind::Close(
+        AccessMode::Read
+    ))));
+    assert!(wakes(&EventKind::Access(AccessKind::Close(
+        AccessMode::Write
+    ))));
     assert!(wakes(&EventKind::Create(CreateKind::File)));
     assert!(wakes(&EventKind::Modify(ModifyKind::Any)));
     assert!(wakes(&EventKind::Any));

@@ -300,7 +300,8 @@ impl RequestArgs {
                 "--src-port" => src_port = Some(parse_port(arg, value)?),
                 "--src-ip" => {
                     src_ip = Some(
-                        parse_ip(value).ok_or_else(|| format!("--src-ip: `{value}` is not an IP"))?,
+                        parse_ip(value)
+                            .ok_or_else(|| format!("--src-ip: `{value}` is not an IP"))?,
                     )
                 }
                 "--count" => match value.parse::<usize>() {
@@ -323,7 +324,10 @@ impl RequestArgs {
         let dst = resolve(host, port, src_ip)?;
         if let Some(src) = src_ip {
             if src.is_ipv4() != dst.is_ipv4() {
-                return Err(format!("--src-ip {src} and {} are of different families", dst.ip()));
+                return Err(format!(
+                    "--src-ip {src} and {} are of different families",
+                    dst.ip()
+                ));
             }
         }
         Ok(RequestArgs {
@@ -499,10 +503,16 @@ mod tests {
 
     #[test]
     fn serve_takes_repeated_ports_and_refuses_reserved_names() {
-        let args = ServeArgs::parse(&strings(&["--name", "pod-a", "--tcp", "80", "--tcp", "8080", "--udp", "53"]));
+        let args = ServeArgs::parse(&strings(&[
+            "--name", "pod-a", "--tcp", "80", "--tcp", "8080", "--udp", "53",
+        ]));
         assert_eq!(
             args,
-            Ok(ServeArgs { name: "pod-a".into(), tcp: vec![80, 8080], udp: vec![53] })
+            Ok(ServeArgs {
+                name: "pod-a".into(),
+                tcp: vec![80, 8080],
+                udp: vec![53]
+            })
         );
         assert!(ServeArgs::parse(&strings(&["--name", "timeout", "--tcp", "80"])).is_err());
         assert!(ServeArgs::parse(&strings(&["--name", "a"])).is_err());
@@ -512,7 +522,15 @@ mod tests {
     #[test]
     fn request_parses_options_in_any_order() {
         let args = RequestArgs::parse(&strings(&[
-            "--count", "3", "udp", "fd00::1", "--src-ip", "fd00::2", "53", "--timeout-ms", "250",
+            "--count",
+            "3",
+            "udp",
+            "fd00::1",
+            "--src-ip",
+            "fd00::2",
+            "53",
+            "--timeout-ms",
+            "250",
         ]))
         .unwrap();
         assert_eq!(args.proto, Proto::Udp);
@@ -532,7 +550,10 @@ mod tests {
     fn answers_are_read_from_http_and_bare_bodies() {
         let http = b"HTTP/1.1 200 OK\r\nContent-Length: 23\r\n\r\npod-a 10.244.1.11:40000\n";
         assert_eq!(parse_answer(http), "pod-a 10.244.1.11");
-        assert_eq!(parse_answer(b"pod-b [2001:db8::2]:5353\n"), "pod-b 2001:db8::2");
+        assert_eq!(
+            parse_answer(b"pod-b [2001:db8::2]:5353\n"),
+            "pod-b 2001:db8::2"
+        );
         assert_eq!(parse_answer(b""), "error empty answer");
         assert!(parse_answer(b"HTTP/1.1 404 Not Found\r\n\r\nnope").starts_with("error unexpected"));
     }

@@ -27,8 +27,14 @@ fn every_outcome_reads_back_what_it_prints() {
 
 #[test]
 fn unreadable_lines_become_other() {
-    assert!(matches!(Outcome::parse("pod-a not-an-ip"), Outcome::Other(_)));
-    assert!(matches!(Outcome::parse("pod-a 10.0.0.1 extra"), Outcome::Other(_)));
+    assert!(matches!(
+        Outcome::parse("pod-a not-an-ip"),
+        Outcome::Other(_)
+    ));
+    assert!(matches!(
+        Outcome::parse("pod-a 10.0.0.1 extra"),
+        Outcome::Other(_)
+    ));
     assert!(matches!(Outcome::parse(""), Outcome::Other(_)));
 }
 
@@ -48,7 +54,10 @@ fn tally_counts_backends_and_failures() {
     ]);
     let expected = [("error", 1), ("pod-a", 2), ("pod-b", 1), ("timeout", 1)];
     assert_eq!(
-        counts.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
+        counts
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect::<Vec<_>>(),
         expected
     );
 }

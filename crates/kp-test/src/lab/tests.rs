@@ -11,5 +11,8 @@ fn pod_addresses_share_their_digits_across_families() {
 
 #[test]
 fn too_many_pods_is_refused_before_anything_is_created() {
-    assert!(matches!(Lab::new(MAX_PODS + 1), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        Lab::new(MAX_PODS + 1),
+        Err(Error::InvalidArgument(_))
+    ));
 }

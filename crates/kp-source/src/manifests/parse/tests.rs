@@ -40,7 +40,10 @@ metadata:
 
 /// `Kind name` of each object, in order.
 fn names(objects: &[Object]) -> Vec<String> {
-    objects.iter().map(|o| format!("{} {}", o.kind(), o.key())).collect()
+    objects
+        .iter()
+        .map(|o| format!("{} {}", o.kind(), o.key()))
+        .collect()
 }
 
 fn show(events: &[SourceEvent]) -> Vec<String> {
@@ -67,8 +70,16 @@ fn parse_err(name: &str, text: &str) -> (usize, String) {
     match parse_file(Path::new(name), text) {
         Err(err @ SourceError::ManifestParse { .. }) => {
             let shown = err.to_string();
-            assert!(shown.contains(name), "error does not name the file: {shown}");
-            let SourceError::ManifestParse { path, document, reason } = err else {
+            assert!(
+                shown.contains(name),
+                "error does not name the file: {shown}"
+            );
+            let SourceError::ManifestParse {
+                path,
+                document,
+                reason,
+            } = err
+            else {
                 unreachable!()
             };
             assert_eq!(path, Path::new(name));
@@ -84,12 +95,26 @@ fn parse_err(name: &str, text: &str) -> (usize, String) {
 fn a_yaml_file_may_hold_several_documents_of_every_kind() {
     let text = format!("{}---\n{SLICE}---\n{NODE}", service("web", 80));
     let objects = parse("/m/all.yaml", &text);
-    assert_eq!(names(&objects), ["Service ns/web", "EndpointSlice ns/web-abc", "Node node-1"]);
-    let Object::Service(svc) = &objects[0] else { panic!("not a Service") };
-    let port = &svc.spec.as_ref().and_then(|s| s.ports.as_ref()).expect("ports")[0];
+    assert_eq!(
+        names(&objects),
+        ["Service ns/web", "EndpointSlice ns/web-abc", "Node node-1"]
+    );
+    let Object::Service(svc) = &objects[0] else {
+        panic!("not a Service")
+    };
+    let port = &svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .expect("ports")[0];
     assert_eq!(port.port, 80);
-    let Object::EndpointSlice(slice) = &objects[1] else { panic!("not a slice") };
-    assert_eq!(slice.endpoints.as_deref().expect("endpoints")[0].addresses, ["10.0.0.1"]);
+    let Object::EndpointSlice(slice) = &objects[1] else {
+        panic!("not a slice")
+    };
+    assert_eq!(
+        slice.endpoints.as_deref().expect("endpoints")[0].addresses,
+        ["10.0.0.1"]
+    );
 }
 
 #[test]
@@ -99,7 +124,10 @@ fn empty_documents_comments_and_end_markers_are_skipped() {
         service("a", 80),
         service("b", 81)
     );
-    assert_eq!(names(&parse("x.yaml", &text)), ["Service ns/a", "Service ns/b"]);
+    assert_eq!(
+        names(&parse("x.yaml", &text)),
+        ["Service ns/a", "Service ns/b"]
+    );
     assert!(parse("empty.yaml", "").is_empty());
     assert!(parse("empty.json", "  \n").is_empty());
     assert!(parse("null.yaml", "~\n").is_empty());
@@ -111,7 +139,10 @@ fn a_missing_namespace_means_default_and_nodes_have_none() {
     let objects = parse("x.yaml", text);
     assert_eq!(
         objects[0].key(),
-        ObjectKey { namespace: "default".into(), name: "web".into() }
+        ObjectKey {
+            namespace: "default".into(),
+            name: "web".into()
+        }
     );
     assert_eq!(parse("n.yaml", NODE)[0].key().namespace, "");
 }
@@ -129,7 +160,10 @@ items:
   kind: Node
   metadata: {name: node-1}
 ";
-    assert_eq!(names(&parse("list.yaml", text)), ["Service ns/web", "Node node-1"]);
+    assert_eq!(
+        names(&parse("list.yaml", text)),
+        ["Service ns/web", "Node node-1"]
+    );
 }
 
 #[test]
@@ -211,7 +245,10 @@ fn yaml_error_lines_count_from_the_top_of_the_file() {
     let text = format!("{}---\nkind: [\n", service("a", 80));
     let (_, reason) = parse_err("x.yaml", &text);
     // The service takes 10 lines, the marker the 11th; the bad flow sequence starts on the 12th.
-    let bad_line = text.lines().position(|l| l.starts_with("kind: [")).map(|i| i + 1);
+    let bad_line = text
+        .lines()
+        .position(|l| l.starts_with("kind: ["))
+        .map(|i| i + 1);
     assert_eq!(bad_line, Some(12));
     assert!(reason.contains("line 12"), "no absolute line in {reason}");
     assert!(!reason.contains('\n'), "not one line: {reason}");
@@ -219,12 +256,18 @@ fn yaml_error_lines_count_from_the_top_of_the_file() {
 
 #[test]
 fn unknown_kinds_fail_the_file() {
-    let text = format!("{}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: d}}\n", service("a", 80));
+    let text = format!(
+        "{}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: d}}\n",
+        service("a", 80)
+    );
     let (document, reason) = parse_err("x.yaml", &text);
     assert_eq!(document, 2);
     assert!(reason.contains("Deployment"), "{reason}");
     // A known kind under the wrong apiVersion is just as unknown.
-    let (_, reason) = parse_err("x.yaml", "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: s}\n");
+    let (_, reason) = parse_err(
+        "x.yaml",
+        "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata: {name: s}\n",
+    );
     assert!(reason.contains("v1beta1"), "{reason}");
 }
 
@@ -232,7 +275,10 @@ fn unknown_kinds_fail_the_file() {
 fn documents_without_type_or_name_or_with_wrong_fields_fail() {
     let (_, reason) = parse_err("x.yaml", "metadata: {name: web}\n");
     assert!(reason.contains("apiVersion and kind"), "{reason}");
-    let (_, reason) = parse_err("x.yaml", "apiVersion: v1\nkind: Service\nmetadata: {namespace: ns}\n");
+    let (_, reason) = parse_err(
+        "x.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {namespace: ns}\n",
+    );
     assert!(reason.contains("metadata.name"), "{reason}");
     let (_, reason) = parse_err(
         "x.yaml",
@@ -246,8 +292,14 @@ fn documents_without_type_or_name_or_with_wrong_fields_fail() {
 #[test]
 fn splitting_keeps_text_after_the_marker_and_tracks_lines() {
     let docs = split_documents("a: 1\n--- {b: 2}\n---\nc: 3\n");
-    let got: Vec<(usize, usize, &str)> = docs.iter().map(|d| (d.index, d.first_line, d.text)).collect();
-    assert_eq!(got, [(1, 1, "a: 1\n"), (2, 2, " {b: 2}\n"), (3, 3, "\nc: 3\n")]);
+    let got: Vec<(usize, usize, &str)> = docs
+        .iter()
+        .map(|d| (d.index, d.first_line, d.text))
+        .collect();
+    assert_eq!(
+        got,
+        [(1, 1, "a: 1\n"), (2, 2, " {b: 2}\n"), (3, 3, "\nc: 3\n")]
+    );
     // `----` and `---x` are not markers.
     assert_eq!(split_documents("a: |\n  x\n----: 1\n").len(), 1);
 }
@@ -261,12 +313,20 @@ fn set_reports_new_objects_then_only_changes() {
     let mut set = ManifestSet::new();
     let a = Path::new("/m/a.yaml");
     let out = set.update_file(a, vec![svc_obj("web", 80), svc_obj("db", 5432)]);
-    assert_eq!(show(&out), ["upsert Service ns/db", "upsert Service ns/web"]);
+    assert_eq!(
+        show(&out),
+        ["upsert Service ns/db", "upsert Service ns/web"]
+    );
     // Same content again: nothing to report.
-    assert!(set.update_file(a, vec![svc_obj("web", 80), svc_obj("db", 5432)]).is_empty());
+    assert!(set
+        .update_file(a, vec![svc_obj("web", 80), svc_obj("db", 5432)])
+        .is_empty());
     // One of the two objects in the file changes, the other one goes.
     let out = set.update_file(a, vec![svc_obj("web", 8080)]);
-    assert_eq!(show(&out), ["delete Service ns/db", "upsert Service ns/web"]);
+    assert_eq!(
+        show(&out),
+        ["delete Service ns/db", "upsert Service ns/web"]
+    );
     assert_eq!(set.len(), 1);
 }
 
@@ -274,10 +334,16 @@ fn set_reports_new_objects_then_only_changes() {
 fn a_deleted_file_deletes_its_objects() {
     let mut set = ManifestSet::new();
     let (a, b) = (Path::new("/m/a.yaml"), Path::new("/m/b.yaml"));
-    set.update_file(a, parse("a.yaml", &format!("{}---\n{SLICE}", service("web", 80))));
+    set.update_file(
+        a,
+        parse("a.yaml", &format!("{}---\n{SLICE}", service("web", 80))),
+    );
     set.update_file(b, parse("b.yaml", NODE));
     let out = set.remove_file(a);
-    assert_eq!(show(&out), ["delete Service ns/web", "delete EndpointSlice ns/web-abc"]);
+    assert_eq!(
+        show(&out),
+        ["delete Service ns/web", "delete EndpointSlice ns/web-abc"]
+    );
     assert_eq!(set.files().collect::<Vec<_>>(), [b]);
     assert!(set.remove_file(a).is_empty());
 }
@@ -290,13 +356,24 @@ fn an_object_in_two_files_follows_the_last_writer_and_survives_either_removal() 
     let out = set.update_file(b, vec![svc_obj("web", 81)]);
     assert_eq!(show(&out), ["upsert Service ns/web"]);
     // `a` changes something else: its unchanged copy of web does not win back.
-    assert!(set.update_file(a, vec![svc_obj("web", 80), svc_obj("x", 1)]).len() == 1);
+    assert!(
+        set.update_file(a, vec![svc_obj("web", 80), svc_obj("x", 1)])
+            .len()
+            == 1
+    );
     // `b` is removed: `a`'s version is reported.
     let out = set.remove_file(b);
     let [SourceEvent::Upsert(Object::Service(svc))] = &out[..] else {
         panic!("unexpected {:?}", show(&out))
     };
-    assert_eq!(svc.spec.as_ref().and_then(|s| s.ports.as_ref()).expect("ports")[0].port, 80);
+    assert_eq!(
+        svc.spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .expect("ports")[0]
+            .port,
+        80
+    );
     assert!(set.remove_file(a).len() == 2);
     assert!(set.is_empty());
 }
@@ -306,7 +383,10 @@ fn a_rename_applied_at_once_reports_nothing() {
     let mut set = ManifestSet::new();
     let (a, b) = (Path::new("/m/a.yaml"), Path::new("/m/b.yaml"));
     set.update_file(a, vec![svc_obj("web", 80)]);
-    let out = set.apply([(a.to_path_buf(), None), (b.to_path_buf(), Some(vec![svc_obj("web", 80)]))]);
+    let out = set.apply([
+        (a.to_path_buf(), None),
+        (b.to_path_buf(), Some(vec![svc_obj("web", 80)])),
+    ]);
     assert!(out.is_empty(), "{:?}", show(&out));
     let out = set.apply([(b.to_path_buf(), None)]);
     assert_eq!(show(&out), ["delete Service ns/web"]);
@@ -315,8 +395,14 @@ fn a_rename_applied_at_once_reports_nothing() {
 #[test]
 fn kinds_with_the_same_name_are_different_objects() {
     let mut set = ManifestSet::new();
-    let node = parse("n.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: web}\n");
-    let svc = parse("s.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ''}\n");
+    let node = parse(
+        "n.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: web}\n",
+    );
+    let svc = parse(
+        "s.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ''}\n",
+    );
     let mut objects = node;
     objects.extend(svc);
     let out = set.update_file(Path::new("/m/x.yaml"), objects);

@@ -1,0 +1,89 @@
+//! Running `nft`: the only place this crate touches the system.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::Error;
+
+/// Runs nft scripts and listings, optionally inside a named network namespace (tests and
+/// benchmarks program namespaces they created; the proxy itself runs in its node's namespace).
+#[derive(Clone, Debug, Default)]
+pub struct NftCommand {
+    netns: Option<String>,
+}
+
+impl NftCommand {
+    /// `nft` in the current network namespace.
+    pub fn new() -> Self {
+        NftCommand { netns: None }
+    }
+
+    /// `ip netns exec NAME nft …`.
+    pub fn in_netns(name: impl Into<String>) -> Self {
+        NftCommand {
+            netns: Some(name.into()),
+        }
+    }
+
+    fn command(&self) -> Command {
+        match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "nft"]);
+                c
+            }
+            None => Command::new("nft"),
+        }
+    }
+
+    /// `nft -f -` with `script` on stdin: one atomic transaction.
+    pub fn run(&self, script: &str) -> Result<(), Error> {
+        let mut child = self
+            .command()
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(Error::Spawn)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(script.as_bytes()).map_err(Error::Spawn)?;
+        }
+        let out = child.wait_with_output().map_err(Error::Spawn)?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        // nft reports `-:LINE:COL: Error: …`; keep the failing statement for the log.
+        let failing = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("-:"))
+            .and_then(|l| l.split(':').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .and_then(|n| script.lines().nth(n.saturating_sub(1)))
+            .map(|l| l.chars().take(300).collect::<String>());
+        Err(Error::Transaction {
+            status: out.status.code(),
+            stderr: stderr.chars().take(2000).collect(),
+            failing_statement: failing,
+        })
+    }
+
+    /// `nft -j ARGS…`, returning stdout.
+    pub fn json(&self, args: &[&str]) -> Result<String, Error> {
+        let out = self
+            .command()
+            .arg("-j")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(Error::Spawn)?;
+        if !out.status.success() {
+            return Err(Error::List {
+                args: args.join(" "),
+                stderr: String::from_utf8_lossy(&out.stderr).chars().take(2000).collect(),
+            });
+        }
+        String::from_utf8(out.stdout).map_err(|_| Error::Parse("nft printed invalid UTF-8".into()))
+    }
+}

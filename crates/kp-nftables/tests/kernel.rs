@@ -1,0 +1,97 @@
+//! The nftables dataplane against a real kernel, inside a lab of network namespaces.
+
+use std::sync::Arc;
+
+use kp_core::dataplane::Dataplane;
+use kp_core::track::{Changes, Object, SourceEvent};
+use kp_metrics::Metrics;
+use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane};
+use kp_test::echo::{Proto, Request, tally};
+use kp_test::lab::Lab;
+
+fn dataplane(lab: &Lab) -> NftablesDataplane {
+    let cfg = NftablesConfig {
+        detect_local: DetectLocal::ClusterCidr(vec![
+            kp_flows::CLUSTER_CIDR.parse().unwrap(),
+            "fd00:10:244::/48".parse().unwrap(),
+        ]),
+        ..NftablesConfig::default()
+    };
+    NftablesDataplane::new(cfg, NftCommand::in_netns(lab.node().name()), Arc::new(Metrics::new()))
+}
+
+fn assert_in_sync(dp: &mut NftablesDataplane) {
+    let diffs = dp.verify().expect("read-back works");
+    assert!(diffs.is_empty(), "kernel differs from the plan:\n{}", diffs.join("\n"));
+}
+
+#[test]
+#[ignore = "needs root"]
+fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after_every_sync() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(5).expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let mut dp = dataplane(&lab);
+    let mut state = kp_flows::state();
+
+    let report = dp.sync(&state, &Changes::default(), true).expect("first sync");
+    assert!(report.full);
+    assert_in_sync(&mut dp);
+    let failures = kp_test::flows::check_all(&lab);
+    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    // The real-packet checker can fail: the first row, expecting a drop, must not pass.
+    let mut wrong = kp_flows::cases()[0].clone();
+    wrong.expect = kp_flows::Expect::Drop;
+    assert!(kp_test::flows::check(&lab, &wrong).is_err());
+
+    // A live endpoint change is a small partial transaction, and traffic follows it.
+    let slice = kp_flows::web_slice(&["pod-1", "pod-2"]);
+    state.apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice)))).unwrap();
+    let changes = state.take_changes();
+    let report = dp.sync(&state, &changes, false).expect("partial sync");
+    assert!(!report.full);
+    assert!(report.operations <= 20, "{} operations:\n{}", report.operations, dp.last_transaction());
+    assert_in_sync(&mut dp);
+    let web = "10.96.0.10".parse().unwrap();
+    let seen = tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(30)));
+    assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), ["pod-1", "pod-2"], "{seen:?}");
+
+    // A periodic full sync with nothing changed behind our back rewrites nothing.
+    let report = dp.sync(&state, &Changes::default(), true).expect("verified sync");
+    assert!(!report.full, "no drift, so no rebuild");
+    assert_eq!(report.operations, 0);
+
+    // Drift is found and repaired by the next full sync.
+    lab.node()
+        .run(&["nft", "delete", "element", "ip", "kube-proxy", "cluster-ips", "{ 10.96.0.10 }"])
+        .unwrap();
+    assert!(!dp.verify().unwrap().is_empty(), "read-back must notice the missing element");
+    let report = dp.sync(&state, &Changes::default(), true).expect("repair");
+    assert!(report.full);
+    assert_in_sync(&mut dp);
+
+    // Someone flushes the whole ruleset: repaired too, and traffic flows again.
+    lab.node().run(&["nft", "flush", "ruleset"]).unwrap();
+    dp.sync(&state, &Changes::default(), true).expect("rebuild");
+    assert_in_sync(&mut dp);
+    let seen = tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(20)));
+    assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), ["pod-1", "pod-2"], "{seen:?}");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn cleanup_removes_both_tables() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(1).expect("lab");
+    let mut dp = dataplane(&lab);
+    dp.sync(&kp_flows::state(), &Changes::default(), true).expect("sync");
+    dp.cleanup().expect("cleanup");
+    let tables = lab.node().run(&["nft", "list", "tables"]).unwrap();
+    assert!(!tables.contains("kube-proxy"), "{tables}");
+    // Cleaning up twice is fine.
+    dp.cleanup().expect("second cleanup");
+}
