@@ -454,6 +454,16 @@ pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
     let to_be_deleted = spec
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|t| t.iter().any(|t| t.key == TAINT_TO_BE_DELETED));
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    let status_addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for wanted in ["InternalIP", "ExternalIP"] {
+        for a in status_addresses.into_iter().flatten().filter(|a| a.type_ == wanted) {
+            let ip = parse_ip("status.addresses", &a.address)?;
+            if !addresses.iter().any(|x| IpFamily::of(x) == IpFamily::of(&ip)) {
+                addresses.push(ip);
+            }
+        }
+    }
     Ok(NodeInfo {
         name,
         exists: true,
@@ -466,6 +476,7 @@ pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
             .and_then(|l| l.get(LABEL_ZONE))
             .cloned(),
         pod_cidrs,
+        addresses,
     })
 }
 

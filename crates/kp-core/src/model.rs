@@ -256,6 +256,9 @@ pub struct NodeInfo {
     pub zone: Option<String>,
     /// `spec.podCIDRs`, for detect-local `NodeCIDR`.
     pub pod_cidrs: Vec<IpNet>,
+    /// The node's primary addresses (`status.addresses`: InternalIP, else ExternalIP), at most
+    /// one per family, for `nodePortAddresses: primary`.
+    pub addresses: Vec<IpAddr>,
 }
 
 impl NodeInfo {

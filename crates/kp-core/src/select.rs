@@ -21,9 +21,17 @@ pub struct SelectedEndpoints {
     pub local: Vec<Endpoint>,
     /// Whether any endpoint anywhere can serve (decides REJECT versus DROP).
     pub has_any: bool,
+    /// `has_any` per family, indexed by `IpFamily as usize`: each family's table decides
+    /// REJECT versus DROP on its own endpoints, as upstream's per-family proxiers do.
+    pub has_any_by_family: [bool; 2],
 }
 
 impl SelectedEndpoints {
+    /// Whether any endpoint of `family` can serve.
+    pub fn has_any_for(&self, family: IpFamily) -> bool {
+        self.has_any_by_family[family as usize]
+    }
+
     /// Endpoints for traffic from inside the cluster (ClusterIP), per `internalTrafficPolicy`.
     pub fn internal<'a>(&'a self, port: &ServicePort) -> &'a [Endpoint] {
         if port.internal_traffic_local {
@@ -83,6 +91,7 @@ pub fn select(port: &ServicePort, endpoints: &[Endpoint], node: &NodeInfo) -> Se
         out.cluster.extend(selected.cluster);
         out.local.extend(selected.local);
         out.has_any |= selected.has_any;
+        out.has_any_by_family[family as usize] = selected.has_any;
     }
     out
 }

@@ -137,7 +137,7 @@ pub struct Changes {
     pub service_changes: u64,
     /// Number of EndpointSlice object changes included.
     pub endpoint_changes: u64,
-    /// The Node changed in a way that affects selection (zone, pod CIDRs).
+    /// The Node changed in a way that affects rules (zone, pod CIDRs, primary addresses).
     pub node_changed: bool,
     /// `last-change-trigger-time` of the EndpointSlice changes included, as Unix seconds.
     pub trigger_times: Vec<f64>,
@@ -316,7 +316,10 @@ impl ProxyState {
         if info == self.node {
             return Applied::Unchanged;
         }
-        if info.zone != self.node.zone || info.pod_cidrs != self.node.pod_cidrs {
+        if info.zone != self.node.zone
+            || info.pod_cidrs != self.node.pod_cidrs
+            || info.addresses != self.node.addresses
+        {
             self.pending.node_changed = true;
         }
         self.node = info;

@@ -182,6 +182,7 @@ pub fn objects() -> Vec<Object> {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": NODE, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
         "spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]},
+        "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}, {"type": "Hostname", "address": NODE}]},
     }))
     .unwrap_or_else(|e| panic!("fixture node: {e}"));
     services
@@ -310,7 +311,8 @@ pub fn cases() -> Vec<Case> {
         row("external client to ClusterIP is masqueraded", "client", Tcp, "10.96.0.10", 80, to(&web, true)),
         row("node to ClusterIP is masqueraded", "node", Tcp, "10.96.0.10", 80, to(&web, true)),
         row("NodePort from outside reaches every endpoint, masqueraded", "client", Tcp, NODE_IP, 30080, to(&web, true)),
-        row("NodePort on the pod-network address works too", "pod-4", Tcp, NODE_POD_GATEWAY, 30080, to(&web, true)),
+        row("NodePort from a pod to the node's primary address", "pod-4", Tcp, NODE_IP, 30080, to(&web, true)),
+        row("NodePorts answer only on the primary address (nodePortAddresses: primary)", "pod-4", Tcp, NODE_POD_GATEWAY, 30080, Expect::Untouched),
         row("UDP ClusterIP", "pod-4", Udp, "10.96.0.53", 53, Expect::Pods {
             pods: vec!["pod-1", "pod-2"], port: UDP_PORT, masquerade: false, affinity: None }),
         row("a Service without endpoints rejects", "pod-4", Tcp, "10.96.0.20", 80, Expect::Reject),

@@ -8,7 +8,6 @@
 
 use std::fmt::Write;
 
-use ipnet::IpNet;
 use kp_core::model::IpFamily;
 
 use crate::names::{self, *};
@@ -24,8 +23,9 @@ pub struct PlanConfig {
     pub masquerade_all: bool,
     /// Whether a detect-local mode is configured (the `pod-cidrs` set decides what is local).
     pub detect_local: bool,
-    /// `nodePortAddresses` CIDRs of this family; empty means every local address but loopback.
-    pub node_port_addresses: Vec<IpNet>,
+    /// Whether NodePorts answer only on the addresses in the `nodeport-addresses` set
+    /// (`nodePortAddresses` CIDRs or `primary`); otherwise on every local address but loopback.
+    pub node_ports_restricted: bool,
 }
 
 impl PlanConfig {
@@ -36,7 +36,7 @@ impl PlanConfig {
             masquerade_mark: 1 << 14,
             masquerade_all: false,
             detect_local: false,
-            node_port_addresses: Vec::new(),
+            node_ports_restricted: false,
         }
     }
 }
@@ -291,7 +291,7 @@ const NODEPORT_KEY: &str = "meta l4proto . th dport";
 /// The match that makes a destination a NodePort address.
 fn nodeport_match(cfg: &PlanConfig) -> String {
     let e = Expr::of(cfg.family);
-    if cfg.node_port_addresses.is_empty() {
+    if !cfg.node_ports_restricted {
         format!("fib daddr type local {} daddr != {}", e.ip, e.loopback)
     } else {
         format!("fib daddr type local {} daddr @{NODEPORT_ADDRESSES}", e.ip)

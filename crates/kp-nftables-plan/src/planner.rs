@@ -79,6 +79,8 @@ pub struct Planner {
 pub struct NodeContext {
     /// Sources that count as pod traffic for detect-local (ClusterCIDR or the node's PodCIDR).
     pub local_cidrs: Vec<IpNet>,
+    /// Where NodePorts answer, when [`PlanConfig::node_ports_restricted`].
+    pub node_port_addresses: Vec<IpNet>,
 }
 
 /// A planned change to the set of elements: how each touched key looked before.
@@ -305,7 +307,7 @@ impl Planner {
         for net in IpNet::aggregate(&in_family(&node.local_cidrs, fam)) {
             els.push((SetId::PodCidrs, Tuple::new(vec![Atom::Net(net)]), None));
         }
-        for net in IpNet::aggregate(&in_family(&self.cfg.node_port_addresses, fam)) {
+        for net in IpNet::aggregate(&in_family(&node.node_port_addresses, fam)) {
             els.push((SetId::NodePortAddresses, Tuple::new(vec![Atom::Net(net)]), None));
         }
         self.claim(NODE_OWNER, els, touched);
@@ -521,6 +523,7 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState, prior: PriorSlots<'_>
     let internal = of_family(sel.internal(port));
     let external = of_family(sel.external(port));
     let cluster = of_family(&sel.cluster);
+    let has_any = sel.has_any_for(fam);
     let (internal, external, cluster) = (sorted(&internal), sorted(&external), sorted(&cluster));
     let ext_local = port.external_policy_local();
     let affinity = port.session_affinity_timeout;
@@ -531,8 +534,8 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState, prior: PriorSlots<'_>
         out.push((SetId::ClusterIps, Tuple::new(vec![Atom::Ip(*ip)]), None));
         let key = vip_key(*ip, sps);
         if internal.is_empty() {
-            no_endpoints(SetId::NoEndpointVips, &key, sel.has_any, &mut out);
-            facts.no_local_internal = sel.has_any && port.internal_traffic_local;
+            no_endpoints(SetId::NoEndpointVips, &key, has_any, &mut out);
+            facts.no_local_internal = has_any && port.internal_traffic_local;
         } else {
             dispatch(Route::Vips, &key, &internal, prior, &mut out);
             if let Some(t) = affinity {
@@ -589,8 +592,8 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState, prior: PriorSlots<'_>
             out.push((masq, key.clone(), None));
         }
         if external.is_empty() {
-            no_endpoints(no_ep, &key, sel.has_any, &mut out);
-            facts.no_local_external |= sel.has_any && ext_local;
+            no_endpoints(no_ep, &key, has_any, &mut out);
+            facts.no_local_external |= has_any && ext_local;
         } else {
             dispatch(route, &key, &external, prior, &mut out);
             if let Some(aff) = aff {

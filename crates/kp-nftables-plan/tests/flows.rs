@@ -21,6 +21,8 @@ fn planners() -> Vec<Planner> {
         .map(|f| {
             let mut cfg = PlanConfig::new(f);
             cfg.detect_local = true;
+            // nftables mode's default, nodePortAddresses: primary.
+            cfg.node_ports_restricted = true;
             Planner::new(cfg)
         })
         .collect()
@@ -32,6 +34,7 @@ fn node() -> NodeContext {
             kp_flows::CLUSTER_CIDR.parse().unwrap(),
             "fd00:10:244::/48".parse().unwrap(),
         ],
+        node_port_addresses: vec![format!("{}/32", kp_flows::NODE_IP).parse().unwrap()],
     }
 }
 

@@ -75,8 +75,20 @@ pub struct NftablesConfig {
     pub masquerade_all: bool,
     /// detect-local mode.
     pub detect_local: DetectLocal,
-    /// `nodePortAddresses` as CIDRs; empty for every local address but loopback.
-    pub node_port_addresses: Vec<IpNet>,
+    /// Where NodePorts answer.
+    pub node_ports: NodePorts,
+}
+
+/// Where NodePorts answer (`nodePortAddresses`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodePorts {
+    /// Every local address but loopback (`nodePortAddresses` empty in older upstreams).
+    AllLocal,
+    /// Local addresses inside these CIDRs.
+    Cidrs(Vec<IpNet>),
+    /// The node's primary addresses, from its Node object (`primary`, upstream's nftables
+    /// default). Until the Node reports an address, NodePorts answer nowhere.
+    Primary,
 }
 
 impl Default for NftablesConfig {
@@ -86,7 +98,7 @@ impl Default for NftablesConfig {
             masquerade_bit: 14,
             masquerade_all: false,
             detect_local: DetectLocal::None,
-            node_port_addresses: Vec::new(),
+            node_ports: NodePorts::Primary,
         }
     }
 }
@@ -112,7 +124,7 @@ impl NftablesDataplane {
                     masquerade_mark: 1 << cfg.masquerade_bit,
                     masquerade_all: cfg.masquerade_all,
                     detect_local: cfg.detect_local != DetectLocal::None,
-                    node_port_addresses: cfg.node_port_addresses.clone(),
+                    node_ports_restricted: cfg.node_ports != NodePorts::AllLocal,
                 })
             })
             .collect();
@@ -136,6 +148,11 @@ impl NftablesDataplane {
                 DetectLocal::None => Vec::new(),
                 DetectLocal::ClusterCidr(c) => c.clone(),
                 DetectLocal::NodeCidr => state.node().pod_cidrs.clone(),
+            },
+            node_port_addresses: match &self.cfg.node_ports {
+                NodePorts::AllLocal => Vec::new(),
+                NodePorts::Cidrs(c) => c.clone(),
+                NodePorts::Primary => state.node().addresses.iter().map(|ip| IpNet::from(*ip)).collect(),
             },
         }
     }

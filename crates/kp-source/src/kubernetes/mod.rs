@@ -2,7 +2,7 @@
 //!
 //! Mirrors upstream `pkg/proxy/config/config.go` (`ServiceConfig`, `EndpointSliceConfig`,
 //! `NodeConfig`) and the informer selectors in `cmd/kube-proxy/app/server.go`. Where upstream's
-//! informers keep a cache and diff it on re-list, [`tracker::RelistTracker`] keeps only each
+//! informers keep a cache and diff it on re-list, `RelistTracker` keeps only each
 //! object's key and resourceVersion, which is enough to report what vanished.
 
 mod tracker;

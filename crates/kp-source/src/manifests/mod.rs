@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kp_core::track::{Kind, SourceEvent};
+use kp_core::track::{Kind, Object, SourceEvent};
 use kp_metrics::Metrics;
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
@@ -188,7 +188,7 @@ impl DirState {
     /// Applies one read of the directory (each file's text, or why it could not be read),
     /// returning what changed. Files that fail to read or parse keep their last good content.
     fn apply_read(&mut self, files: BTreeMap<PathBuf, io::Result<String>>) -> Vec<SourceEvent> {
-        let mut changes: Vec<(PathBuf, Option<Vec<kp_core::track::Object>>)> = Vec::new();
+        let mut changes: Vec<(PathBuf, Option<Vec<Object>>)> = Vec::new();
         let gone: BTreeSet<PathBuf> = self
             .set
             .files()
