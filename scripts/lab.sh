@@ -107,8 +107,7 @@ cleanup() {
         done
     fi
     for ns in "${CREATED[@]}"; do
-        pids=$(ip netns pids "$ns" 2>/dev/null)
-        [ -z "$pids" ] || kill -KILL $pids 2>/dev/null
+        ip netns pids "$ns" | xargs -r kill -KILL
         ip netns delete "$ns" 2>/dev/null
     done
     wait
@@ -129,8 +128,7 @@ for ns in $(ip netns list | awk '{print $1}' | grep '^kplab-[0-9]*-' || true); d
     pid=${ns#kplab-}
     pid=${pid%%-*}
     if [ ! -d "/proc/$pid" ]; then
-        pids=$(ip netns pids "$ns" 2>/dev/null || true)
-        [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
         ip netns delete "$ns" 2>/dev/null || true
     fi
 done

@@ -33,11 +33,17 @@ fn client<'a>(lab: &'a Lab, case: &Case) -> Option<(&'a Netns, Option<IpAddr>)> 
 
 /// Runs one row with real packets. Returns a description of what went wrong, if anything.
 pub fn check(lab: &Lab, case: &Case) -> Result<(), String> {
-    let (ns, src) = client(lab, case).ok_or_else(|| format!("{}: no lab namespace for {}", case.name, case.from))?;
+    let (ns, src) = client(lab, case)
+        .ok_or_else(|| format!("{}: no lab namespace for {}", case.name, case.from))?;
     let proto = match case.packet.protocol {
         Protocol::Tcp => Proto::Tcp,
         Protocol::Udp => Proto::Udp,
-        Protocol::Sctp => return Err(format!("{}: SCTP rows are not run with real packets yet", case.name)),
+        Protocol::Sctp => {
+            return Err(format!(
+                "{}: SCTP rows are not run with real packets yet",
+                case.name
+            ))
+        }
     };
     let answering = matches!(case.expect, Expect::Pods { .. });
     let mut req = Request::new(proto, case.packet.dst, case.packet.dport)
@@ -49,10 +55,19 @@ pub fn check(lab: &Lab, case: &Case) -> Result<(), String> {
     let outcomes = lab.send(ns, &req);
     let fail = |what: String| Err(format!("{}: {what}; outcomes: {outcomes:?}", case.name));
     match &case.expect {
-        Expect::Pods { pods, masquerade, affinity, .. } => {
+        Expect::Pods {
+            pods,
+            masquerade,
+            affinity,
+            ..
+        } => {
             let mut seen = BTreeSet::new();
             for o in &outcomes {
-                let Outcome::Answered { backend, client_seen } = o else {
+                let Outcome::Answered {
+                    backend,
+                    client_seen,
+                } = o
+                else {
                     return fail(format!("expected an answer from {pods:?}"));
                 };
                 if !pods.contains(&backend.as_str()) {
@@ -67,7 +82,9 @@ pub fn check(lab: &Lab, case: &Case) -> Result<(), String> {
                 // exact there.
                 let v6_masq = *masquerade && client_seen.is_ipv6();
                 if !v6_masq && *client_seen != want_src {
-                    return fail(format!("backend saw source {client_seen}, expected {want_src}"));
+                    return fail(format!(
+                        "backend saw source {client_seen}, expected {want_src}"
+                    ));
                 }
                 if v6_masq && Some(*client_seen) == src {
                     return fail("expected a masqueraded source".into());
@@ -75,8 +92,12 @@ pub fn check(lab: &Lab, case: &Case) -> Result<(), String> {
                 seen.insert(backend.clone());
             }
             match affinity {
-                Some(_) if seen.len() != 1 => fail(format!("affinity: expected one backend, saw {seen:?}")),
-                None if seen.len() != pods.len() => fail(format!("expected all of {pods:?} over {TRIES} tries, saw {seen:?}")),
+                Some(_) if seen.len() != 1 => {
+                    fail(format!("affinity: expected one backend, saw {seen:?}"))
+                }
+                None if seen.len() != pods.len() => fail(format!(
+                    "expected all of {pods:?} over {TRIES} tries, saw {seen:?}"
+                )),
                 _ => Ok(()),
             }
         }

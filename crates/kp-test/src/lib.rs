@@ -19,8 +19,8 @@
 
 mod error;
 
-pub mod flows;
 pub mod echo;
+pub mod flows;
 pub mod lab;
 pub mod netns;
 

@@ -1,0 +1,367 @@
+//! The running proxy: sources feed the state, a bounded-frequency loop syncs the dataplane, and
+//! the HTTP servers report health and metrics. Mirrors upstream `cmd/kube-proxy/app/server.go`
+//! (`ProxyServer.Run`) and the proxiers' `SyncLoop`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use ipnet::IpNet;
+use kp_core::dataplane::Dataplane;
+use kp_core::model::{IpFamily, ServiceKey};
+use kp_core::sync::{SyncKind, SyncSchedule};
+use kp_core::track::{Applied, Changes, Kind, ProxyState, SourceEvent};
+use kp_metrics::{Metrics, TrafficPolicyLabel};
+use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane, NodePorts};
+use kp_serve::{ProxyHealth, ServiceHealthServer, SharedHealth};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, Loaded, LocalMode, NodePortAddress, ProxyMode};
+
+/// Why the proxy stopped.
+#[derive(Debug)]
+pub enum Fatal {
+    /// The configuration cannot be served (exit code 64).
+    Config(String),
+    /// Something failed at run time.
+    Runtime(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Fatal {
+    fn from(e: anyhow::Error) -> Self {
+        Fatal::Runtime(e)
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// The nftables mode's settings, from the configuration.
+fn nftables_config(cfg: &Config) -> Result<NftablesConfig, Fatal> {
+    let detect_local = match &cfg.detect_local_mode {
+        LocalMode::ClusterCIDR if cfg.cluster_cidrs.is_empty() => DetectLocal::None,
+        LocalMode::ClusterCIDR => DetectLocal::ClusterCidr(cfg.cluster_cidrs.clone()),
+        LocalMode::NodeCIDR => DetectLocal::NodeCidr,
+        other => {
+            return Err(Fatal::Config(format!(
+                "detectLocalMode {other:?} is not supported by kube-proxy-rs yet; use ClusterCIDR or NodeCIDR"
+            )));
+        }
+    };
+    let node_ports = match cfg.node_port_addresses.as_slice() {
+        [] => NodePorts::AllLocal,
+        [NodePortAddress::Primary] => NodePorts::Primary,
+        list => NodePorts::Cidrs(
+            list.iter()
+                .filter_map(|a| match a {
+                    NodePortAddress::Cidr(c) => Some(*c),
+                    NodePortAddress::Primary => None,
+                })
+                .collect::<Vec<IpNet>>(),
+        ),
+    };
+    Ok(NftablesConfig {
+        families: IpFamily::ALL.to_vec(),
+        masquerade_bit: u32::from(cfg.masquerade_bit),
+        masquerade_all: cfg.masquerade_all,
+        detect_local,
+        node_ports,
+    })
+}
+
+fn node_name(cfg: &Config) -> anyhow::Result<String> {
+    match &cfg.hostname {
+        Some(h) => Ok(h.clone()),
+        None => {
+            let h = hostname::get().context("reading the hostname")?;
+            Ok(h.to_string_lossy().trim().to_lowercase())
+        }
+    }
+}
+
+/// Runs the proxy until SIGTERM/SIGINT.
+pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
+    let cfg = &loaded.config;
+    if let Some(path) = &cfg.write_config_to {
+        let yaml = crate::config::to_yaml(&loaded.effective).map_err(|e| Fatal::Config(e.to_string()))?;
+        std::fs::write(path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        tracing::info!(path = %path.display(), "wrote the effective configuration");
+        return Ok(());
+    }
+    let metrics = Arc::new(Metrics::new());
+    let nft_cfg = nftables_config(cfg)?;
+    let mut dataplane = NftablesDataplane::new(nft_cfg, NftCommand::new(), metrics.clone());
+    if cfg.cleanup {
+        dataplane
+            .cleanup()
+            .context("removing the kube-proxy nftables tables")?;
+        tracing::info!("removed the kube-proxy nftables tables");
+        return Ok(());
+    }
+    if cfg.mode != ProxyMode::Nftables {
+        return Err(Fatal::Config(format!(
+            "proxy mode {:?} is not implemented in kube-proxy-rs yet; run with --proxy-mode nftables \
+             (an empty mode means iptables, as upstream)",
+            cfg.mode.as_str()
+        )));
+    }
+    let node = node_name(cfg)?;
+    tracing::info!(mode = "nftables", node = %node, "starting kube-proxy-rs");
+
+    let health = SharedHealth::new(ProxyHealth::new(
+        kp_serve::health_timeout(cfg.sync_period),
+        IpFamily::ALL,
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    if let Some(addr) = cfg.healthz_bind_address {
+        let listener = kp_serve::bind(addr).await.map_err(|e| Fatal::Runtime(e.into()))?;
+        let h = health.clone();
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = kp_serve::serve_health(listener, h, stop).await {
+                tracing::error!(error = %e, "health server failed");
+            }
+        });
+        tracing::info!(%addr, "serving /healthz and /livez");
+    }
+    if let Some(addr) = cfg.metrics_bind_address {
+        let listener = kp_serve::bind(addr).await.map_err(|e| Fatal::Runtime(e.into()))?;
+        let configz = serde_json::to_value(&loaded.effective).unwrap_or_default();
+        let server = kp_serve::serve_metrics(listener, metrics.clone(), "nftables", configz, stopped(stop_rx.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+        tracing::info!(%addr, "serving /metrics, /proxyMode and /configz");
+    }
+
+    let (tx, rx) = mpsc::channel::<SourceEvent>(4096);
+    match &cfg.manifests_dir {
+        Some(dir) => {
+            tracing::info!(dir = %dir.display(), "reading Services, EndpointSlices and Nodes from manifests");
+            let (dir, m) = (dir.clone(), metrics.clone());
+            tokio::spawn(async move {
+                if let Err(e) = kp_source::run_manifests(dir, tx, m).await {
+                    tracing::error!(error = %e, "manifest source stopped");
+                }
+            });
+        }
+        None => {
+            let client = kp_source::client_from(cfg.kubeconfig.as_deref(), cfg.master.as_deref())
+                .await
+                .map_err(|e| Fatal::Config(format!("cannot build a Kubernetes client: {e}")))?;
+            let (node, m) = (node.clone(), metrics.clone());
+            tokio::spawn(kp_source::run_kubernetes(client, node, tx, m));
+        }
+    }
+
+    let service_health = ServiceHealthServer::new([cfg.bind_address], health.clone());
+    let mut sync_loop = SyncLoop {
+        state: ProxyState::new(node),
+        schedule: SyncSchedule::new(cfg.min_sync_period, cfg.sync_period),
+        dataplane,
+        metrics,
+        health,
+        service_health,
+        health_ports: HashMap::new(),
+        local_endpoints: HashMap::new(),
+    };
+    let result = sync_loop.run(rx).await;
+    let _ = stop_tx.send(true);
+    result
+}
+
+struct SyncLoop {
+    state: ProxyState,
+    schedule: SyncSchedule,
+    dataplane: NftablesDataplane,
+    metrics: Arc<Metrics>,
+    health: SharedHealth,
+    service_health: ServiceHealthServer,
+    /// healthCheckNodePort per Service with `externalTrafficPolicy: Local`.
+    health_ports: HashMap<ServiceKey, u16>,
+    /// Local endpoints of those Services.
+    local_endpoints: HashMap<ServiceKey, usize>,
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+impl SyncLoop {
+    async fn run(&mut self, mut rx: mpsc::Receiver<SourceEvent>) -> Result<(), Fatal> {
+        // As upstream's SyncLoop: healthy from the start until an update waits too long.
+        self.health.updated();
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        let mut waiting_logged = false;
+        loop {
+            let wake = self.schedule.next_wakeup(Instant::now());
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(ev) => {
+                        self.handle(ev);
+                        // Take whatever else is already queued, so a burst costs one sync.
+                        while let Ok(ev) = rx.try_recv() {
+                            self.handle(ev);
+                        }
+                    }
+                    None => return Err(Fatal::Runtime(anyhow::anyhow!("the object source stopped"))),
+                },
+                _ = tokio::time::sleep_until(wake.into()) => {}
+                _ = &mut shutdown => {
+                    tracing::info!("shutting down; rules stay in place");
+                    return Ok(());
+                }
+            }
+            if !self.state.ready_to_program() {
+                if !waiting_logged {
+                    tracing::info!("waiting for the initial list of Services and EndpointSlices before programming anything");
+                    waiting_logged = true;
+                }
+                continue;
+            }
+            if let Some(kind) = self.schedule.due(Instant::now()) {
+                self.sync(kind).await;
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: SourceEvent) {
+        let kind = match &ev {
+            SourceEvent::Upsert(o) => Some(o.kind()),
+            SourceEvent::Delete(k, _) => Some(*k),
+            SourceEvent::Synced(_) => None,
+        };
+        match self.state.apply(ev) {
+            Ok(Applied::Changed) => {
+                self.schedule.request(Instant::now());
+                self.health.queued_update();
+                self.metrics.last_queued_timestamp.set(unix_now());
+                let (svc, eps) = self.state.pending_counts();
+                self.metrics.service_changes_pending.set(svc as i64);
+                self.metrics.endpoint_changes_pending.set(eps as i64);
+                if kind == Some(Kind::Node) {
+                    self.health.set_node(self.state.node());
+                }
+            }
+            Ok(Applied::Unchanged) => {}
+            Err(rejected) => {
+                tracing::warn!(
+                    error = %rejected,
+                    "skipping an invalid object; its last good version (if any) stays in force"
+                );
+                self.metrics.invalid_object(&rejected.kind.to_string());
+            }
+        }
+    }
+
+    async fn sync(&mut self, kind: SyncKind) {
+        let changes = self.state.take_changes();
+        self.metrics.service_changes_total.inc_by(changes.service_changes);
+        self.metrics.endpoint_changes_total.inc_by(changes.endpoint_changes);
+        self.metrics.service_changes_pending.set(0);
+        self.metrics.endpoint_changes_pending.set(0);
+        let start = Instant::now();
+        let full = kind == SyncKind::Full;
+        let (state, dataplane) = (&self.state, &mut self.dataplane);
+        let result = tokio::task::block_in_place(|| dataplane.sync(state, &changes, full));
+        let elapsed = start.elapsed().as_secs_f64();
+        match result {
+            Ok(report) => {
+                self.schedule.finished(Instant::now(), kind, true);
+                self.health.updated();
+                let now = unix_now();
+                self.metrics.sync_duration.observe(elapsed);
+                if report.full {
+                    self.metrics.sync_full_duration.observe(elapsed);
+                } else {
+                    self.metrics.sync_partial_duration.observe(elapsed);
+                }
+                self.metrics.last_sync_timestamp.set(now);
+                for t in &changes.trigger_times {
+                    self.metrics.network_programming_duration.observe((now - t).max(0.0));
+                }
+                let (internal, external) = report.no_local_endpoints;
+                for (policy, n) in [("internal", internal), ("external", external)] {
+                    self.metrics
+                        .no_local_endpoints
+                        .get_or_create(&TrafficPolicyLabel {
+                            traffic_policy: policy.into(),
+                        })
+                        .set(n as i64);
+                }
+                if report.full {
+                    tracing::info!(
+                        operations = report.operations,
+                        seconds = elapsed,
+                        service_ports = self.state.service_port_count(),
+                        "programmed the nftables tables (full sync)"
+                    );
+                } else {
+                    tracing::debug!(
+                        operations = report.operations,
+                        seconds = elapsed,
+                        services = changes.services.len(),
+                        "synced nftables"
+                    );
+                }
+                self.sync_health_checks(&changes, report.full).await;
+            }
+            Err(e) => {
+                self.schedule.finished(Instant::now(), kind, false);
+                tracing::error!(error = %e, "sync failed; retrying with a full sync");
+            }
+        }
+    }
+
+    /// Opens and closes healthCheckNodePort servers as Services come and go, and updates their
+    /// local endpoint counts. Only changed Services are looked at, except after a full sync.
+    async fn sync_health_checks(&mut self, changes: &Changes, full: bool) {
+        let keys: Vec<ServiceKey> = if full || changes.node_changed {
+            self.health_ports.clear();
+            self.local_endpoints.clear();
+            self.state.service_keys().cloned().collect()
+        } else {
+            changes.services.iter().cloned().collect()
+        };
+        let before = self.health_ports.clone();
+        for key in keys {
+            self.health_ports.remove(&key);
+            self.local_endpoints.remove(&key);
+            for sps in self.state.service_state(&key) {
+                if let (Some(port), true) = (sps.port.health_check_node_port, sps.port.external_policy_local()) {
+                    self.health_ports.insert(key.clone(), port);
+                    let n = self.local_endpoints.entry(key.clone()).or_default();
+                    *n = (*n).max(sps.endpoints.local.len());
+                }
+            }
+        }
+        if before != self.health_ports {
+            for (svc, e) in self.service_health.sync_services(self.health_ports.clone()).await {
+                tracing::error!(service = %svc, error = %e, "cannot open the health check node port");
+            }
+        }
+        self.service_health.sync_endpoints(self.local_endpoints.clone());
+    }
+}

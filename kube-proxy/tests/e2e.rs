@@ -1,0 +1,192 @@
+//! The `kube-proxy` binary, end to end: it runs in a lab node namespace, reads the flow fixture
+//! from a manifest directory, and must pass the flow table with real packets, follow live edits,
+//! and survive bad input without losing working rules.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kp_test::echo::{Proto, Request, tally};
+use kp_test::lab::Lab;
+use kp_test::netns::{ChildGuard, Netns};
+
+const HEALTHZ: &str = "http://127.0.0.1:10256/healthz";
+const METRICS: &str = "http://127.0.0.1:10249/metrics";
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp-write");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn start_proxy(lab: &Lab, dir: &Path) -> ChildGuard {
+    let bin = env!("CARGO_BIN_EXE_kube-proxy");
+    let mut proxy = lab
+        .node()
+        .spawn(&[
+            bin,
+            "--proxy-mode=nftables",
+            "--manifests",
+            dir.to_str().unwrap(),
+            "--hostname-override",
+            kp_flows::NODE,
+            "--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
+            "--healthz-bind-address=127.0.0.1:10256",
+            "--metrics-bind-address=127.0.0.1:10249",
+            "--iptables-min-sync-period=100ms",
+            "--iptables-sync-period=1s",
+            "-v=2",
+        ])
+        .expect("start kube-proxy");
+    proxy
+        .wait_for_log("programmed the nftables tables", Duration::from_secs(20))
+        .expect("first sync");
+    proxy
+}
+
+fn http_get(ns: &Netns, url: &str) -> String {
+    ns.run(&["curl", "-s", "--max-time", "2", url]).unwrap_or_default()
+}
+
+/// The value of a metric line that starts with `name` (labels included in `name`).
+fn metric(ns: &Netns, name: &str) -> f64 {
+    http_get(ns, METRICS)
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn eventually(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < timeout, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn web_backends(lab: &Lab, tries: usize) -> Vec<String> {
+    let web = "10.96.0.10".parse().unwrap();
+    tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(tries)))
+        .into_keys()
+        .collect()
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+fn temp_dir(tag: &str) -> TempDir {
+    let p = std::env::temp_dir().join(format!("kp-e2e-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+}
+
+#[test]
+#[ignore = "needs root"]
+fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(5).expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let dir = temp_dir("flows");
+    let cluster = dir.0.join("cluster.json");
+    write_atomically(&cluster, &kp_flows::manifest_list());
+    let mut proxy = start_proxy(&lab, &dir.0);
+
+    let health = http_get(lab.node(), HEALTHZ);
+    assert!(health.contains("\"healthy\":true"), "{health}");
+    let failures = kp_test::flows::check_all(&lab);
+    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+
+    // Live edit: scale web down to two endpoints; traffic follows within a sync or two.
+    let edited = serde_json::to_string(&{
+        let mut v: serde_json::Value = serde_json::from_str(&kp_flows::manifest_list()).unwrap();
+        for item in v["items"].as_array_mut().unwrap() {
+            if item["kind"] == "EndpointSlice" && item["metadata"]["name"] == "web-ipv4" {
+                item["endpoints"].as_array_mut().unwrap().retain(|e| e["addresses"][0] != "10.244.1.13");
+            }
+        }
+        v
+    })
+    .unwrap();
+    write_atomically(&cluster, &edited);
+    eventually("pod-3 to leave the web Service", Duration::from_secs(3), || {
+        web_backends(&lab, 12) == ["pod-1", "pod-2"]
+    });
+
+    // The periodic full syncs (every second here) found the kernel equal to the plan.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(metric(lab.node(), "kubeproxy_sync_full_proxy_rules_duration_seconds_count") >= 1.0);
+    assert_eq!(metric(lab.node(), "kubeproxy_rs_nftables_readback_mismatches_total"), 0.0);
+    assert_eq!(metric(lab.node(), "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"), 0.0);
+    assert!(metric(lab.node(), "kubeproxy_network_programming_duration_seconds_count") >= 0.0);
+
+    // Stopping leaves the rules in place, as upstream.
+    proxy.terminate(Duration::from_secs(5)).unwrap();
+    assert_eq!(web_backends(&lab, 12), ["pod-1", "pod-2"]);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn bad_manifests_are_reported_and_never_break_working_rules() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(5).expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let dir = temp_dir("bad");
+    write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
+    let mut proxy = start_proxy(&lab, &dir.0);
+    assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
+
+    // 1. A file that is not YAML at all: the error names the file and the document.
+    write_atomically(&dir.0.join("broken.yaml"), "apiVersion: v1\nkind: Service\nmetadata: [unclosed\n");
+    // 2. A Service with an invalid ClusterIP and one with a port out of range.
+    write_atomically(
+        &dir.0.join("invalid.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad-ip, namespace: default}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: bad-port, namespace: default}\nspec: {clusterIP: 10.96.0.81, ports: [{port: 70000}]}\n",
+    );
+    // 3. Names that would inject into rule text, in JSON so quotes and newlines survive.
+    let hostile = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "x\"; flush ruleset; \"", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.82", "ports": [{"name": "a\nb", "port": 80}]},
+    });
+    write_atomically(&dir.0.join("hostile.json"), &hostile.to_string());
+    // 4. A valid Service turned invalid: its last good version stays.
+    let mut list: serde_json::Value = serde_json::from_str(&kp_flows::manifest_list()).unwrap();
+    for item in list["items"].as_array_mut().unwrap() {
+        if item["kind"] == "Service" && item["metadata"]["name"] == "web" {
+            item["spec"]["clusterIPs"] = serde_json::json!(["10.96.0.10", "not-an-ip"]);
+        }
+    }
+    write_atomically(&dir.0.join("cluster.json"), &list.to_string());
+
+    eventually("the bad objects to be counted", Duration::from_secs(5), || {
+        metric(lab.node(), "kubeproxy_rs_invalid_objects_total{kind=\"Service\"}") >= 4.0
+            && metric(lab.node(), "kubeproxy_rs_source_errors_total{source=\"manifests\",reason=\"parse\"}") >= 1.0
+    });
+    let log = proxy.log();
+    assert!(log.contains("broken.yaml") && log.contains("document 1"), "parse error must name file and document:\n{log}");
+    assert!(log.contains("10.96.0.300"), "invalid IP must be named:\n{log}");
+    assert!(log.contains("70000"), "invalid port must be named:\n{log}");
+    assert!(log.contains("flush ruleset"), "the hostile name must be reported (escaped):\n{log}");
+    assert!(!log.contains("panicked"), "{log}");
+
+    // Nothing bad reached the kernel, and every working Service still works.
+    let table = lab.node().run(&["nft", "list", "table", "ip", "kube-proxy"]).unwrap();
+    for bad in ["10.96.0.81", "10.96.0.82", "flush"] {
+        assert!(!table.contains(bad), "{bad} reached the table");
+    }
+    assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
+    let failures = kp_test::flows::check_all(&lab);
+    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    assert_eq!(metric(lab.node(), "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"), 0.0);
+    proxy.terminate(Duration::from_secs(5)).unwrap();
+}
