@@ -86,6 +86,8 @@ pub struct NodeContext {
 /// A planned change to the set of elements: how each touched key looked before.
 #[derive(Default)]
 struct Touched {
+    /// Full rebuilds send everything, so they skip the bookkeeping.
+    off: bool,
     before: HashMap<(SetId, Tuple), Option<Option<Tuple>>>,
     order: Vec<(SetId, Tuple)>,
 }
@@ -132,7 +134,10 @@ impl Planner {
     /// A transaction that replaces the table with one built from `state`.
     pub fn full(&mut self, state: &ProxyState, node: &NodeContext) -> Transaction {
         self.invalidate();
-        let mut touched = Touched::default();
+        let mut touched = Touched {
+            off: true,
+            ..Touched::default()
+        };
         self.set_node_elements(node, &mut touched);
         for key in state.service_keys() {
             self.replace_service(state, key, &mut touched);
@@ -156,12 +161,10 @@ impl Planner {
         }
         for id in &sets {
             if let Some(elements) = self.sets.get(id) {
-                let mut els: Vec<(&Tuple, Option<&Tuple>)> = elements
+                let els = elements
                     .iter()
-                    .filter_map(|(k, owners)| owners.first().map(|(_, v)| (k, v.as_ref())))
-                    .collect();
-                els.sort();
-                tx.add_elements(*id, els.into_iter());
+                    .filter_map(|(k, owners)| owners.first().map(|(_, v)| (k, v.as_ref())));
+                tx.add_elements(*id, els);
             }
         }
         for rule in self.all_rules() {
@@ -362,6 +365,9 @@ impl Planner {
     }
 
     fn note(&self, touched: &mut Touched, set: SetId, key: &Tuple) {
+        if touched.off {
+            return;
+        }
         let k = (set, key.clone());
         if touched.before.contains_key(&k) {
             return;
@@ -602,9 +608,18 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState, prior: PriorSlots<'_>
         }
     }
 
-    // Hairpin: an endpoint reaching itself through any of this port's entries.
+    // Hairpin: an endpoint reaching itself through any of this port's entries. Only endpoints
+    // on this node can do that here (a remote pod's Service traffic is translated on its own
+    // node), so only they need an element.
     let mut eps: BTreeSet<IpAddr> = BTreeSet::new();
-    eps.extend(internal.iter().chain(external.iter()).chain(cluster.iter()).map(|e| e.ip));
+    eps.extend(
+        internal
+            .iter()
+            .chain(external.iter())
+            .chain(cluster.iter())
+            .filter(|e| e.is_local)
+            .map(|e| e.ip),
+    );
     for ip in eps {
         out.push((SetId::Hairpin, Tuple::new(vec![Atom::Ip(ip), Atom::Ip(ip)]), None));
     }

@@ -113,6 +113,9 @@ pub fn parse_table(json: &str) -> Result<KernelTable, Error> {
             let id = r["comment"].as_str().unwrap_or("<rule without comment>").to_string();
             t.chains.entry(chain).or_default().push(id);
         } else if let Some(s) = item.get("set").or_else(|| item.get("map")) {
+            if s["table"].as_str().is_some_and(|t| t != kp_nftables_plan::names::TABLE) {
+                continue;
+            }
             let name = s["name"].as_str().unwrap_or_default().to_string();
             let mut els = BTreeMap::new();
             for e in s["elem"].as_array().into_iter().flatten() {

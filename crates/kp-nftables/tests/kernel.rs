@@ -59,6 +59,8 @@ fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after
     assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), ["pod-1", "pod-2"], "{seen:?}");
 
     // A periodic full sync with nothing changed behind our back rewrites nothing.
+    let quick = dp.quick_check().expect("quick check");
+    assert!(quick.is_empty(), "{}", quick.join("\n"));
     let report = dp.sync(&state, &Changes::default(), true).expect("verified sync");
     assert!(!report.full, "no drift, so no rebuild");
     assert_eq!(report.operations, 0);
