@@ -24,7 +24,10 @@
 
 // `main` is still being written and does not read every setting yet; remove this once it
 // consumes `Loaded`, so that unread settings show up again.
-#![allow(dead_code, reason = "ipvs, conntrack and userspace settings are read by modes not built yet")]
+#![allow(
+    dead_code,
+    reason = "ipvs, conntrack and userspace settings are read by modes not built yet"
+)]
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -84,11 +84,37 @@ fn node_name(cfg: &Config) -> anyhow::Result<String> {
     }
 }
 
+/// Applies `oomScoreAdj` and the conntrack table size, as upstream does at start. Failures are
+/// logged, not fatal: inside a network namespace, for example, `nf_conntrack_max` is read-only.
+fn apply_process_settings(cfg: &Config) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", cfg.oom_score_adj.to_string()) {
+        tracing::warn!(error = %e, value = cfg.oom_score_adj, "cannot set oom_score_adj");
+    }
+    let per_core = u64::from(cfg.conntrack.max_per_core);
+    if per_core == 0 {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let want = (per_core * cores).max(u64::from(cfg.conntrack.min));
+    let path = "/proc/sys/net/netfilter/nf_conntrack_max";
+    let current = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    match current {
+        Some(c) if c >= want => {}
+        _ => match std::fs::write(path, want.to_string()) {
+            Ok(()) => tracing::info!(value = want, "set nf_conntrack_max"),
+            Err(e) => tracing::warn!(error = %e, value = want, "cannot set nf_conntrack_max"),
+        },
+    }
+}
+
 /// Runs the proxy until SIGTERM/SIGINT.
 pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
     let cfg = &loaded.config;
     if let Some(path) = &cfg.write_config_to {
-        let yaml = crate::config::to_yaml(&loaded.effective).map_err(|e| Fatal::Config(e.to_string()))?;
+        let yaml =
+            crate::config::to_yaml(&loaded.effective).map_err(|e| Fatal::Config(e.to_string()))?;
         std::fs::write(path, yaml).with_context(|| format!("writing {}", path.display()))?;
         tracing::info!(path = %path.display(), "wrote the effective configuration");
         return Ok(());
@@ -112,6 +138,7 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
     }
     let node = node_name(cfg)?;
     tracing::info!(mode = "nftables", node = %node, "starting kube-proxy-rs");
+    apply_process_settings(cfg);
 
     let health = SharedHealth::new(ProxyHealth::new(
         kp_serve::health_timeout(cfg.sync_period),
@@ -122,7 +149,9 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         let _ = rx.wait_for(|s| *s).await;
     };
     if let Some(addr) = cfg.healthz_bind_address {
-        let listener = kp_serve::bind(addr).await.map_err(|e| Fatal::Runtime(e.into()))?;
+        let listener = kp_serve::bind(addr)
+            .await
+            .map_err(|e| Fatal::Runtime(e.into()))?;
         let h = health.clone();
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move {
@@ -133,9 +162,17 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         tracing::info!(%addr, "serving /healthz and /livez");
     }
     if let Some(addr) = cfg.metrics_bind_address {
-        let listener = kp_serve::bind(addr).await.map_err(|e| Fatal::Runtime(e.into()))?;
+        let listener = kp_serve::bind(addr)
+            .await
+            .map_err(|e| Fatal::Runtime(e.into()))?;
         let configz = serde_json::to_value(&loaded.effective).unwrap_or_default();
-        let server = kp_serve::serve_metrics(listener, metrics.clone(), "nftables", configz, stopped(stop_rx.clone()));
+        let server = kp_serve::serve_metrics(
+            listener,
+            metrics.clone(),
+            "nftables",
+            configz,
+            stopped(stop_rx.clone()),
+        );
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "metrics server failed");
@@ -164,7 +201,7 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         }
     }
 
-    let service_health = ServiceHealthServer::new([cfg.bind_address], health.clone());
+    let service_health = ServiceHealthServer::new([], health.clone());
     let mut sync_loop = SyncLoop {
         state: ProxyState::new(node),
         schedule: SyncSchedule::new(cfg.min_sync_period, cfg.sync_period),
@@ -278,8 +315,12 @@ impl SyncLoop {
 
     async fn sync(&mut self, kind: SyncKind) {
         let changes = self.state.take_changes();
-        self.metrics.service_changes_total.inc_by(changes.service_changes);
-        self.metrics.endpoint_changes_total.inc_by(changes.endpoint_changes);
+        self.metrics
+            .service_changes_total
+            .inc_by(changes.service_changes);
+        self.metrics
+            .endpoint_changes_total
+            .inc_by(changes.endpoint_changes);
         self.metrics.service_changes_pending.set(0);
         self.metrics.endpoint_changes_pending.set(0);
         let start = Instant::now();
@@ -300,7 +341,9 @@ impl SyncLoop {
                 }
                 self.metrics.last_sync_timestamp.set(now);
                 for t in &changes.trigger_times {
-                    self.metrics.network_programming_duration.observe((now - t).max(0.0));
+                    self.metrics
+                        .network_programming_duration
+                        .observe((now - t).max(0.0));
                 }
                 let (internal, external) = report.no_local_endpoints;
                 for (policy, n) in [("internal", internal), ("external", external)] {
@@ -350,7 +393,10 @@ impl SyncLoop {
             self.health_ports.remove(&key);
             self.local_endpoints.remove(&key);
             for sps in self.state.service_state(&key) {
-                if let (Some(port), true) = (sps.port.health_check_node_port, sps.port.external_policy_local()) {
+                if let (Some(port), true) = (
+                    sps.port.health_check_node_port,
+                    sps.port.external_policy_local(),
+                ) {
                     self.health_ports.insert(key.clone(), port);
                     let n = self.local_endpoints.entry(key.clone()).or_default();
                     *n = (*n).max(sps.endpoints.local.len());
@@ -358,10 +404,15 @@ impl SyncLoop {
             }
         }
         if before != self.health_ports {
-            for (svc, e) in self.service_health.sync_services(self.health_ports.clone()).await {
+            for (svc, e) in self
+                .service_health
+                .sync_services(self.health_ports.clone())
+                .await
+            {
                 tracing::error!(service = %svc, error = %e, "cannot open the health check node port");
             }
         }
-        self.service_health.sync_endpoints(self.local_endpoints.clone());
+        self.service_health
+            .sync_endpoints(self.local_endpoints.clone());
     }
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kp_test::echo::{Proto, Request, tally};
+use kp_test::echo::{tally, Proto, Request};
 use kp_test::lab::Lab;
 use kp_test::netns::{ChildGuard, Netns};
 
@@ -44,7 +44,8 @@ fn start_proxy(lab: &Lab, dir: &Path) -> ChildGuard {
 }
 
 fn http_get(ns: &Netns, url: &str) -> String {
-    ns.run(&["curl", "-s", "--max-time", "2", url]).unwrap_or_default()
+    ns.run(&["curl", "-s", "--max-time", "2", url])
+        .unwrap_or_default()
 }
 
 /// The value of a metric line that starts with `name` (labels included in `name`).
@@ -101,30 +102,62 @@ fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
     let health = http_get(lab.node(), HEALTHZ);
     assert!(health.contains("\"healthy\":true"), "{health}");
     let failures = kp_test::flows::check_all(&lab);
-    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 
     // Live edit: scale web down to two endpoints; traffic follows within a sync or two.
     let edited = serde_json::to_string(&{
         let mut v: serde_json::Value = serde_json::from_str(&kp_flows::manifest_list()).unwrap();
         for item in v["items"].as_array_mut().unwrap() {
             if item["kind"] == "EndpointSlice" && item["metadata"]["name"] == "web-ipv4" {
-                item["endpoints"].as_array_mut().unwrap().retain(|e| e["addresses"][0] != "10.244.1.13");
+                item["endpoints"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|e| e["addresses"][0] != "10.244.1.13");
             }
         }
         v
     })
     .unwrap();
     write_atomically(&cluster, &edited);
-    eventually("pod-3 to leave the web Service", Duration::from_secs(3), || {
-        web_backends(&lab, 12) == ["pod-1", "pod-2"]
-    });
+    eventually(
+        "pod-3 to leave the web Service",
+        Duration::from_secs(3),
+        || web_backends(&lab, 12) == ["pod-1", "pod-2"],
+    );
 
     // The periodic full syncs (every second here) found the kernel equal to the plan.
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(metric(lab.node(), "kubeproxy_sync_full_proxy_rules_duration_seconds_count") >= 1.0);
-    assert_eq!(metric(lab.node(), "kubeproxy_rs_nftables_readback_mismatches_total"), 0.0);
-    assert_eq!(metric(lab.node(), "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"), 0.0);
-    assert!(metric(lab.node(), "kubeproxy_network_programming_duration_seconds_count") >= 0.0);
+    assert!(
+        metric(
+            lab.node(),
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
+        ) >= 1.0
+    );
+    assert_eq!(
+        metric(
+            lab.node(),
+            "kubeproxy_rs_nftables_readback_mismatches_total"
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric(
+            lab.node(),
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+        ),
+        0.0
+    );
+    assert!(
+        metric(
+            lab.node(),
+            "kubeproxy_network_programming_duration_seconds_count"
+        ) >= 0.0
+    );
 
     // Stopping leaves the rules in place, as upstream.
     proxy.terminate(Duration::from_secs(5)).unwrap();
@@ -145,7 +178,10 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
 
     // 1. A file that is not YAML at all: the error names the file and the document.
-    write_atomically(&dir.0.join("broken.yaml"), "apiVersion: v1\nkind: Service\nmetadata: [unclosed\n");
+    write_atomically(
+        &dir.0.join("broken.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: [unclosed\n",
+    );
     // 2. A Service with an invalid ClusterIP and one with a port out of range.
     write_atomically(
         &dir.0.join("invalid.yaml"),
@@ -168,25 +204,58 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
     }
     write_atomically(&dir.0.join("cluster.json"), &list.to_string());
 
-    eventually("the bad objects to be counted", Duration::from_secs(5), || {
-        metric(lab.node(), "kubeproxy_rs_invalid_objects_total{kind=\"Service\"}") >= 4.0
-            && metric(lab.node(), "kubeproxy_rs_source_errors_total{source=\"manifests\",reason=\"parse\"}") >= 1.0
-    });
+    eventually(
+        "the bad objects to be counted",
+        Duration::from_secs(5),
+        || {
+            metric(
+                lab.node(),
+                "kubeproxy_rs_invalid_objects_total{kind=\"Service\"}",
+            ) >= 4.0
+                && metric(
+                    lab.node(),
+                    "kubeproxy_rs_source_errors_total{source=\"manifests\",reason=\"parse\"}",
+                ) >= 1.0
+        },
+    );
     let log = proxy.log();
-    assert!(log.contains("broken.yaml") && log.contains("document 1"), "parse error must name file and document:\n{log}");
-    assert!(log.contains("10.96.0.300"), "invalid IP must be named:\n{log}");
+    assert!(
+        log.contains("broken.yaml") && log.contains("document 1"),
+        "parse error must name file and document:\n{log}"
+    );
+    assert!(
+        log.contains("10.96.0.300"),
+        "invalid IP must be named:\n{log}"
+    );
     assert!(log.contains("70000"), "invalid port must be named:\n{log}");
-    assert!(log.contains("flush ruleset"), "the hostile name must be reported (escaped):\n{log}");
+    assert!(
+        log.contains("flush ruleset"),
+        "the hostile name must be reported (escaped):\n{log}"
+    );
     assert!(!log.contains("panicked"), "{log}");
 
     // Nothing bad reached the kernel, and every working Service still works.
-    let table = lab.node().run(&["nft", "list", "table", "ip", "kube-proxy"]).unwrap();
+    let table = lab
+        .node()
+        .run(&["nft", "list", "table", "ip", "kube-proxy"])
+        .unwrap();
     for bad in ["10.96.0.81", "10.96.0.82", "flush"] {
         assert!(!table.contains(bad), "{bad} reached the table");
     }
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
     let failures = kp_test::flows::check_all(&lab);
-    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
-    assert_eq!(metric(lab.node(), "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"), 0.0);
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(
+        metric(
+            lab.node(),
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+        ),
+        0.0
+    );
     proxy.terminate(Duration::from_secs(5)).unwrap();
 }

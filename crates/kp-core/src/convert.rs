@@ -457,9 +457,16 @@ pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
     let mut addresses: Vec<IpAddr> = Vec::new();
     let status_addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
     for wanted in ["InternalIP", "ExternalIP"] {
-        for a in status_addresses.into_iter().flatten().filter(|a| a.type_ == wanted) {
+        for a in status_addresses
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == wanted)
+        {
             let ip = parse_ip("status.addresses", &a.address)?;
-            if !addresses.iter().any(|x| IpFamily::of(x) == IpFamily::of(&ip)) {
+            if !addresses
+                .iter()
+                .any(|x| IpFamily::of(x) == IpFamily::of(&ip))
+            {
                 addresses.push(ip);
             }
         }

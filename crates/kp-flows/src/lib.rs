@@ -24,7 +24,7 @@ use kp_core::dataplane::Tracer;
 use kp_core::flow::{Origin, Packet, Verdict};
 use kp_core::model::Protocol;
 use kp_core::track::Object;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 
 /// This node's name.
 pub const NODE: &str = "node-a";
@@ -102,12 +102,21 @@ fn service(name: &str, spec: Value, status: Value) -> Service {
     serde_json::from_value(v).unwrap_or_else(|e| panic!("fixture service {name}: {e}"))
 }
 
-fn slice(service: &str, family: &str, port: (&str, u16), eps: &[(&str, bool, bool, bool)]) -> EndpointSlice {
+fn slice(
+    service: &str,
+    family: &str,
+    port: (&str, u16),
+    eps: &[(&str, bool, bool, bool)],
+) -> EndpointSlice {
     let endpoints: Vec<Value> = eps
         .iter()
         .map(|(name, ready, serving, terminating)| {
             let p = pod(name);
-            let addr = if family == "IPv6" { p.v6.unwrap_or(p.v4) } else { p.v4 };
+            let addr = if family == "IPv6" {
+                p.v6.unwrap_or(p.v4)
+            } else {
+                p.v4
+            };
             json!({
                 "addresses": [addr],
                 "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
@@ -145,38 +154,107 @@ pub fn objects() -> Vec<Object> {
         p
     };
     let services = vec![
-        service("web", json!({"type": "NodePort", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
-            "ports": [tcp(80, json!({"nodePort": 30080}))]}), json!({})),
-        service("dns", json!({"clusterIP": "10.96.0.53",
-            "ports": [{"protocol": "UDP", "port": 53, "targetPort": UDP_PORT}]}), json!({})),
-        service("empty", json!({"clusterIP": "10.96.0.20", "ports": [tcp(80, json!({}))]}), json!({})),
-        service("sticky", json!({"clusterIP": "10.96.0.30", "sessionAffinity": "ClientIP",
+        service(
+            "web",
+            json!({"type": "NodePort", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+            "ports": [tcp(80, json!({"nodePort": 30080}))]}),
+            json!({}),
+        ),
+        service(
+            "dns",
+            json!({"clusterIP": "10.96.0.53",
+            "ports": [{"protocol": "UDP", "port": 53, "targetPort": UDP_PORT}]}),
+            json!({}),
+        ),
+        service(
+            "empty",
+            json!({"clusterIP": "10.96.0.20", "ports": [tcp(80, json!({}))]}),
+            json!({}),
+        ),
+        service(
+            "sticky",
+            json!({"clusterIP": "10.96.0.30", "sessionAffinity": "ClientIP",
             "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}},
-            "ports": [tcp(80, json!({}))]}), json!({})),
-        service("ext", json!({"clusterIP": "10.96.0.40", "externalIPs": ["198.51.100.10"],
-            "ports": [tcp(80, json!({}))]}), json!({})),
-        service("lb", json!({"type": "LoadBalancer", "clusterIP": "10.96.0.50",
+            "ports": [tcp(80, json!({}))]}),
+            json!({}),
+        ),
+        service(
+            "ext",
+            json!({"clusterIP": "10.96.0.40", "externalIPs": ["198.51.100.10"],
+            "ports": [tcp(80, json!({}))]}),
+            json!({}),
+        ),
+        service(
+            "lb",
+            json!({"type": "LoadBalancer", "clusterIP": "10.96.0.50",
             "loadBalancerSourceRanges": ["192.0.2.0/30"],
             "ports": [tcp(80, json!({"nodePort": 30050}))]}),
-            json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.20"}]}})),
-        service("hairpin", json!({"clusterIP": "10.96.0.60", "ports": [tcp(80, json!({}))]}), json!({})),
-        service("web6", json!({"clusterIP": "fd00:10:96::10", "clusterIPs": ["fd00:10:96::10"],
-            "ipFamilies": ["IPv6"], "ports": [tcp(80, json!({}))]}), json!({})),
-        service("local", json!({"type": "NodePort", "clusterIP": "10.96.0.70", "externalTrafficPolicy": "Local",
-            "healthCheckNodePort": 32070, "ports": [tcp(80, json!({"nodePort": 30070}))]}), json!({})),
-        service("local-none", json!({"type": "NodePort", "clusterIP": "10.96.0.71", "externalTrafficPolicy": "Local",
-            "healthCheckNodePort": 32071, "ports": [tcp(80, json!({"nodePort": 30071}))]}), json!({})),
+            json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.20"}]}}),
+        ),
+        service(
+            "hairpin",
+            json!({"clusterIP": "10.96.0.60", "ports": [tcp(80, json!({}))]}),
+            json!({}),
+        ),
+        service(
+            "web6",
+            json!({"clusterIP": "fd00:10:96::10", "clusterIPs": ["fd00:10:96::10"],
+            "ipFamilies": ["IPv6"], "ports": [tcp(80, json!({}))]}),
+            json!({}),
+        ),
+        service(
+            "local",
+            json!({"type": "NodePort", "clusterIP": "10.96.0.70", "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 32070, "ports": [tcp(80, json!({"nodePort": 30070}))]}),
+            json!({}),
+        ),
+        service(
+            "local-none",
+            json!({"type": "NodePort", "clusterIP": "10.96.0.71", "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 32071, "ports": [tcp(80, json!({"nodePort": 30071}))]}),
+            json!({}),
+        ),
     ];
     let slices = vec![
-        slice("web", "IPv4", ("TCP", TCP_PORT), &ready(&["pod-1", "pod-2", "pod-3"])),
-        slice("dns", "IPv4", ("UDP", UDP_PORT), &ready(&["pod-1", "pod-2"])),
-        slice("sticky", "IPv4", ("TCP", TCP_PORT), &ready(&["pod-1", "pod-2"])),
+        slice(
+            "web",
+            "IPv4",
+            ("TCP", TCP_PORT),
+            &ready(&["pod-1", "pod-2", "pod-3"]),
+        ),
+        slice(
+            "dns",
+            "IPv4",
+            ("UDP", UDP_PORT),
+            &ready(&["pod-1", "pod-2"]),
+        ),
+        slice(
+            "sticky",
+            "IPv4",
+            ("TCP", TCP_PORT),
+            &ready(&["pod-1", "pod-2"]),
+        ),
         slice("ext", "IPv4", ("TCP", TCP_PORT), &ready(&["pod-3"])),
         slice("lb", "IPv4", ("TCP", TCP_PORT), &ready(&["pod-1", "pod-2"])),
         slice("hairpin", "IPv4", ("TCP", TCP_PORT), &ready(&["pod-1"])),
-        slice("web6", "IPv6", ("TCP", TCP_PORT), &ready(&["pod-1", "pod-2"])),
-        slice("local", "IPv4", ("TCP", TCP_PORT), &ready(&["pod-2", "remote-1"])),
-        slice("local-none", "IPv4", ("TCP", TCP_PORT), &ready(&["remote-1"])),
+        slice(
+            "web6",
+            "IPv6",
+            ("TCP", TCP_PORT),
+            &ready(&["pod-1", "pod-2"]),
+        ),
+        slice(
+            "local",
+            "IPv4",
+            ("TCP", TCP_PORT),
+            &ready(&["pod-2", "remote-1"]),
+        ),
+        slice(
+            "local-none",
+            "IPv4",
+            ("TCP", TCP_PORT),
+            &ready(&["remote-1"]),
+        ),
     ];
     let node: Node = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
@@ -188,7 +266,11 @@ pub fn objects() -> Vec<Object> {
     services
         .into_iter()
         .map(|s| Object::Service(Box::new(s)))
-        .chain(slices.into_iter().map(|s| Object::EndpointSlice(Box::new(s))))
+        .chain(
+            slices
+                .into_iter()
+                .map(|s| Object::EndpointSlice(Box::new(s))),
+        )
         .chain([Object::Node(Box::new(node))])
         .collect()
 }
@@ -259,7 +341,8 @@ pub struct Case {
 }
 
 fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap_or_else(|e| panic!("fixture address {s}: {e}"))
+    s.parse()
+        .unwrap_or_else(|e| panic!("fixture address {s}: {e}"))
 }
 
 fn source_of(from: &str, v6: bool) -> (Origin, IpAddr) {
@@ -269,15 +352,26 @@ fn source_of(from: &str, v6: bool) -> (Origin, IpAddr) {
         "node" => (Origin::Node, ip(NODE_IP)),
         p => {
             let pod = pod(p);
-            (Origin::Pod, ip(if v6 { pod.v6.unwrap_or(pod.v4) } else { pod.v4 }))
+            (
+                Origin::Pod,
+                ip(if v6 { pod.v6.unwrap_or(pod.v4) } else { pod.v4 }),
+            )
         }
     }
 }
 
-fn row(name: &'static str, from: &'static str, proto: Protocol, dst: &str, dport: u16, expect: Expect) -> Case {
+fn row(
+    name: &'static str,
+    from: &'static str,
+    proto: Protocol,
+    dst: &str,
+    dport: u16,
+    expect: Expect,
+) -> Case {
     let dst = ip(dst);
     let (origin, src) = source_of(from, dst.is_ipv6());
-    let needs_second_node = matches!(&expect, Expect::Pods { pods, .. } if pods.contains(&"remote-1"));
+    let needs_second_node =
+        matches!(&expect, Expect::Pods { pods, .. } if pods.contains(&"remote-1"));
     Case {
         name,
         from,
@@ -307,31 +401,200 @@ pub fn cases() -> Vec<Case> {
     use Protocol::{Tcp, Udp};
     let web = ["pod-1", "pod-2", "pod-3"];
     let mut v = vec![
-        row("pod to ClusterIP spreads over all endpoints, source kept", "pod-4", Tcp, "10.96.0.10", 80, to(&web, false)),
-        row("external client to ClusterIP is masqueraded", "client", Tcp, "10.96.0.10", 80, to(&web, true)),
-        row("node to ClusterIP is masqueraded", "node", Tcp, "10.96.0.10", 80, to(&web, true)),
-        row("NodePort from outside reaches every endpoint, masqueraded", "client", Tcp, NODE_IP, 30080, to(&web, true)),
-        row("NodePort from a pod to the node's primary address", "pod-4", Tcp, NODE_IP, 30080, to(&web, true)),
-        row("NodePorts answer only on the primary address (nodePortAddresses: primary)", "pod-4", Tcp, NODE_POD_GATEWAY, 30080, Expect::Untouched),
-        row("UDP ClusterIP", "pod-4", Udp, "10.96.0.53", 53, Expect::Pods {
-            pods: vec!["pod-1", "pod-2"], port: UDP_PORT, masquerade: false, affinity: None }),
-        row("a Service without endpoints rejects", "pod-4", Tcp, "10.96.0.20", 80, Expect::Reject),
-        row("a NodePort-less port of a ClusterIP is not ours", "pod-4", Tcp, "10.96.0.10", 81, Expect::Untouched),
-        row("ClientIP affinity sticks with its timeout", "pod-4", Tcp, "10.96.0.30", 80, Expect::Pods {
-            pods: vec!["pod-1", "pod-2"], port: TCP_PORT, masquerade: false, affinity: Some(60) }),
-        row("ExternalIP from outside is masqueraded", "client", Tcp, "198.51.100.10", 80, to(&["pod-3"], true)),
-        row("LoadBalancer IP from inside the source ranges is served", "client", Tcp, "198.51.100.20", 80, to(&["pod-1", "pod-2"], true)),
-        row("LoadBalancer IP from outside the source ranges drops", "client-outside", Tcp, "198.51.100.20", 80, Expect::Drop),
-        row("LoadBalancer NodePort is not subject to source ranges", "client-outside", Tcp, NODE_IP, 30050, to(&["pod-1", "pod-2"], true)),
-        row("hairpin: a pod reaching itself through its Service is masqueraded", "pod-1", Tcp, "10.96.0.60", 80, to(&["pod-1"], true)),
-        row("another pod reaching the same Service keeps its source", "pod-4", Tcp, "10.96.0.60", 80, to(&["pod-1"], false)),
-        row("IPv6 ClusterIP", "pod-4", Tcp, "fd00:10:96::10", 80, to(&["pod-1", "pod-2"], false)),
-        row("externalTrafficPolicy Local: NodePort uses local endpoints and keeps the source", "client", Tcp, NODE_IP, 30070, to(&["pod-2"], false)),
-        row("externalTrafficPolicy Local: pods short-circuit to every endpoint", "pod-4", Tcp, NODE_IP, 30070, to(&["pod-2", "remote-1"], false)),
-        row("externalTrafficPolicy Local: the node short-circuits too, masqueraded", "node", Tcp, NODE_IP, 30070, to(&["pod-2", "remote-1"], true)),
-        row("externalTrafficPolicy Local without local endpoints drops external traffic", "client", Tcp, NODE_IP, 30071, Expect::Drop),
-        row("externalTrafficPolicy Local without local endpoints still serves pods", "pod-4", Tcp, NODE_IP, 30071, to(&["remote-1"], false)),
-        row("ClusterIP of an externalTrafficPolicy Local Service uses every endpoint", "pod-4", Tcp, "10.96.0.70", 80, to(&["pod-2", "remote-1"], false)),
+        row(
+            "pod to ClusterIP spreads over all endpoints, source kept",
+            "pod-4",
+            Tcp,
+            "10.96.0.10",
+            80,
+            to(&web, false),
+        ),
+        row(
+            "external client to ClusterIP is masqueraded",
+            "client",
+            Tcp,
+            "10.96.0.10",
+            80,
+            to(&web, true),
+        ),
+        row(
+            "node to ClusterIP is masqueraded",
+            "node",
+            Tcp,
+            "10.96.0.10",
+            80,
+            to(&web, true),
+        ),
+        row(
+            "NodePort from outside reaches every endpoint, masqueraded",
+            "client",
+            Tcp,
+            NODE_IP,
+            30080,
+            to(&web, true),
+        ),
+        row(
+            "NodePort from a pod to the node's primary address",
+            "pod-4",
+            Tcp,
+            NODE_IP,
+            30080,
+            to(&web, true),
+        ),
+        row(
+            "NodePorts answer only on the primary address (nodePortAddresses: primary)",
+            "pod-4",
+            Tcp,
+            NODE_POD_GATEWAY,
+            30080,
+            Expect::Untouched,
+        ),
+        row(
+            "UDP ClusterIP",
+            "pod-4",
+            Udp,
+            "10.96.0.53",
+            53,
+            Expect::Pods {
+                pods: vec!["pod-1", "pod-2"],
+                port: UDP_PORT,
+                masquerade: false,
+                affinity: None,
+            },
+        ),
+        row(
+            "a Service without endpoints rejects",
+            "pod-4",
+            Tcp,
+            "10.96.0.20",
+            80,
+            Expect::Reject,
+        ),
+        row(
+            "a NodePort-less port of a ClusterIP is not ours",
+            "pod-4",
+            Tcp,
+            "10.96.0.10",
+            81,
+            Expect::Untouched,
+        ),
+        row(
+            "ClientIP affinity sticks with its timeout",
+            "pod-4",
+            Tcp,
+            "10.96.0.30",
+            80,
+            Expect::Pods {
+                pods: vec!["pod-1", "pod-2"],
+                port: TCP_PORT,
+                masquerade: false,
+                affinity: Some(60),
+            },
+        ),
+        row(
+            "ExternalIP from outside is masqueraded",
+            "client",
+            Tcp,
+            "198.51.100.10",
+            80,
+            to(&["pod-3"], true),
+        ),
+        row(
+            "LoadBalancer IP from inside the source ranges is served",
+            "client",
+            Tcp,
+            "198.51.100.20",
+            80,
+            to(&["pod-1", "pod-2"], true),
+        ),
+        row(
+            "LoadBalancer IP from outside the source ranges drops",
+            "client-outside",
+            Tcp,
+            "198.51.100.20",
+            80,
+            Expect::Drop,
+        ),
+        row(
+            "LoadBalancer NodePort is not subject to source ranges",
+            "client-outside",
+            Tcp,
+            NODE_IP,
+            30050,
+            to(&["pod-1", "pod-2"], true),
+        ),
+        row(
+            "hairpin: a pod reaching itself through its Service is masqueraded",
+            "pod-1",
+            Tcp,
+            "10.96.0.60",
+            80,
+            to(&["pod-1"], true),
+        ),
+        row(
+            "another pod reaching the same Service keeps its source",
+            "pod-4",
+            Tcp,
+            "10.96.0.60",
+            80,
+            to(&["pod-1"], false),
+        ),
+        row(
+            "IPv6 ClusterIP",
+            "pod-4",
+            Tcp,
+            "fd00:10:96::10",
+            80,
+            to(&["pod-1", "pod-2"], false),
+        ),
+        row(
+            "externalTrafficPolicy Local: NodePort uses local endpoints and keeps the source",
+            "client",
+            Tcp,
+            NODE_IP,
+            30070,
+            to(&["pod-2"], false),
+        ),
+        row(
+            "externalTrafficPolicy Local: pods short-circuit to every endpoint",
+            "pod-4",
+            Tcp,
+            NODE_IP,
+            30070,
+            to(&["pod-2", "remote-1"], false),
+        ),
+        row(
+            "externalTrafficPolicy Local: the node short-circuits too, masqueraded",
+            "node",
+            Tcp,
+            NODE_IP,
+            30070,
+            to(&["pod-2", "remote-1"], true),
+        ),
+        row(
+            "externalTrafficPolicy Local without local endpoints drops external traffic",
+            "client",
+            Tcp,
+            NODE_IP,
+            30071,
+            Expect::Drop,
+        ),
+        row(
+            "externalTrafficPolicy Local without local endpoints still serves pods",
+            "pod-4",
+            Tcp,
+            NODE_IP,
+            30071,
+            to(&["remote-1"], false),
+        ),
+        row(
+            "ClusterIP of an externalTrafficPolicy Local Service uses every endpoint",
+            "pod-4",
+            Tcp,
+            "10.96.0.70",
+            80,
+            to(&["pod-2", "remote-1"], false),
+        ),
     ];
     v.retain(|c| !c.name.is_empty());
     v
@@ -378,7 +641,12 @@ pub fn check_tracer(tracer: &impl Tracer) -> Vec<String> {
         .filter_map(|case| {
             let want = expected_verdict(case);
             let got = tracer.trace(&case.packet);
-            (got != want).then(|| format!("{}: {}\n    want {want:?}\n    got  {got:?}", case.name, case.packet))
+            (got != want).then(|| {
+                format!(
+                    "{}: {}\n    want {want:?}\n    got  {got:?}",
+                    case.name, case.packet
+                )
+            })
         })
         .collect()
 }
@@ -406,7 +674,8 @@ pub mod synthetic {
     /// LoadBalancer with source ranges, every 20th (offset) has ClientIP affinity, and every
     /// 7th has a second (UDP) port.
     pub fn service(i: usize) -> Service {
-        let mut ports = vec![json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080})];
+        let mut ports =
+            vec![json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080})];
         if i % 7 == 3 {
             ports.push(json!({"name": "dns", "protocol": "UDP", "port": 53, "targetPort": 5353}));
         }
@@ -420,7 +689,12 @@ pub mod synthetic {
             spec["type"] = json!("NodePort");
         }
         if spec["type"] == json!("LoadBalancer") || spec["type"] == json!("NodePort") {
-            for (k, p) in spec["ports"].as_array_mut().into_iter().flatten().enumerate() {
+            for (k, p) in spec["ports"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
                 p["nodePort"] = json!(30000 + (i * 2 + k) % 2767);
             }
         }

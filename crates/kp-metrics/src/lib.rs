@@ -4,11 +4,11 @@
 //! spelling; metrics of our own start with `kubeproxy_rs_`. prometheus-client appends `_total` to
 //! counters, so counters are registered without it. Serving them over HTTP is `kp-serve`'s job.
 
-use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use std::sync::atomic::AtomicU64;
@@ -105,8 +105,8 @@ impl Metrics {
         let sync_partial_duration = Histogram::new(duration_buckets());
         // Upstream's buckets (0.25 s .. 5 min), with sub-second ones in front: we aim for ms.
         let network_programming_duration = Histogram::new([
-            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0,
-            9.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+            8.0, 9.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
         ]);
         let m = Metrics {
             sync_duration,
@@ -129,30 +129,100 @@ impl Metrics {
             registry: Registry::default(),
         };
         let r = &mut registry;
-        r.register("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", m.sync_duration.clone());
-        r.register("kubeproxy_sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs", m.sync_full_duration.clone());
-        r.register("kubeproxy_sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs", m.sync_partial_duration.clone());
-        r.register("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "The last time proxy rules were successfully synced", m.last_sync_timestamp.clone());
-        r.register("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", "The last time a sync of proxy rules was queued", m.last_queued_timestamp.clone());
-        r.register("kubeproxy_network_programming_duration_seconds", "In Cluster Network Programming Latency in seconds", m.network_programming_duration.clone());
-        r.register("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes", m.endpoint_changes_pending.clone());
-        r.register("kubeproxy_sync_proxy_rules_endpoint_changes", "Cumulative proxy rules Endpoint changes", m.endpoint_changes_total.clone());
-        r.register("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes", m.service_changes_pending.clone());
-        r.register("kubeproxy_sync_proxy_rules_service_changes", "Cumulative proxy rules Service changes", m.service_changes_total.clone());
-        r.register("kubeproxy_sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", m.no_local_endpoints.clone());
-        r.register("kubeproxy_sync_proxy_rules_nftables_sync_failures", "Number of times an nftables transaction failed", m.nftables_sync_failures.clone());
-        r.register("kubeproxy_sync_proxy_rules_nftables_cleanup_failures", "Number of times an nftables cleanup transaction failed", m.nftables_cleanup_failures.clone());
-        r.register("kubeproxy_rs_nftables_transaction_statements", "Statements in each nftables transaction sent to the kernel", m.nftables_transaction_statements.clone());
-        r.register("kubeproxy_rs_nftables_readback_mismatches", "Differences between kernel and desired state found by the read-back check", m.nftables_readback_mismatches.clone());
-        r.register("kubeproxy_rs_invalid_objects", "Objects skipped because they failed validation", m.invalid_objects.clone());
-        r.register("kubeproxy_rs_source_errors", "Errors reading the Kubernetes API or the manifest directory", m.source_errors.clone());
+        r.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            m.sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            m.sync_full_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            m.sync_partial_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            m.last_sync_timestamp.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            m.last_queued_timestamp.clone(),
+        );
+        r.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            m.network_programming_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            m.endpoint_changes_pending.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            m.endpoint_changes_total.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            m.service_changes_pending.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            m.service_changes_total.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            m.no_local_endpoints.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Number of times an nftables transaction failed",
+            m.nftables_sync_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+            "Number of times an nftables cleanup transaction failed",
+            m.nftables_cleanup_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_nftables_transaction_statements",
+            "Statements in each nftables transaction sent to the kernel",
+            m.nftables_transaction_statements.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_nftables_readback_mismatches",
+            "Differences between kernel and desired state found by the read-back check",
+            m.nftables_readback_mismatches.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_invalid_objects",
+            "Objects skipped because they failed validation",
+            m.invalid_objects.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_source_errors",
+            "Errors reading the Kubernetes API or the manifest directory",
+            m.source_errors.clone(),
+        );
         Metrics { registry, ..m }
     }
 
     /// Counts an object skipped because it failed validation.
     pub fn invalid_object(&self, kind: &str) {
         self.invalid_objects
-            .get_or_create(&KindLabel { kind: kind.to_string() })
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
             .inc();
     }
 
@@ -184,7 +254,9 @@ mod tests {
         let m = Metrics::new();
         m.nftables_sync_failures.inc();
         m.no_local_endpoints
-            .get_or_create(&TrafficPolicyLabel { traffic_policy: "external".into() })
+            .get_or_create(&TrafficPolicyLabel {
+                traffic_policy: "external".into(),
+            })
             .set(2);
         m.sync_full_duration.observe(0.5);
         let text = m.encode();

@@ -232,22 +232,57 @@ pub fn chains() -> Vec<ChainDef> {
         regular(ENDPOINTS_CHECK),
         regular(MASQUERADING),
         regular(AFFINITY_UPDATE),
-        base(NAT_PREROUTING, "type nat hook prerouting priority -100; policy accept;"),
-        base(NAT_OUTPUT, "type nat hook output priority -100; policy accept;"),
-        base(NAT_POSTROUTING, "type nat hook postrouting priority 100; policy accept;"),
-        base(FILTER_PREROUTING, "type filter hook prerouting priority -110; policy accept;"),
-        base(FILTER_OUTPUT_PRE_DNAT, "type filter hook output priority -110; policy accept;"),
-        base(FILTER_INPUT, "type filter hook input priority 0; policy accept;"),
-        base(FILTER_FORWARD, "type filter hook forward priority 0; policy accept;"),
-        base(FILTER_OUTPUT, "type filter hook output priority 0; policy accept;"),
-        base(AFFINITY_POSTROUTING, "type filter hook postrouting priority 90; policy accept;"),
-        base(AFFINITY_INPUT, "type filter hook input priority 10; policy accept;"),
+        base(
+            NAT_PREROUTING,
+            "type nat hook prerouting priority -100; policy accept;",
+        ),
+        base(
+            NAT_OUTPUT,
+            "type nat hook output priority -100; policy accept;",
+        ),
+        base(
+            NAT_POSTROUTING,
+            "type nat hook postrouting priority 100; policy accept;",
+        ),
+        base(
+            FILTER_PREROUTING,
+            "type filter hook prerouting priority -110; policy accept;",
+        ),
+        base(
+            FILTER_OUTPUT_PRE_DNAT,
+            "type filter hook output priority -110; policy accept;",
+        ),
+        base(
+            FILTER_INPUT,
+            "type filter hook input priority 0; policy accept;",
+        ),
+        base(
+            FILTER_FORWARD,
+            "type filter hook forward priority 0; policy accept;",
+        ),
+        base(
+            FILTER_OUTPUT,
+            "type filter hook output priority 0; policy accept;",
+        ),
+        base(
+            AFFINITY_POSTROUTING,
+            "type filter hook postrouting priority 90; policy accept;",
+        ),
+        base(
+            AFFINITY_INPUT,
+            "type filter hook input priority 10; policy accept;",
+        ),
     ]
 }
 
 /// Chains that only hold per-class rules, whose order does not matter (each class matches a
 /// disjoint set of keys). New classes are appended to them by partial syncs.
-pub const UNORDERED_CHAINS: &[&str] = &[SERVICE_AFFINITY, SERVICE_LOCAL_SOURCE, SERVICE_DISPATCH, AFFINITY_UPDATE];
+pub const UNORDERED_CHAINS: &[&str] = &[
+    SERVICE_AFFINITY,
+    SERVICE_LOCAL_SOURCE,
+    SERVICE_DISPATCH,
+    AFFINITY_UPDATE,
+];
 
 /// A rule: its chain, its text (without the comment), and a stable id (its comment), by which
 /// the read-back check recognises it.
@@ -316,23 +351,56 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
     };
     add(NAT_PREROUTING, "dispatch", format!("jump {SERVICES}"));
     add(NAT_OUTPUT, "dispatch", format!("jump {SERVICES}"));
-    add(NAT_POSTROUTING, "masquerade", format!("jump {MASQUERADING}"));
-    add(FILTER_PREROUTING, "firewall", format!("ct state new jump {FIREWALL_CHECK}"));
-    add(FILTER_OUTPUT_PRE_DNAT, "firewall", format!("ct state new jump {FIREWALL_CHECK}"));
+    add(
+        NAT_POSTROUTING,
+        "masquerade",
+        format!("jump {MASQUERADING}"),
+    );
+    add(
+        FILTER_PREROUTING,
+        "firewall",
+        format!("ct state new jump {FIREWALL_CHECK}"),
+    );
+    add(
+        FILTER_OUTPUT_PRE_DNAT,
+        "firewall",
+        format!("ct state new jump {FIREWALL_CHECK}"),
+    );
     for chain in [FILTER_INPUT, FILTER_FORWARD, FILTER_OUTPUT] {
-        add(chain, "endpoints", format!("ct state new jump {ENDPOINTS_CHECK}"));
+        add(
+            chain,
+            "endpoints",
+            format!("ct state new jump {ENDPOINTS_CHECK}"),
+        );
     }
-    add(AFFINITY_POSTROUTING, "affinity", format!("jump {AFFINITY_UPDATE}"));
-    add(AFFINITY_INPUT, "affinity", format!("jump {AFFINITY_UPDATE}"));
-    for (i, chain) in [SERVICE_MASQUERADE, SERVICE_AFFINITY, SERVICE_LOCAL_SOURCE, SERVICE_DISPATCH]
-        .into_iter()
-        .enumerate()
+    add(
+        AFFINITY_POSTROUTING,
+        "affinity",
+        format!("jump {AFFINITY_UPDATE}"),
+    );
+    add(
+        AFFINITY_INPUT,
+        "affinity",
+        format!("jump {AFFINITY_UPDATE}"),
+    );
+    for (i, chain) in [
+        SERVICE_MASQUERADE,
+        SERVICE_AFFINITY,
+        SERVICE_LOCAL_SOURCE,
+        SERVICE_DISPATCH,
+    ]
+    .into_iter()
+    .enumerate()
     {
         add(SERVICES, &format!("step-{i}"), format!("jump {chain}"));
     }
     // Masquerade marking: before any DNAT, because DNAT ends the walk.
     if cfg.masquerade_all {
-        add(SERVICE_MASQUERADE, "cluster-ips", format!("{ip} daddr @{CLUSTER_IPS} {set_mark}"));
+        add(
+            SERVICE_MASQUERADE,
+            "cluster-ips",
+            format!("{ip} daddr @{CLUSTER_IPS} {set_mark}"),
+        );
     } else if cfg.detect_local {
         add(
             SERVICE_MASQUERADE,
@@ -340,7 +408,11 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
             format!("{ip} daddr @{CLUSTER_IPS} {ip} saddr != @{POD_CIDRS} {set_mark}"),
         );
     }
-    add(SERVICE_MASQUERADE, "external-vips", format!("{vip} @{MASQ_VIPS} {set_mark}"));
+    add(
+        SERVICE_MASQUERADE,
+        "external-vips",
+        format!("{vip} @{MASQ_VIPS} {set_mark}"),
+    );
     add(
         SERVICE_MASQUERADE,
         "external-nodeports",
@@ -361,7 +433,11 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
         "source-ranges",
         format!("{vip} @{FIREWALL_VIPS} {vip} . {ip} saddr != @{FIREWALL_ALLOW} drop"),
     );
-    add(ENDPOINTS_CHECK, "vips", format!("{vip} vmap @{NO_ENDPOINT_VIPS}"));
+    add(
+        ENDPOINTS_CHECK,
+        "vips",
+        format!("{vip} vmap @{NO_ENDPOINT_VIPS}"),
+    );
     add(
         ENDPOINTS_CHECK,
         "nodeports",
@@ -373,8 +449,16 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
         "hairpin",
         format!("ct status dnat {ip} saddr . {ip} daddr @{HAIRPIN} masquerade fully-random"),
     );
-    add(MASQUERADING, "unmarked", format!("meta mark & {mark:#x} == 0 return"));
-    add(MASQUERADING, "clear-mark", format!("meta mark set meta mark xor {mark:#x}"));
+    add(
+        MASQUERADING,
+        "unmarked",
+        format!("meta mark & {mark:#x} == 0 return"),
+    );
+    add(
+        MASQUERADING,
+        "clear-mark",
+        format!("meta mark set meta mark xor {mark:#x}"),
+    );
     add(MASQUERADING, "marked", "masquerade fully-random".into());
     rules
 }
@@ -388,9 +472,13 @@ pub fn class_rules(cfg: &PlanConfig, route: Route, n: u32) -> Vec<RuleDef> {
     let (matcher, key) = if route.keyed_by_address() {
         (String::new(), e.vip_key())
     } else {
-        (format!("{} ", nodeport_match(cfg)), NODEPORT_KEY.to_string())
+        (
+            format!("{} ", nodeport_match(cfg)),
+            NODEPORT_KEY.to_string(),
+        )
     };
-    let dnat = format!("{matcher}{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
+    let dnat =
+        format!("{matcher}{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
     let id = format!("class-{set}");
     match route {
         Route::Vips | Route::NodePorts => vec![RuleDef {

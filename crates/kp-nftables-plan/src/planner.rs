@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use kp_core::model::{Endpoint, IpFamily, ServiceKey, ServicePortName};
 use kp_core::track::{ProxyState, ServicePortState};
 
-use crate::element::{Atom, NoEndpointVerdict, Tuple, render_elements};
+use crate::element::{render_elements, Atom, NoEndpointVerdict, Tuple};
 use crate::layout::{self, PlanConfig, Route, RuleDef, SetId};
 use crate::names::{self, TABLE};
 
@@ -127,7 +127,10 @@ impl Planner {
     /// Number of Service ports with a Local policy and no local endpoints: (internal, external).
     pub fn no_local_endpoints(&self) -> (u64, u64) {
         self.facts.values().fold((0, 0), |(i, e), f| {
-            (i + u64::from(f.no_local_internal), e + u64::from(f.no_local_external))
+            (
+                i + u64::from(f.no_local_internal),
+                e + u64::from(f.no_local_external),
+            )
         })
     }
 
@@ -150,7 +153,10 @@ impl Planner {
         tx.line(format!("add table {fam} {TABLE}"));
         for chain in layout::chains() {
             match chain.hook {
-                Some(hook) => tx.object(format!("add chain {fam} {TABLE} {} {{ {hook} }}", chain.name)),
+                Some(hook) => tx.object(format!(
+                    "add chain {fam} {TABLE} {} {{ {hook} }}",
+                    chain.name
+                )),
                 None => tx.object(format!("add chain {fam} {TABLE} {}", chain.name)),
             }
         }
@@ -204,8 +210,13 @@ impl Planner {
             }
         }
         let mut tx = TxWriter::new(self.cfg.family);
-        let new_classes: Vec<(Route, u32)> = self.classes.difference(&classes_before).copied().collect();
-        let new_affinities: Vec<u32> = self.affinities.difference(&affinities_before).copied().collect();
+        let new_classes: Vec<(Route, u32)> =
+            self.classes.difference(&classes_before).copied().collect();
+        let new_affinities: Vec<u32> = self
+            .affinities
+            .difference(&affinities_before)
+            .copied()
+            .collect();
         for &(route, n) in &new_classes {
             tx.declare(SetId::Class(route, n));
             tx.declare(SetId::ClassEndpoints(route, n));
@@ -272,11 +283,17 @@ impl Planner {
             if !in_class {
                 continue;
             }
-            let Some(map) = self.sets.get(&SetId::ClassEndpoints(route, n)) else { continue };
+            let Some(map) = self.sets.get(&SetId::ClassEndpoints(route, n)) else {
+                continue;
+            };
             for slot in 0..n {
                 let mut k = key.atoms().to_vec();
                 k.push(Atom::Slot(slot));
-                if let Some(Some(v)) = map.get(&Tuple::new(k)).and_then(|o| o.first()).map(|(_, v)| v) {
+                if let Some(Some(v)) = map
+                    .get(&Tuple::new(k))
+                    .and_then(|o| o.first())
+                    .map(|(_, v)| v)
+                {
                     out.insert(v.clone());
                 }
             }
@@ -311,7 +328,11 @@ impl Planner {
             els.push((SetId::PodCidrs, Tuple::new(vec![Atom::Net(net)]), None));
         }
         for net in IpNet::aggregate(&in_family(&node.node_port_addresses, fam)) {
-            els.push((SetId::NodePortAddresses, Tuple::new(vec![Atom::Net(net)]), None));
+            els.push((
+                SetId::NodePortAddresses,
+                Tuple::new(vec![Atom::Net(net)]),
+                None,
+            ));
         }
         self.claim(NODE_OWNER, els, touched);
     }
@@ -324,7 +345,8 @@ impl Planner {
             .service_state(key)
             .iter()
             .map(|sps| {
-                let (els, facts) = contributions(&self.cfg, sps, &|route, key, n| self.slots(route, key, n));
+                let (els, facts) =
+                    contributions(&self.cfg, sps, &|route, key, n| self.slots(route, key, n));
                 (sps.port.name.clone(), els, facts)
             })
             .collect();
@@ -409,7 +431,12 @@ impl Planner {
                 _ => {}
             }
             self.note(touched, set, &key);
-            let owners = self.sets.entry(set).or_default().entry(key.clone()).or_default();
+            let owners = self
+                .sets
+                .entry(set)
+                .or_default()
+                .entry(key.clone())
+                .or_default();
             if owners.iter().any(|(o, _)| *o == owner) {
                 continue;
             }
@@ -482,7 +509,13 @@ type PriorSlots<'a> = &'a dyn Fn(Route, &Tuple, u32) -> Option<Vec<Tuple>>;
 /// The elements that send `key` to `endpoints`: the key in its class set, and one slot per
 /// endpoint in the class map. When the count is unchanged, endpoints that stay keep their slot
 /// and newcomers take the vacated ones, so replacing one endpoint rewrites one slot.
-fn dispatch(route: Route, key: &Tuple, endpoints: &[&Endpoint], prior: PriorSlots<'_>, out: &mut Vec<Element>) {
+fn dispatch(
+    route: Route,
+    key: &Tuple,
+    endpoints: &[&Endpoint],
+    prior: PriorSlots<'_>,
+    out: &mut Vec<Element>,
+) {
     let n = endpoints.len() as u32;
     let wanted: Vec<Tuple> = endpoints
         .iter()
@@ -515,16 +548,27 @@ fn no_endpoints(set: SetId, key: &Tuple, has_any: bool, out: &mut Vec<Element>) 
     } else {
         NoEndpointVerdict::Reject
     };
-    out.push((set, key.clone(), Some(Tuple::new(vec![Atom::Verdict(verdict)]))));
+    out.push((
+        set,
+        key.clone(),
+        Some(Tuple::new(vec![Atom::Verdict(verdict)])),
+    ));
 }
 
 /// Everything one Service port puts into the table.
-fn contributions(cfg: &PlanConfig, sps: &ServicePortState, prior: PriorSlots<'_>) -> (Vec<Element>, PortFacts) {
+fn contributions(
+    cfg: &PlanConfig,
+    sps: &ServicePortState,
+    prior: PriorSlots<'_>,
+) -> (Vec<Element>, PortFacts) {
     let fam = cfg.family;
     let port = &sps.port;
     let sel = &sps.endpoints;
     let of_family = |eps: &[Endpoint]| -> Vec<Endpoint> {
-        eps.iter().filter(|e| IpFamily::of(&e.ip) == fam).cloned().collect()
+        eps.iter()
+            .filter(|e| IpFamily::of(&e.ip) == fam)
+            .cloned()
+            .collect()
     };
     let internal = of_family(sel.internal(port));
     let external = of_family(sel.external(port));
@@ -621,7 +665,11 @@ fn contributions(cfg: &PlanConfig, sps: &ServicePortState, prior: PriorSlots<'_>
             .map(|e| e.ip),
     );
     for ip in eps {
-        out.push((SetId::Hairpin, Tuple::new(vec![Atom::Ip(ip), Atom::Ip(ip)]), None));
+        out.push((
+            SetId::Hairpin,
+            Tuple::new(vec![Atom::Ip(ip), Atom::Ip(ip)]),
+            None,
+        ));
     }
     (out, facts)
 }
@@ -667,16 +715,29 @@ impl TxWriter {
             "ip" => IpFamily::V4,
             _ => IpFamily::V6,
         });
-        self.object(format!("add {kind} {} {TABLE} {} {{ {decl} }}", self.family, id.name()));
+        self.object(format!(
+            "add {kind} {} {TABLE} {} {{ {decl} }}",
+            self.family,
+            id.name()
+        ));
     }
 
-    fn add_elements<'a>(&mut self, set: SetId, els: impl Iterator<Item = (&'a Tuple, Option<&'a Tuple>)>) {
+    fn add_elements<'a>(
+        &mut self,
+        set: SetId,
+        els: impl Iterator<Item = (&'a Tuple, Option<&'a Tuple>)>,
+    ) {
         let els: Vec<_> = els.collect();
         if els.is_empty() {
             return;
         }
         self.ops += els.len();
-        let _ = write!(self.adds, "add element {} {TABLE} {} ", self.family, set.name());
+        let _ = write!(
+            self.adds,
+            "add element {} {TABLE} {} ",
+            self.family,
+            set.name()
+        );
         render_elements(&mut self.adds, els.into_iter());
         self.adds.push('\n');
     }
@@ -688,7 +749,12 @@ impl TxWriter {
         }
         self.ops += keys.len();
         self.removes_endpoints |= matches!(set, SetId::ClassEndpoints(..));
-        let _ = write!(self.deletes, "delete element {} {TABLE} {} ", self.family, set.name());
+        let _ = write!(
+            self.deletes,
+            "delete element {} {TABLE} {} ",
+            self.family,
+            set.name()
+        );
         render_elements(&mut self.deletes, keys.into_iter().map(|k| (k, None)));
         self.deletes.push('\n');
     }

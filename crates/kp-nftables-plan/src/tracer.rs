@@ -13,7 +13,7 @@ use kp_core::dataplane::Tracer;
 use kp_core::flow::{Origin, Packet, Verdict};
 use kp_core::model::{IpFamily, Protocol};
 
-use crate::element::{Atom, NoEndpointVerdict, Tuple, parse_tuple};
+use crate::element::{parse_tuple, Atom, NoEndpointVerdict, Tuple};
 
 /// Why the tracer refused a transaction.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,11 +76,20 @@ enum Sel {
 enum Match {
     CtStateNew,
     CtStatusDnat,
-    FibLocal { dst: bool },
+    FibLocal {
+        dst: bool,
+    },
     L4Proto(Protocol),
     MarkClear(u32),
-    InSet { key: Vec<Sel>, set: String, negate: bool },
-    NotInNet { key: Sel, net: ipnet::IpNet },
+    InSet {
+        key: Vec<Sel>,
+        set: String,
+        negate: bool,
+    },
+    NotInNet {
+        key: Sel,
+        net: ipnet::IpNet,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -227,7 +236,11 @@ impl NftTracer {
                                 .sets
                                 .get_mut(name)
                                 .ok_or_else(|| invalid(format!("no set {name}")))?;
-                            for el in body.unwrap_or("").split(", ").filter(|e| !e.trim().is_empty()) {
+                            for el in body
+                                .unwrap_or("")
+                                .split(", ")
+                                .filter(|e| !e.trim().is_empty())
+                            {
                                 let (k, v) = match el.split_once(" : ") {
                                     Some((k, v)) => (k, Some(v)),
                                     None => (el, None),
@@ -239,18 +252,25 @@ impl NftTracer {
                                         .transpose()
                                         .map_err(|_| unsupported("element value"))?;
                                     if set.map != value.is_some() {
-                                        return Err(invalid(format!("element shape does not fit {name}")));
+                                        return Err(invalid(format!(
+                                            "element shape does not fit {name}"
+                                        )));
                                     }
                                     if set.elements.insert(key, value).is_some() {
-                                        return Err(invalid(format!("element exists in {name}: {k}")));
+                                        return Err(invalid(format!(
+                                            "element exists in {name}: {k}"
+                                        )));
                                     }
                                 } else if set.elements.remove(&key).is_none() {
-                                    return Err(invalid(format!("delete of a missing element in {name}: {k}")));
+                                    return Err(invalid(format!(
+                                        "delete of a missing element in {name}: {k}"
+                                    )));
                                 }
                             }
                         }
                         ("add", "rule") => {
-                            let (chain, body) = rest.split_once(' ').ok_or_else(|| unsupported("rule"))?;
+                            let (chain, body) =
+                                rest.split_once(' ').ok_or_else(|| unsupported("rule"))?;
                             let body = body
                                 .rsplit_once(" comment \"")
                                 .map(|(b, _)| b)
@@ -280,7 +300,9 @@ impl NftTracer {
                         _ => None,
                     });
                     let maps = r.actions.iter().filter_map(|a| match a {
-                        Action::Vmap { map, .. } | Action::DnatMap { map, .. } | Action::Update { map } => Some(map),
+                        Action::Vmap { map, .. }
+                        | Action::DnatMap { map, .. }
+                        | Action::Update { map } => Some(map),
                         _ => None,
                     });
                     for s in sets.chain(maps) {
@@ -358,7 +380,14 @@ impl NftTracer {
         }
     }
 
-    fn run_chain(&self, t: &Table, name: &str, w: &mut Walk, branches: &mut Vec<Walk>, depth: usize) -> Flow {
+    fn run_chain(
+        &self,
+        t: &Table,
+        name: &str,
+        w: &mut Walk,
+        branches: &mut Vec<Walk>,
+        depth: usize,
+    ) -> Flow {
         let Some(chain) = t.chains.get(name) else {
             return Flow::Continue;
         };
@@ -394,11 +423,19 @@ impl NftTracer {
                         };
                     }
                     Action::Vmap { key, map } => {
-                        let Some(v) = self.lookup(t, map, key, w, None) else { break };
+                        let Some(v) = self.lookup(t, map, key, w, None) else {
+                            break;
+                        };
                         match v.atoms() {
                             [Atom::Verdict(NoEndpointVerdict::Drop)] => return Flow::Drop,
                             [Atom::Verdict(NoEndpointVerdict::Reject)] => {
-                                return match self.run_chain(t, crate::names::REJECT_PACKET, w, branches, depth + 1) {
+                                return match self.run_chain(
+                                    t,
+                                    crate::names::REJECT_PACKET,
+                                    w,
+                                    branches,
+                                    depth + 1,
+                                ) {
                                     Flow::Continue | Flow::Return => Flow::Return,
                                     f => f,
                                 };
@@ -455,15 +492,34 @@ impl NftTracer {
         }
     }
 
-    fn find<'a>(&self, set: &'a SetModel, key: &[Sel], w: &Walk, slot: Option<u32>) -> Option<&'a Option<Tuple>> {
+    fn find<'a>(
+        &self,
+        set: &'a SetModel,
+        key: &[Sel],
+        w: &Walk,
+        slot: Option<u32>,
+    ) -> Option<&'a Option<Tuple>> {
         let probe: Vec<Atom> = key.iter().map(|s| self.value(*s, w, slot)).collect();
         set.elements
             .iter()
-            .find(|(k, _)| k.atoms().len() == probe.len() && k.atoms().iter().zip(&probe).all(|(a, b)| atom_matches(a, b)))
+            .find(|(k, _)| {
+                k.atoms().len() == probe.len()
+                    && k.atoms()
+                        .iter()
+                        .zip(&probe)
+                        .all(|(a, b)| atom_matches(a, b))
+            })
             .map(|(_, v)| v)
     }
 
-    fn lookup(&self, t: &Table, map: &str, key: &[Sel], w: &Walk, slot: Option<u32>) -> Option<Tuple> {
+    fn lookup(
+        &self,
+        t: &Table,
+        map: &str,
+        key: &[Sel],
+        w: &Walk,
+        slot: Option<u32>,
+    ) -> Option<Tuple> {
         let set = t.sets.get(map)?;
         self.find(set, key, w, slot).cloned().flatten()
     }
@@ -476,7 +532,10 @@ impl NftTracer {
             Match::L4Proto(p) => w.proto == *p,
             Match::MarkClear(mask) => w.mark & mask == 0,
             Match::InSet { key, set, negate } => {
-                let found = t.sets.get(set).is_some_and(|s| self.find(s, key, w, None).is_some());
+                let found = t
+                    .sets
+                    .get(set)
+                    .is_some_and(|s| self.find(s, key, w, None).is_some());
                 found != *negate
             }
             Match::NotInNet { key, net } => match self.value(*key, w, None) {
@@ -517,7 +576,8 @@ impl Tracer for NftTracer {
         };
         self.run_hook(t, first, &mut walks, &mut verdicts);
         // Routing decision: delivered locally, or forwarded.
-        let (local, remote): (Vec<Walk>, Vec<Walk>) = walks.into_iter().partition(|w| self.is_local(&w.dst));
+        let (local, remote): (Vec<Walk>, Vec<Walk>) =
+            walks.into_iter().partition(|w| self.is_local(&w.dst));
         let mut out = Vec::new();
         let mut local = local;
         let mut remote = remote;
@@ -544,7 +604,11 @@ fn merge(walks: Vec<Walk>, verdicts: Vec<Verdict>) -> Verdict {
     if !walks.iter().any(|w| w.dnat) {
         return Verdict::Untouched;
     }
-    let endpoints = walks.iter().filter(|w| w.dnat).map(|w| (w.dst, w.dport)).collect();
+    let endpoints = walks
+        .iter()
+        .filter(|w| w.dnat)
+        .map(|w| (w.dst, w.dport))
+        .collect();
     let masquerade = walks.iter().all(|w| w.masquerade);
     // Affinity holds when the entry has a remembered-choice lookup and the choice is recorded.
     let affinity = if walks.iter().all(|w| w.affinity_lookup) {
@@ -580,7 +644,10 @@ fn split_name(rest: &str) -> (&str, Option<&str>) {
         None => (rest, None),
         Some((name, body)) => {
             let body = body.trim();
-            let inner = body.strip_prefix('{').and_then(|b| b.strip_suffix('}')).map(str::trim);
+            let inner = body
+                .strip_prefix('{')
+                .and_then(|b| b.strip_suffix('}'))
+                .map(str::trim);
             (name, inner)
         }
     }
@@ -671,7 +738,9 @@ fn parse_rule(body: &str) -> Option<Rule> {
                 i += 3;
             }
             ("fib", which @ ("daddr" | "saddr"), "type") if at(3) == "local" => {
-                matches.push(Match::FibLocal { dst: which == "daddr" });
+                matches.push(Match::FibLocal {
+                    dst: which == "daddr",
+                });
                 i += 4;
             }
             ("meta", "l4proto", p) if Protocol::ALL.iter().any(|x| x.as_lower() == p) => {

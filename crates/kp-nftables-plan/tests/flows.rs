@@ -7,7 +7,8 @@ use kp_nftables_plan::{NftTracer, NodeContext, PlanConfig, Planner};
 fn state() -> ProxyState {
     let mut s = ProxyState::new(kp_flows::NODE);
     for o in kp_flows::objects() {
-        s.apply(SourceEvent::Upsert(o)).expect("fixture objects are valid");
+        s.apply(SourceEvent::Upsert(o))
+            .expect("fixture objects are valid");
     }
     s.apply(SourceEvent::Synced(Kind::Service)).unwrap();
     s.apply(SourceEvent::Synced(Kind::EndpointSlice)).unwrap();
@@ -44,10 +45,17 @@ fn every_flow_row_passes_through_the_rendered_table() {
     let mut tracer = NftTracer::new(kp_flows::node_addresses());
     for mut p in planners() {
         let tx = p.full(&state, &node());
-        tracer.apply(&tx.text).unwrap_or_else(|e| panic!("{e}\n{}", tx.text));
+        tracer
+            .apply(&tx.text)
+            .unwrap_or_else(|e| panic!("{e}\n{}", tx.text));
     }
     let failures = kp_flows::check_tracer(&tracer);
-    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -65,16 +73,27 @@ fn rows_still_pass_when_the_table_was_built_by_partial_syncs() {
         let changes = empty.take_changes();
         for p in &mut ps {
             let tx = p.partial(&empty, &changes.services, &node(), changes.node_changed);
-            tracer.apply(&tx.text).unwrap_or_else(|e| panic!("{e}\n{}", tx.text));
+            tracer
+                .apply(&tx.text)
+                .unwrap_or_else(|e| panic!("{e}\n{}", tx.text));
         }
     }
     let failures = kp_flows::check_tracer(&tracer);
-    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     // And the partially-built table holds exactly what a full build holds.
     for (p, mut fresh) in ps.iter().zip(planners()) {
         fresh.full(&full, &node());
         for set in fresh.all_sets() {
-            assert_eq!(p.expected_elements(set), fresh.expected_elements(set), "{set:?}");
+            assert_eq!(
+                p.expected_elements(set),
+                fresh.expected_elements(set),
+                "{set:?}"
+            );
         }
     }
 }
@@ -97,7 +116,15 @@ fn the_table_catches_a_ruleset_without_masquerading() {
     let failures = kp_flows::check_tracer(&tracer);
     let masq_rows = kp_flows::cases()
         .iter()
-        .filter(|c| matches!(c.expect, kp_flows::Expect::Pods { masquerade: true, .. }))
+        .filter(|c| {
+            matches!(
+                c.expect,
+                kp_flows::Expect::Pods {
+                    masquerade: true,
+                    ..
+                }
+            )
+        })
         .count();
     assert_eq!(failures.len(), masq_rows, "{}", failures.join("\n"));
 }

@@ -11,7 +11,9 @@ fn loaded(n: usize, per: usize) -> (ProxyState, Planner, String) {
         state.apply(SourceEvent::Upsert(o)).unwrap();
     }
     state.apply(SourceEvent::Synced(Kind::Service)).unwrap();
-    state.apply(SourceEvent::Synced(Kind::EndpointSlice)).unwrap();
+    state
+        .apply(SourceEvent::Synced(Kind::EndpointSlice))
+        .unwrap();
     state.take_changes();
     let mut planner = Planner::new(PlanConfig::new(IpFamily::V4));
     let tx = planner.full(&state, &NodeContext::default());
@@ -29,7 +31,9 @@ fn one_endpoint_change_among_5000_services_is_a_handful_of_elements() {
     if let Some(eps) = slice.endpoints.as_mut() {
         eps[3].addresses = vec!["10.200.0.1".into()];
     }
-    state.apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice)))).unwrap();
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+        .unwrap();
     let changes = state.take_changes();
     let tx = planner.partial(&state, &changes.services, &NodeContext::default(), false);
     // One map element replaced (delete + add). Both endpoints run on other nodes, so no
@@ -37,23 +41,35 @@ fn one_endpoint_change_among_5000_services_is_a_handful_of_elements() {
     assert_eq!(tx.operations, 2, "{}", tx.text);
     assert_eq!(tx.text.lines().count(), 2, "{}", tx.text);
     assert!(tx.text.contains("10.200.0.1"), "{}", tx.text);
-    assert!(tx.text.lines().all(|l| l.starts_with("delete element") || l.starts_with("add element")));
+    assert!(tx
+        .text
+        .lines()
+        .all(|l| l.starts_with("delete element") || l.starts_with("add element")));
     tracer.apply(&tx.text).unwrap();
 
     // Remove one endpoint: the entry moves from the 10-class to the 9-class.
     state
-        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(synthetic::slice(18, 10, &[4])))))
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(
+            synthetic::slice(18, 10, &[4]),
+        ))))
         .unwrap();
     let changes = state.take_changes();
     let tx = planner.partial(&state, &changes.services, &NodeContext::default(), false);
     // 10 old slots + class key out, 9 new slots + class key in, hairpin pair out, plus the new
     // class's set, map and rule: proportional to the Service, not the cluster.
-    assert!(tx.operations <= 25, "{} operations:\n{}", tx.operations, tx.text);
+    assert!(
+        tx.operations <= 25,
+        "{} operations:\n{}",
+        tx.operations,
+        tx.text
+    );
     tracer.apply(&tx.text).unwrap();
 
     // A no-op change sends nothing.
     state
-        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(synthetic::slice(18, 10, &[4])))))
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(
+            synthetic::slice(18, 10, &[4]),
+        ))))
         .unwrap();
     let changes = state.take_changes();
     let tx = planner.partial(&state, &changes.services, &NodeContext::default(), false);
@@ -69,13 +85,19 @@ fn deleting_a_service_removes_exactly_its_elements() {
     state
         .apply(SourceEvent::Delete(
             Kind::Service,
-            kp_core::track::ObjectKey { namespace: "bench".into(), name: "svc-2".into() },
+            kp_core::track::ObjectKey {
+                namespace: "bench".into(),
+                name: "svc-2".into(),
+            },
         ))
         .unwrap();
     let changes = state.take_changes();
     let tx = planner.partial(&state, &changes.services, &NodeContext::default(), false);
     tracer.apply(&tx.text).unwrap();
-    assert_eq!(tracer.element_count(IpFamily::V4, "vips-3-endpoints"), before - 3);
+    assert_eq!(
+        tracer.element_count(IpFamily::V4, "vips-3-endpoints"),
+        before - 3
+    );
     // The Service's endpoints no longer exist, and it is not in the no-endpoint map either.
     assert_eq!(tracer.element_count(IpFamily::V4, "no-endpoint-vips"), 0);
 }

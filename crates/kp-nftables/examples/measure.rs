@@ -14,15 +14,26 @@ use kp_nftables::{NftCommand, NftablesConfig, NftablesDataplane, NodePorts};
 use kp_nftables_plan::{NodeContext, PlanConfig, Planner};
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (n, per) = (args.first().copied().unwrap_or(10_000), args.get(1).copied().unwrap_or(10));
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (n, per) = (
+        args.first().copied().unwrap_or(10_000),
+        args.get(1).copied().unwrap_or(10),
+    );
     let ns = format!("kp-measure-{}", std::process::id());
-    let ok = std::process::Command::new("ip").args(["netns", "add", &ns]).status().map(|s| s.success());
+    let ok = std::process::Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .map(|s| s.success());
     assert_eq!(ok.ok(), Some(true), "ip netns add {ns} (needs root)");
     struct Cleanup(String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
-            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.0])
+                .status();
         }
     }
     let _cleanup = Cleanup(ns.clone());
@@ -33,34 +44,60 @@ fn main() {
         state.apply(SourceEvent::Upsert(o)).unwrap();
     }
     state.apply(SourceEvent::Synced(Kind::Service)).unwrap();
-    state.apply(SourceEvent::Synced(Kind::EndpointSlice)).unwrap();
+    state
+        .apply(SourceEvent::Synced(Kind::EndpointSlice))
+        .unwrap();
     state.take_changes();
 
     let t = Instant::now();
     let keys: Vec<_> = state.service_keys().cloned().collect();
     let mut eps = 0;
     for k in &keys {
-        eps += state.service_state(k).iter().map(|s| s.endpoints.cluster.len()).sum::<usize>();
+        eps += state
+            .service_state(k)
+            .iter()
+            .map(|s| s.endpoints.cluster.len())
+            .sum::<usize>();
     }
-    println!("select endpoints for every service: {:.3} s ({eps} endpoints)", t.elapsed().as_secs_f64());
+    println!(
+        "select endpoints for every service: {:.3} s ({eps} endpoints)",
+        t.elapsed().as_secs_f64()
+    );
 
     // Render only, to separate our cost from nft's and the kernel's.
     let t = Instant::now();
-    let tx = Planner::new(PlanConfig::new(kp_core::model::IpFamily::V4)).full(&state, &NodeContext::default());
-    println!("render full: {:.3} s, {} operations, {} bytes", t.elapsed().as_secs_f64(), tx.operations, tx.text.len());
+    let tx = Planner::new(PlanConfig::new(kp_core::model::IpFamily::V4))
+        .full(&state, &NodeContext::default());
+    println!(
+        "render full: {:.3} s, {} operations, {} bytes",
+        t.elapsed().as_secs_f64(),
+        tx.operations,
+        tx.text.len()
+    );
     if let Ok(path) = std::env::var("KP_MEASURE_DUMP") {
         std::fs::write(path, &tx.text).expect("dump");
     }
 
-    let cfg = NftablesConfig { node_ports: NodePorts::AllLocal, ..NftablesConfig::default() };
+    let cfg = NftablesConfig {
+        node_ports: NodePorts::AllLocal,
+        ..NftablesConfig::default()
+    };
     let mut dp = NftablesDataplane::new(cfg, NftCommand::in_netns(&ns), Arc::new(Metrics::new()));
     let t = Instant::now();
-    dp.sync(&state, &Changes::default(), true).expect("full sync");
-    println!("first full sync (render + nft -f): {:.3} s", t.elapsed().as_secs_f64());
+    dp.sync(&state, &Changes::default(), true)
+        .expect("full sync");
+    println!(
+        "first full sync (render + nft -f): {:.3} s",
+        t.elapsed().as_secs_f64()
+    );
 
     let t = Instant::now();
     let diffs = dp.verify().expect("verify");
-    println!("read-back check: {:.3} s, {} differences", t.elapsed().as_secs_f64(), diffs.len());
+    println!(
+        "read-back check: {:.3} s, {} differences",
+        t.elapsed().as_secs_f64(),
+        diffs.len()
+    );
 
     let mut times = Vec::new();
     for k in 0..50 {
@@ -69,7 +106,9 @@ fn main() {
         if let Some(eps) = slice.endpoints.as_mut() {
             eps[k % per].addresses = vec![format!("10.250.{}.{}", k / 250, k % 250 + 1)];
         }
-        state.apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice)))).unwrap();
+        state
+            .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+            .unwrap();
         let changes = state.take_changes();
         let t = Instant::now();
         let r = dp.sync(&state, &changes, false).expect("partial sync");

@@ -18,9 +18,9 @@ use kp_core::track::{Changes, ProxyState};
 use kp_metrics::Metrics;
 use kp_nftables_plan::element::Tuple;
 use kp_nftables_plan::names::{self, TABLE};
-use kp_nftables_plan::{NodeContext, PlanConfig, Planner, SetId, layout};
+use kp_nftables_plan::{layout, NodeContext, PlanConfig, Planner, SetId};
 
-pub use readback::{KernelTable, canonical, parse_table};
+pub use readback::{canonical, parse_table, KernelTable};
 pub use runner::NftCommand;
 
 /// What went wrong talking to the kernel. Every variant is retryable: the next sync is a full
@@ -152,7 +152,12 @@ impl NftablesDataplane {
             node_port_addresses: match &self.cfg.node_ports {
                 NodePorts::AllLocal => Vec::new(),
                 NodePorts::Cidrs(c) => c.clone(),
-                NodePorts::Primary => state.node().addresses.iter().map(|ip| IpNet::from(*ip)).collect(),
+                NodePorts::Primary => state
+                    .node()
+                    .addresses
+                    .iter()
+                    .map(|ip| IpNet::from(*ip))
+                    .collect(),
             },
         }
     }
@@ -181,7 +186,9 @@ impl NftablesDataplane {
                 let map = SetId::Affinity(t).name();
                 let json = self.nft.json(&["list", "map", fam, TABLE, &map])?;
                 let table = parse_table(&json)?;
-                let Some(els) = table.sets.get(&map) else { continue };
+                let Some(els) = table.sets.get(&map) else {
+                    continue;
+                };
                 let mut stale = Vec::new();
                 for (k, v) in els {
                     let Some(v) = v else { continue };
@@ -204,7 +211,10 @@ impl NftablesDataplane {
                 }
                 if !stale.is_empty() {
                     removed += stale.len();
-                    script.push_str(&format!("delete element {fam} {TABLE} {map} {{ {} }}\n", stale.join(", ")));
+                    script.push_str(&format!(
+                        "delete element {fam} {TABLE} {map} {{ {} }}\n",
+                        stale.join(", ")
+                    ));
                 }
             }
         }
@@ -258,7 +268,10 @@ impl NftablesDataplane {
                 }
                 Err(e) => return Err(e),
             };
-            let want_chains: BTreeSet<String> = layout::chains().iter().map(|c| c.name.to_string()).collect();
+            let want_chains: BTreeSet<String> = layout::chains()
+                .iter()
+                .map(|c| c.name.to_string())
+                .collect();
             let have_chains = self.chain_names(fam)?;
             for c in want_chains.symmetric_difference(&have_chains) {
                 diffs.push(format!("{fam}: chain {c} differs (missing or unexpected)"));
@@ -270,16 +283,25 @@ impl NftablesDataplane {
             }
             for set in p.all_sets() {
                 let expected = p.expected_elements(set);
-                if set.is_dynamic() || expected.len() > QUICK_CHECK_MAX_ELEMENTS || !have_sets.contains(&set.name()) {
+                if set.is_dynamic()
+                    || expected.len() > QUICK_CHECK_MAX_ELEMENTS
+                    || !have_sets.contains(&set.name())
+                {
                     continue;
                 }
                 let kind = if set.is_map() { "map" } else { "set" };
-                let kernel = parse_table(&self.nft.json(&["list", kind, fam, TABLE, &set.name()])?)?;
+                let kernel =
+                    parse_table(&self.nft.json(&["list", kind, fam, TABLE, &set.name()])?)?;
                 let sets = [(set.name(), Some(expected))].into_iter().collect();
-                diffs.extend(readback::compare(fam, &BTreeMap::new(), &sets, &KernelTable {
-                    chains: BTreeMap::new(),
-                    sets: kernel.sets,
-                }));
+                diffs.extend(readback::compare(
+                    fam,
+                    &BTreeMap::new(),
+                    &sets,
+                    &KernelTable {
+                        chains: BTreeMap::new(),
+                        sets: kernel.sets,
+                    },
+                ));
             }
         }
         Ok(diffs)
@@ -287,7 +309,8 @@ impl NftablesDataplane {
 
     fn chain_names(&self, fam: &str) -> Result<BTreeSet<String>, Error> {
         let json = self.nft.json(&["list", "chains", fam])?;
-        let doc: serde_json::Value = serde_json::from_str(&json).map_err(|e| Error::Parse(e.to_string()))?;
+        let doc: serde_json::Value =
+            serde_json::from_str(&json).map_err(|e| Error::Parse(e.to_string()))?;
         Ok(doc["nftables"]
             .as_array()
             .into_iter()
@@ -323,7 +346,12 @@ impl Dataplane for NftablesDataplane {
         "nftables"
     }
 
-    fn sync(&mut self, state: &ProxyState, changes: &Changes, full: bool) -> Result<SyncReport, Error> {
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &Changes,
+        full: bool,
+    ) -> Result<SyncReport, Error> {
         let node = self.node_context(state);
         let mut rebuild = !self.planners.iter().all(Planner::programmed);
         if full && !rebuild {
@@ -331,7 +359,9 @@ impl Dataplane for NftablesDataplane {
             // `quick_check`); rebuild only if something changed behind our back.
             let diffs = self.quick_check()?;
             if !diffs.is_empty() {
-                self.metrics.nftables_readback_mismatches.inc_by(diffs.len() as u64);
+                self.metrics
+                    .nftables_readback_mismatches
+                    .inc_by(diffs.len() as u64);
                 for d in diffs.iter().take(10) {
                     tracing::warn!(difference = %d, "nftables table differs from the plan; rebuilding");
                 }
@@ -353,15 +383,25 @@ impl Dataplane for NftablesDataplane {
             if ops > 0 {
                 self.send(text)?;
             }
-            if removes_endpoints && self.planners.iter().any(|p| !p.affinity_timeouts().is_empty()) {
+            if removes_endpoints
+                && self
+                    .planners
+                    .iter()
+                    .any(|p| !p.affinity_timeouts().is_empty())
+            {
                 let n = self.purge_stale_affinity()?;
                 if n > 0 {
-                    tracing::info!(entries = n, "removed ClientIP affinity entries of removed endpoints");
+                    tracing::info!(
+                        entries = n,
+                        "removed ClientIP affinity entries of removed endpoints"
+                    );
                 }
             }
             ops
         };
-        self.metrics.nftables_transaction_statements.observe(ops as f64);
+        self.metrics
+            .nftables_transaction_statements
+            .observe(ops as f64);
         let no_local = self
             .planners
             .iter()
@@ -407,7 +447,9 @@ impl Dataplane for NftablesDataplane {
         for f in IpFamily::ALL {
             let fam = names::family(f);
             // Adding first makes the delete succeed whether or not the table exists.
-            script.push_str(&format!("add table {fam} {TABLE}\ndelete table {fam} {TABLE}\n"));
+            script.push_str(&format!(
+                "add table {fam} {TABLE}\ndelete table {fam} {TABLE}\n"
+            ));
         }
         let r = self.nft.run(&script);
         if r.is_err() {

@@ -40,7 +40,9 @@ fn atom(v: &Value) -> Result<Vec<Atom>, Error> {
     Ok(match v {
         Value::Number(n) => {
             let n = n.as_u64().ok_or_else(bad)?;
-            vec![u16::try_from(n).map(Atom::Port).unwrap_or(Atom::Slot(n as u32))]
+            vec![u16::try_from(n)
+                .map(Atom::Port)
+                .unwrap_or(Atom::Slot(n as u32))]
         }
         Value::String(s) => {
             if let Some(p) = Protocol::ALL.iter().find(|p| p.as_lower() == s) {
@@ -57,19 +59,32 @@ fn atom(v: &Value) -> Result<Vec<Atom>, Error> {
                 }
                 out
             } else if let Some(p) = o.get("prefix") {
-                let addr: IpAddr = p["addr"].as_str().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+                let addr: IpAddr = p["addr"]
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(bad)?;
                 let len = p["len"].as_u64().ok_or_else(bad)? as u8;
                 vec![Atom::Net(IpNet::new(addr, len).map_err(|_| bad())?)]
             } else if let Some(r) = o.get("range").and_then(Value::as_array) {
-                let lo: IpAddr = r.first().and_then(Value::as_str).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-                let hi: IpAddr = r.get(1).and_then(Value::as_str).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+                let lo: IpAddr = r
+                    .first()
+                    .and_then(Value::as_str)
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(bad)?;
+                let hi: IpAddr = r
+                    .get(1)
+                    .and_then(Value::as_str)
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(bad)?;
                 vec![Atom::Net(range_to_net(lo, hi).ok_or_else(bad)?)]
             } else if let Some(e) = o.get("elem") {
                 // An element with attributes (timeout, expires, comment).
                 atom(&e["val"])?
             } else if o.contains_key("drop") {
                 vec![Atom::Verdict(NoEndpointVerdict::Drop)]
-            } else if o.get("goto").and_then(|g| g["target"].as_str()) == Some(kp_nftables_plan::names::REJECT_PACKET) {
+            } else if o.get("goto").and_then(|g| g["target"].as_str())
+                == Some(kp_nftables_plan::names::REJECT_PACKET)
+            {
                 vec![Atom::Verdict(NoEndpointVerdict::Reject)]
             } else {
                 return Err(bad());
@@ -110,10 +125,16 @@ pub fn parse_table(json: &str) -> Result<KernelTable, Error> {
             t.chains.entry(name).or_default();
         } else if let Some(r) = item.get("rule") {
             let chain = r["chain"].as_str().unwrap_or_default().to_string();
-            let id = r["comment"].as_str().unwrap_or("<rule without comment>").to_string();
+            let id = r["comment"]
+                .as_str()
+                .unwrap_or("<rule without comment>")
+                .to_string();
             t.chains.entry(chain).or_default().push(id);
         } else if let Some(s) = item.get("set").or_else(|| item.get("map")) {
-            if s["table"].as_str().is_some_and(|t| t != kp_nftables_plan::names::TABLE) {
+            if s["table"]
+                .as_str()
+                .is_some_and(|t| t != kp_nftables_plan::names::TABLE)
+            {
                 continue;
             }
             let name = s["name"].as_str().unwrap_or_default().to_string();
@@ -144,19 +165,31 @@ pub fn compare(
     let mut diffs = Vec::new();
     let names = |m: &BTreeMap<String, Vec<String>>| m.keys().cloned().collect::<BTreeSet<_>>();
     for c in names(expected_chains).symmetric_difference(&names(&kernel.chains)) {
-        diffs.push(format!("{family}: chain {c} is only in the {}", if expected_chains.contains_key(c) { "plan" } else { "kernel" }));
+        diffs.push(format!(
+            "{family}: chain {c} is only in the {}",
+            if expected_chains.contains_key(c) {
+                "plan"
+            } else {
+                "kernel"
+            }
+        ));
     }
     for (c, rules) in expected_chains {
         if let Some(k) = kernel.chains.get(c) {
             if k != rules {
-                diffs.push(format!("{family}: chain {c} holds rules {k:?}, expected {rules:?}"));
+                diffs.push(format!(
+                    "{family}: chain {c} holds rules {k:?}, expected {rules:?}"
+                ));
             }
         }
     }
     let want: BTreeSet<&String> = expected_sets.keys().collect();
     let have: BTreeSet<&String> = kernel.sets.keys().collect();
     for s in want.symmetric_difference(&have) {
-        diffs.push(format!("{family}: set {s} is only in the {}", if want.contains(s) { "plan" } else { "kernel" }));
+        diffs.push(format!(
+            "{family}: set {s} is only in the {}",
+            if want.contains(s) { "plan" } else { "kernel" }
+        ));
     }
     for (name, expected) in expected_sets {
         let (Some(expected), Some(actual)) = (expected, kernel.sets.get(name)) else {
@@ -167,15 +200,25 @@ pub fn compare(
             .map(|(k, v)| (canonical(k), v.as_ref().map(canonical)))
             .collect();
         if &expected != actual {
-            let missing = expected.iter().filter(|(k, v)| actual.get(*k) != Some(v)).count();
+            let missing = expected
+                .iter()
+                .filter(|(k, v)| actual.get(*k) != Some(v))
+                .count();
             let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
             let sample = expected
                 .iter()
                 .find(|(k, v)| actual.get(*k) != Some(v))
                 .map(|(k, _)| format!(" (e.g. {k})"))
-                .or_else(|| actual.keys().find(|k| !expected.contains_key(*k)).map(|k| format!(" (e.g. extra {k})")))
+                .or_else(|| {
+                    actual
+                        .keys()
+                        .find(|k| !expected.contains_key(*k))
+                        .map(|k| format!(" (e.g. extra {k})"))
+                })
                 .unwrap_or_default();
-            diffs.push(format!("{family}: set {name}: {missing} missing or different, {extra} unexpected{sample}"));
+            diffs.push(format!(
+                "{family}: set {name}: {missing} missing or different, {extra} unexpected{sample}"
+            ));
         }
     }
     diffs

@@ -10,29 +10,42 @@ use crate::Error;
 #[derive(Clone, Debug, Default)]
 pub struct NftCommand {
     netns: Option<String>,
+    /// The nft program; `nft` from `PATH` when unset.
+    program: Option<std::path::PathBuf>,
 }
 
 impl NftCommand {
     /// `nft` in the current network namespace.
     pub fn new() -> Self {
-        NftCommand { netns: None }
+        NftCommand::default()
+    }
+
+    /// Runs `program` instead of `nft` (tests use it to make nft fail).
+    pub fn with_program(mut self, program: impl Into<std::path::PathBuf>) -> Self {
+        self.program = Some(program.into());
+        self
     }
 
     /// `ip netns exec NAME nft …`.
     pub fn in_netns(name: impl Into<String>) -> Self {
         NftCommand {
             netns: Some(name.into()),
+            program: None,
         }
     }
 
     fn command(&self) -> Command {
+        let program = self
+            .program
+            .as_deref()
+            .unwrap_or(std::path::Path::new("nft"));
         match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "nft"]);
+                c.args(["netns", "exec", ns]).arg(program);
                 c
             }
-            None => Command::new("nft"),
+            None => Command::new(program),
         }
     }
 
@@ -81,7 +94,10 @@ impl NftCommand {
         if !out.status.success() {
             return Err(Error::List {
                 args: args.join(" "),
-                stderr: String::from_utf8_lossy(&out.stderr).chars().take(2000).collect(),
+                stderr: String::from_utf8_lossy(&out.stderr)
+                    .chars()
+                    .take(2000)
+                    .collect(),
             });
         }
         String::from_utf8(out.stdout).map_err(|_| Error::Parse("nft printed invalid UTF-8".into()))

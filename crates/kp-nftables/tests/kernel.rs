@@ -6,7 +6,7 @@ use kp_core::dataplane::Dataplane;
 use kp_core::track::{Changes, Object, SourceEvent};
 use kp_metrics::Metrics;
 use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane};
-use kp_test::echo::{Proto, Request, tally};
+use kp_test::echo::{tally, Proto, Request};
 use kp_test::lab::Lab;
 
 fn dataplane(lab: &Lab) -> NftablesDataplane {
@@ -17,12 +17,20 @@ fn dataplane(lab: &Lab) -> NftablesDataplane {
         ]),
         ..NftablesConfig::default()
     };
-    NftablesDataplane::new(cfg, NftCommand::in_netns(lab.node().name()), Arc::new(Metrics::new()))
+    NftablesDataplane::new(
+        cfg,
+        NftCommand::in_netns(lab.node().name()),
+        Arc::new(Metrics::new()),
+    )
 }
 
 fn assert_in_sync(dp: &mut NftablesDataplane) {
     let diffs = dp.verify().expect("read-back works");
-    assert!(diffs.is_empty(), "kernel differs from the plan:\n{}", diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "kernel differs from the plan:\n{}",
+        diffs.join("\n")
+    );
 }
 
 #[test]
@@ -36,11 +44,18 @@ fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after
     let mut dp = dataplane(&lab);
     let mut state = kp_flows::state();
 
-    let report = dp.sync(&state, &Changes::default(), true).expect("first sync");
+    let report = dp
+        .sync(&state, &Changes::default(), true)
+        .expect("first sync");
     assert!(report.full);
     assert_in_sync(&mut dp);
     let failures = kp_test::flows::check_all(&lab);
-    assert!(failures.is_empty(), "{} rows failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     // The real-packet checker can fail: the first row, expecting a drop, must not pass.
     let mut wrong = kp_flows::cases()[0].clone();
     wrong.expect = kp_flows::Expect::Drop;
@@ -48,28 +63,52 @@ fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after
 
     // A live endpoint change is a small partial transaction, and traffic follows it.
     let slice = kp_flows::web_slice(&["pod-1", "pod-2"]);
-    state.apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice)))).unwrap();
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+        .unwrap();
     let changes = state.take_changes();
     let report = dp.sync(&state, &changes, false).expect("partial sync");
     assert!(!report.full);
-    assert!(report.operations <= 20, "{} operations:\n{}", report.operations, dp.last_transaction());
+    assert!(
+        report.operations <= 20,
+        "{} operations:\n{}",
+        report.operations,
+        dp.last_transaction()
+    );
     assert_in_sync(&mut dp);
     let web = "10.96.0.10".parse().unwrap();
     let seen = tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(30)));
-    assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), ["pod-1", "pod-2"], "{seen:?}");
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        ["pod-1", "pod-2"],
+        "{seen:?}"
+    );
 
     // A periodic full sync with nothing changed behind our back rewrites nothing.
     let quick = dp.quick_check().expect("quick check");
     assert!(quick.is_empty(), "{}", quick.join("\n"));
-    let report = dp.sync(&state, &Changes::default(), true).expect("verified sync");
+    let report = dp
+        .sync(&state, &Changes::default(), true)
+        .expect("verified sync");
     assert!(!report.full, "no drift, so no rebuild");
     assert_eq!(report.operations, 0);
 
     // Drift is found and repaired by the next full sync.
     lab.node()
-        .run(&["nft", "delete", "element", "ip", "kube-proxy", "cluster-ips", "{ 10.96.0.10 }"])
+        .run(&[
+            "nft",
+            "delete",
+            "element",
+            "ip",
+            "kube-proxy",
+            "cluster-ips",
+            "{ 10.96.0.10 }",
+        ])
         .unwrap();
-    assert!(!dp.verify().unwrap().is_empty(), "read-back must notice the missing element");
+    assert!(
+        !dp.verify().unwrap().is_empty(),
+        "read-back must notice the missing element"
+    );
     let report = dp.sync(&state, &Changes::default(), true).expect("repair");
     assert!(report.full);
     assert_in_sync(&mut dp);
@@ -79,7 +118,11 @@ fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after
     dp.sync(&state, &Changes::default(), true).expect("rebuild");
     assert_in_sync(&mut dp);
     let seen = tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(20)));
-    assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), ["pod-1", "pod-2"], "{seen:?}");
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        ["pod-1", "pod-2"],
+        "{seen:?}"
+    );
 }
 
 #[test]
@@ -90,7 +133,8 @@ fn cleanup_removes_both_tables() {
     }
     let lab = Lab::new(1).expect("lab");
     let mut dp = dataplane(&lab);
-    dp.sync(&kp_flows::state(), &Changes::default(), true).expect("sync");
+    dp.sync(&kp_flows::state(), &Changes::default(), true)
+        .expect("sync");
     dp.cleanup().expect("cleanup");
     let tables = lab.node().run(&["nft", "list", "tables"]).unwrap();
     assert!(!tables.contains("kube-proxy"), "{tables}");

@@ -32,7 +32,7 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "FILE")]
     pub write_config_to: Option<PathBuf>,
 
-    /// Remove the rules that every proxy mode installs, then exit.
+    /// Remove the rules kube-proxy-rs installs (today: its nftables tables), then exit.
     #[arg(
         long,
         value_name = "BOOL",
@@ -189,7 +189,8 @@ pub(crate) struct Flags {
     pub udp_timeout: Option<GoDuration>,
 
     /// How often configuration from the API server is refreshed (re-listed); must be greater
-    /// than 0. [default: 15m0s]
+    /// than 0. Accepted for compatibility: kube-proxy-rs keeps its watches open and re-lists
+    /// only when a watch expires. [default: 15m0s]
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub config_sync_period: Option<GoDuration>,
 

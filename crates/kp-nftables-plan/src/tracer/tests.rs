@@ -24,11 +24,18 @@ fn packet(dst: &str, dport: u16) -> Packet {
 fn random_dispatch_reaches_every_slot() {
     let mut t = NftTracer::new(vec![]);
     t.apply(BASE).unwrap();
-    let Verdict::Dnat { endpoints, masquerade, affinity } = t.trace(&packet("10.96.0.1", 80)) else {
+    let Verdict::Dnat {
+        endpoints,
+        masquerade,
+        affinity,
+    } = t.trace(&packet("10.96.0.1", 80))
+    else {
         panic!("expected DNAT");
     };
-    let want: BTreeSet<(IpAddr, u16)> =
-        [("10.0.0.1", 8080), ("10.0.0.2", 8080)].iter().map(|(i, p)| (i.parse().unwrap(), *p)).collect();
+    let want: BTreeSet<(IpAddr, u16)> = [("10.0.0.1", 8080), ("10.0.0.2", 8080)]
+        .iter()
+        .map(|(i, p)| (i.parse().unwrap(), *p))
+        .collect();
     assert_eq!(endpoints, want);
     assert!(!masquerade);
     assert_eq!(affinity, None);
@@ -66,15 +73,26 @@ fn a_rule_naming_a_missing_set_is_refused() {
     let mut t = NftTracer::new(vec![]);
     t.apply(BASE).unwrap();
     let err = t
-        .apply("add rule ip kube-proxy nat-prerouting ip daddr . meta l4proto . th dport @nope drop")
+        .apply(
+            "add rule ip kube-proxy nat-prerouting ip daddr . meta l4proto . th dport @nope drop",
+        )
         .unwrap_err();
     assert!(matches!(err, TraceError::Invalid { .. }), "{err}");
 }
 
 #[test]
 fn priorities_order_base_chains() {
-    assert_eq!(parse_hook("type filter hook prerouting priority dstnat - 10; policy accept;"), Some((false, Hook::Prerouting, -110)));
-    assert_eq!(parse_hook("type nat hook postrouting priority srcnat; policy accept;"), Some((true, Hook::Postrouting, 100)));
-    assert_eq!(parse_hook("type filter hook input priority filter + 10; policy accept;"), Some((false, Hook::Input, 10)));
+    assert_eq!(
+        parse_hook("type filter hook prerouting priority dstnat - 10; policy accept;"),
+        Some((false, Hook::Prerouting, -110))
+    );
+    assert_eq!(
+        parse_hook("type nat hook postrouting priority srcnat; policy accept;"),
+        Some((true, Hook::Postrouting, 100))
+    );
+    assert_eq!(
+        parse_hook("type filter hook input priority filter + 10; policy accept;"),
+        Some((false, Hook::Input, 10))
+    );
     assert_eq!(parse_hook("type route hook output priority 0;"), None);
 }
