@@ -742,12 +742,12 @@ pub mod synthetic {
     }
 }
 
-/// The fixture loaded into a [`kp_core::track::ProxyState`] for this node, with both initial
-/// lists complete and no changes pending.
-pub fn state() -> kp_core::track::ProxyState {
+/// `objects` loaded into a [`kp_core::track::ProxyState`] for node `node`, with every initial
+/// list complete and no changes pending.
+pub fn load(node: &str, objects: Vec<Object>) -> kp_core::track::ProxyState {
     use kp_core::track::{Kind, ProxyState, SourceEvent};
-    let mut s = ProxyState::new(NODE);
-    for o in objects() {
+    let mut s = ProxyState::new(node);
+    for o in objects {
         if let Err(e) = s.apply(SourceEvent::Upsert(o)) {
             panic!("fixture object rejected: {e}");
         }
@@ -757,6 +757,11 @@ pub fn state() -> kp_core::track::ProxyState {
     }
     s.take_changes();
     s
+}
+
+/// The fixture loaded for this node (see [`load`]).
+pub fn state() -> kp_core::track::ProxyState {
+    load(NODE, objects())
 }
 
 /// The fixture's `web` EndpointSlice with only the named pods.

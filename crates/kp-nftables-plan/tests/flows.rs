@@ -1,19 +1,11 @@
 //! The packet-flow table, through the tracer, over the rules the planner renders.
 
 use kp_core::model::IpFamily;
-use kp_core::track::{Kind, ProxyState, SourceEvent};
+use kp_core::track::{ProxyState, SourceEvent};
 use kp_nftables_plan::{NftTracer, NodeContext, PlanConfig, Planner};
 
 fn state() -> ProxyState {
-    let mut s = ProxyState::new(kp_flows::NODE);
-    for o in kp_flows::objects() {
-        s.apply(SourceEvent::Upsert(o))
-            .expect("fixture objects are valid");
-    }
-    s.apply(SourceEvent::Synced(Kind::Service)).unwrap();
-    s.apply(SourceEvent::Synced(Kind::EndpointSlice)).unwrap();
-    s.take_changes();
-    s
+    kp_flows::state()
 }
 
 fn planners() -> Vec<Planner> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kp_core::dataplane::Dataplane;
-use kp_core::track::{Changes, Kind, Object, ProxyState, SourceEvent};
+use kp_core::track::{Changes, Object, SourceEvent};
 use kp_flows::synthetic;
 use kp_metrics::Metrics;
 use kp_nftables::{NftCommand, NftablesConfig, NftablesDataplane, NodePorts};
@@ -39,15 +39,7 @@ fn main() {
     let _cleanup = Cleanup(ns.clone());
 
     eprintln!("building {n} services x {per} endpoints");
-    let mut state = ProxyState::new("node-0");
-    for o in synthetic::cluster(n, per) {
-        state.apply(SourceEvent::Upsert(o)).unwrap();
-    }
-    state.apply(SourceEvent::Synced(Kind::Service)).unwrap();
-    state
-        .apply(SourceEvent::Synced(Kind::EndpointSlice))
-        .unwrap();
-    state.take_changes();
+    let mut state = kp_flows::load("node-0", synthetic::cluster(n, per));
 
     let t = Instant::now();
     let keys: Vec<_> = state.service_keys().cloned().collect();

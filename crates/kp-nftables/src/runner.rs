@@ -20,6 +20,11 @@ impl NftCommand {
         NftCommand::default()
     }
 
+    /// The network namespace it runs in, if not the current one.
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
+    }
+
     /// Runs `program` instead of `nft` (tests use it to make nft fail).
     pub fn with_program(mut self, program: impl Into<std::path::PathBuf>) -> Self {
         self.program = Some(program.into());

@@ -1,0 +1,72 @@
+//! Start-up behaviour of the binary that needs no kernel: bad configuration exits 64 with a
+//! message naming the problem.
+
+use std::process::Command;
+
+fn kube_proxy(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+        .args(args)
+        .output()
+        .expect("run kube-proxy");
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn a_mode_that_is_not_built_yet_is_refused_with_exit_code_64() {
+    let dir = std::env::temp_dir();
+    let (code, text) = kube_proxy(&["--proxy-mode=ipvs", "--manifests", dir.to_str().unwrap()]);
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("not implemented"), "{text}");
+    // An empty mode means iptables, as upstream, and is refused the same way for now.
+    let (code, text) = kube_proxy(&["--manifests", dir.to_str().unwrap()]);
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("iptables"), "{text}");
+}
+
+#[test]
+fn an_invalid_flag_value_or_config_field_exits_64_naming_it() {
+    let (code, text) = kube_proxy(&["--proxy-mode=nftables", "--cluster-cidr=10.0.0.0/33"]);
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("10.0.0.0/33"), "{text}");
+    let dir = std::env::temp_dir().join(format!("kp-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("config.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nbogusField: 1\n",
+    )
+    .unwrap();
+    let (code, text) = kube_proxy(&["--config", file.to_str().unwrap()]);
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("bogusField"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn write_config_to_writes_a_file_that_loads_back() {
+    let dir = std::env::temp_dir().join(format!("kp-cli-w-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("effective.yaml");
+    let (code, text) = kube_proxy(&[
+        "--proxy-mode=nftables",
+        "--iptables-min-sync-period=250ms",
+        "--write-config-to",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let yaml = std::fs::read_to_string(&out).unwrap();
+    assert!(yaml.contains("mode: nftables"), "{yaml}");
+    assert!(yaml.contains("250ms"), "{yaml}");
+    let again = dir.join("again.yaml");
+    let (code, text) = kube_proxy(&[
+        "--config",
+        out.to_str().unwrap(),
+        "--write-config-to",
+        again.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(std::fs::read_to_string(&again).unwrap(), yaml);
+    let _ = std::fs::remove_dir_all(&dir);
+}
