@@ -65,6 +65,51 @@ impl Route {
         }
     }
 
+    /// The short-circuit route for the same key (`Vips` → `LocalSourceVips`).
+    pub fn local_source(self) -> Route {
+        if self.keyed_by_address() {
+            Route::LocalSourceVips
+        } else {
+            Route::LocalSourceNodePorts
+        }
+    }
+
+    /// The set of this route's keys that are always masqueraded (`externalTrafficPolicy: Cluster`).
+    pub fn masquerade_set(self) -> SetId {
+        if self.keyed_by_address() {
+            SetId::MasqVips
+        } else {
+            SetId::MasqNodePorts
+        }
+    }
+
+    /// The set of this route's keys with `externalTrafficPolicy: Local`.
+    pub fn local_policy_set(self) -> SetId {
+        if self.keyed_by_address() {
+            SetId::LocalPolicyVips
+        } else {
+            SetId::LocalPolicyNodePorts
+        }
+    }
+
+    /// The verdict map for this route's keys without usable endpoints.
+    pub fn no_endpoint_set(self) -> SetId {
+        if self.keyed_by_address() {
+            SetId::NoEndpointVips
+        } else {
+            SetId::NoEndpointNodePorts
+        }
+    }
+
+    /// The set of this route's keys with ClientIP affinity of `timeout` seconds.
+    pub fn affinity_set(self, timeout: u32) -> SetId {
+        if self.keyed_by_address() {
+            SetId::AffinityVips(timeout)
+        } else {
+            SetId::AffinityNodePorts(timeout)
+        }
+    }
+
     /// Whether the key is `daddr . l4proto . dport` (else `l4proto . dport`).
     pub fn keyed_by_address(self) -> bool {
         matches!(self, Route::Vips | Route::LocalSourceVips)

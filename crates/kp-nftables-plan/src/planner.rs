@@ -41,6 +41,10 @@ impl Transaction {
 type Owner = u32;
 const NODE_OWNER: Owner = 0;
 
+/// The Service ports (or the node) that want one element, each with the value it wants; the
+/// kernel holds the first one's.
+type Owners = Vec<(Owner, Option<Tuple>)>;
+
 /// An element of a set (value `None`) or map.
 type Element = (SetId, Tuple, Option<Tuple>);
 
@@ -59,7 +63,7 @@ pub struct Planner {
     cfg: PlanConfig,
     /// Every element the kernel holds: set → key → owners with their values. The kernel holds
     /// the first owner's value.
-    sets: HashMap<SetId, HashMap<Tuple, Vec<(Owner, Option<Tuple>)>>>,
+    sets: HashMap<SetId, HashMap<Tuple, Owners>>,
     /// What each owner contributed, to take it back.
     owned: HashMap<Owner, Vec<(SetId, Tuple)>>,
     owners: HashMap<ServicePortName, Owner>,
@@ -600,7 +604,8 @@ fn contributions(
         .map(|ip| (*ip, false))
         .chain(port.load_balancer_ips.iter().map(|ip| (*ip, true)))
         .filter(|(ip, _)| IpFamily::of(ip) == fam);
-    let mut entries: Vec<(Tuple, Route, Route, SetId, SetId, SetId, Option<SetId>)> = Vec::new();
+    // External entries, each with its route: ExternalIPs and LoadBalancer IPs, then the NodePort.
+    let mut entries: Vec<(Tuple, Route)> = Vec::new();
     for (ip, is_lb) in externals {
         let key = vip_key(ip, sps);
         if is_lb && !port.load_balancer_source_ranges.is_empty() {
@@ -611,43 +616,27 @@ fn contributions(
                 out.push((SetId::FirewallAllow, Tuple::new(k), None));
             }
         }
-        entries.push((
-            key,
-            Route::Vips,
-            Route::LocalSourceVips,
-            SetId::MasqVips,
-            SetId::LocalPolicyVips,
-            SetId::NoEndpointVips,
-            affinity.map(SetId::AffinityVips),
-        ));
+        entries.push((key, Route::Vips));
     }
     if let Some(np) = port.node_port {
-        entries.push((
-            nodeport_key(np, sps),
-            Route::NodePorts,
-            Route::LocalSourceNodePorts,
-            SetId::MasqNodePorts,
-            SetId::LocalPolicyNodePorts,
-            SetId::NoEndpointNodePorts,
-            affinity.map(SetId::AffinityNodePorts),
-        ));
+        entries.push((nodeport_key(np, sps), Route::NodePorts));
     }
-    for (key, route, local_route, masq, local_policy, no_ep, aff) in entries {
+    for (key, route) in entries {
         if ext_local {
-            out.push((local_policy, key.clone(), None));
+            out.push((route.local_policy_set(), key.clone(), None));
             if !cluster.is_empty() {
-                dispatch(local_route, &key, &cluster, prior, &mut out);
+                dispatch(route.local_source(), &key, &cluster, prior, &mut out);
             }
         } else {
-            out.push((masq, key.clone(), None));
+            out.push((route.masquerade_set(), key.clone(), None));
         }
         if external.is_empty() {
-            no_endpoints(no_ep, &key, has_any, &mut out);
+            no_endpoints(route.no_endpoint_set(), &key, has_any, &mut out);
             facts.no_local_external |= has_any && ext_local;
         } else {
             dispatch(route, &key, &external, prior, &mut out);
-            if let Some(aff) = aff {
-                out.push((aff, key, None));
+            if let Some(t) = affinity {
+                out.push((route.affinity_set(t), key, None));
             }
         }
     }
