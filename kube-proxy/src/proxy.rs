@@ -334,7 +334,9 @@ impl SyncLoop {
                 self.health.updated();
                 let now = unix_now();
                 self.metrics.sync_duration.observe(elapsed);
-                if report.full {
+                // A periodic full sync counts as full even when its read-back found nothing to
+                // repair, as upstream's periodic full resyncs do.
+                if full || report.full {
                     self.metrics.sync_full_duration.observe(elapsed);
                 } else {
                     self.metrics.sync_partial_duration.observe(elapsed);

@@ -162,6 +162,21 @@ fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
     // Stopping leaves the rules in place, as upstream.
     proxy.terminate(Duration::from_secs(5)).unwrap();
     assert_eq!(web_backends(&lab, 12), ["pod-1", "pod-2"]);
+
+    // `--cleanup` removes both tables and nothing else.
+    lab.node()
+        .run(&["nft", "add", "table", "inet", "someone-else"])
+        .unwrap();
+    let out = lab
+        .node()
+        .run(&[env!("CARGO_BIN_EXE_kube-proxy"), "--cleanup"])
+        .expect("kube-proxy --cleanup");
+    let tables = lab.node().run(&["nft", "list", "tables"]).unwrap();
+    assert!(!tables.contains("kube-proxy"), "{tables}\n{out}");
+    assert!(
+        tables.contains("someone-else"),
+        "cleanup must not touch other tables: {tables}"
+    );
 }
 
 #[test]

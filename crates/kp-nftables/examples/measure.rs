@@ -40,6 +40,10 @@ fn main() {
 
     eprintln!("building {n} services x {per} endpoints");
     let mut state = kp_flows::load("node-0", synthetic::cluster(n, per));
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for l in status.lines().filter(|l| l.starts_with("VmRSS")) {
+        println!("after loading the state: {l}");
+    }
 
     let t = Instant::now();
     let keys: Vec<_> = state.service_keys().cloned().collect();
@@ -118,4 +122,11 @@ fn main() {
     );
     let diffs = dp.verify().expect("verify");
     println!("read-back after the changes: {} differences", diffs.len());
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for l in status
+        .lines()
+        .filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS"))
+    {
+        println!("{l}");
+    }
 }

@@ -250,9 +250,7 @@ impl NftablesDataplane {
         self.send(text)?;
         Ok(ops)
     }
-}
 
-impl NftablesDataplane {
     /// Reads one family's table from the kernel over netlink; falls back to `nft -j list table`
     /// (ten times slower at scale) if netlink fails for another reason than a missing table.
     fn read_back(&self, p: &Planner) -> Result<KernelTable, Error> {
@@ -310,7 +308,10 @@ impl Dataplane for NftablesDataplane {
         if full && !rebuild {
             // A periodic full sync: check the kernel still holds what we planned (a netlink
             // read, 0.4 s at 10k Services); rebuild only if something changed behind our back.
-            let diffs = self.verify()?;
+            // If the kernel cannot be read, nothing proves the table right: rebuild it.
+            let diffs = self
+                .verify()
+                .unwrap_or_else(|e| vec![format!("cannot read the table back: {e}")]);
             if !diffs.is_empty() {
                 self.metrics
                     .nftables_readback_mismatches
