@@ -197,10 +197,15 @@ impl ProxyState {
         &self.node
     }
 
-    /// Whether both Services and EndpointSlices have completed their initial list, so rules may
-    /// be programmed without wiping state from partial data.
+    /// Whether Services, EndpointSlices and this Node have all completed their initial list, so
+    /// rules may be programmed without wiping state from partial data. The Node matters too: it
+    /// carries the primary addresses NodePorts answer on and the podCIDRs of detect-local, and
+    /// a first table built without them would replace working rules with broken ones. (A Node
+    /// that does not exist still completes its list, empty.)
     pub fn ready_to_program(&self) -> bool {
-        self.synced.contains(&Kind::Service) && self.synced.contains(&Kind::EndpointSlice)
+        [Kind::Service, Kind::EndpointSlice, Kind::Node]
+            .iter()
+            .all(|k| self.synced.contains(k))
     }
 
     /// Whether the initial list of `kind` has completed.

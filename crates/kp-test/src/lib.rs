@@ -8,9 +8,12 @@
 //!   plan all netns tests use.
 //! - [`echo`]: drives the `kp-echo` binary (this crate's `src/bin/kp-echo.rs`), the backend and
 //!   client whose answers say which backend answered and which source address it saw.
+//! - [`flows`]: runs the `kp-flows` packet-flow table with real packets through a lab.
+//! - [`apiserver`]: a scripted fake Kubernetes API server (list, watch, bookmarks, outages,
+//!   410 Gone) that can listen inside a lab namespace, for driving the real binary.
 //!
 //! What it leaves to others: starting kube-proxy and writing its manifests (each test does, in
-//! [`Lab::node`]), and the flow table that says what each request should do. It mirrors the
+//! [`Lab::node`]), and the flow table that says what each request should do (`kp-flows`). It mirrors the
 //! idea, not the code, of upstream's `pkg/proxy/nftables/proxy_userns_test.go`: program the
 //! real kernel in a private namespace.
 //!
@@ -19,6 +22,7 @@
 
 mod error;
 
+pub mod apiserver;
 pub mod echo;
 pub mod flows;
 pub mod lab;

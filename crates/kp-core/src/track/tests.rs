@@ -477,31 +477,34 @@ fn deleting_a_service_removes_it() {
 }
 
 #[test]
-fn rules_may_be_programmed_only_after_services_and_slices_are_listed() {
-    let mut state = ProxyState::new(NODE);
-    assert!(!state.ready_to_program());
-    state
-        .apply(SourceEvent::Synced(Kind::Node))
-        .expect("accepted");
-    state
-        .apply(SourceEvent::Synced(Kind::Service))
-        .expect("accepted");
-    assert!(state.synced(Kind::Service) && !state.synced(Kind::EndpointSlice));
-    assert!(!state.ready_to_program());
-    state
-        .apply(SourceEvent::Synced(Kind::EndpointSlice))
-        .expect("accepted");
-    assert!(state.ready_to_program());
-
-    let mut other_order = ProxyState::new(NODE);
-    other_order
-        .apply(SourceEvent::Synced(Kind::EndpointSlice))
-        .expect("accepted");
-    assert!(!other_order.ready_to_program());
-    other_order
-        .apply(SourceEvent::Synced(Kind::Service))
-        .expect("accepted");
-    assert!(other_order.ready_to_program());
+fn rules_may_be_programmed_only_after_services_slices_and_the_node_are_listed() {
+    let kinds = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+    // Whatever order the three lists complete in, programming waits for the last one.
+    for first in 0..3 {
+        for second in 0..3 {
+            if first == second {
+                continue;
+            }
+            let last = 3 - first - second;
+            let mut state = ProxyState::new(NODE);
+            assert!(!state.ready_to_program());
+            for (i, k) in [first, second].into_iter().enumerate() {
+                state
+                    .apply(SourceEvent::Synced(kinds[k]))
+                    .expect("accepted");
+                assert!(state.synced(kinds[k]));
+                assert!(
+                    !state.ready_to_program(),
+                    "ready after {} of 3 lists",
+                    i + 1
+                );
+            }
+            state
+                .apply(SourceEvent::Synced(kinds[last]))
+                .expect("accepted");
+            assert!(state.ready_to_program());
+        }
+    }
 }
 
 #[test]

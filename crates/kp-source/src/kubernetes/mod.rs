@@ -117,8 +117,18 @@ pub async fn client_from(
     if let Some(url) = master {
         config.cluster_url = parse_master(url)?;
     }
+    // kube's client would retry 429/503/504 on its own, up to 15 times with a backoff that can
+    // reach minutes, invisibly: the watchers' own backoff (capped, logged and counted) is the
+    // one that should decide, as client-go's reflector does.
+    config.default_retry = false;
+    // A server that goes silent without closing the connection must not stall a watch forever:
+    // watches ask for at most 290 s, so a read that waits longer than that is dead.
+    config.read_timeout.get_or_insert(WATCH_READ_TIMEOUT);
     kube::Client::try_from(config).map_err(SourceError::Client)
 }
+
+/// Longest silence tolerated on a connection to the API server (watches time out after 290 s).
+const WATCH_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(330);
 
 fn parse_master<U>(url: &str) -> Result<U, SourceError>
 where
