@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use kp_core::track::{Kind, Object};
 use kp_test::apiserver::{FakeApiServer, Outage};
-use kp_test::echo::{tally, Outcome, Proto, Request};
+use kp_test::echo::{Outcome, Proto};
 use kp_test::lab::{Lab, NODE_IP};
-use kp_test::netns::{ChildGuard, Netns};
+use kp_test::netns::ChildGuard;
 
-const HEALTHZ: &str = "http://127.0.0.1:10256/healthz";
-const METRICS: &str = "http://127.0.0.1:10249/metrics";
+mod common;
+use common::{assert_flows, eventually, http_get, metric_sum, web_backends, HEALTHZ, PROGRAMMED};
 
 /// The source error counter of the Kubernetes source, whatever the reason label.
 const SOURCE_ERRORS: &str = "kubeproxy_rs_source_errors_total{source=\"kubernetes\"";
@@ -37,85 +37,35 @@ const OUTAGE: Duration = Duration::from_secs(3);
 /// and no in-cluster environment. kube-rs's inference then fails and the URL is used alone,
 /// without credentials, as upstream does with `--master`.
 fn spawn_proxy(lab: &Lab, server: &FakeApiServer) -> ChildGuard {
-    let bin = env!("CARGO_BIN_EXE_kube-proxy");
     let home =
         std::env::temp_dir().join(format!("kp-apiserver-e2e-no-home-{}", std::process::id()));
     assert!(!home.exists(), "{} must not exist", home.display());
     let home = format!("HOME={}", home.display());
-    lab.node()
-        .spawn(&[
-            "env",
-            "-u",
-            "KUBECONFIG",
-            "-u",
-            "KUBERNETES_SERVICE_HOST",
-            "-u",
-            "KUBERNETES_SERVICE_PORT",
-            &home,
-            bin,
-            "--proxy-mode=nftables",
-            "--master",
-            server.url(),
-            "--hostname-override",
-            kp_flows::NODE,
-            "--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
-            "--healthz-bind-address=127.0.0.1:10256",
-            "--metrics-bind-address=127.0.0.1:10249",
-            "--iptables-min-sync-period=100ms",
-            "--iptables-sync-period=1s",
-            "-v=2",
-        ])
-        .expect("start kube-proxy")
+    let unset = [
+        "env",
+        "-u",
+        "KUBECONFIG",
+        "-u",
+        "KUBERNETES_SERVICE_HOST",
+        "-u",
+        "KUBERNETES_SERVICE_PORT",
+        &home,
+    ];
+    common::spawn_proxy(lab, &unset, &["--master", server.url()])
 }
 
 /// [`spawn_proxy`], then waits for its first full sync.
 fn start_proxy(lab: &Lab, server: &FakeApiServer) -> ChildGuard {
     let mut proxy = spawn_proxy(lab, server);
     proxy
-        .wait_for_log("programmed the nftables tables", Duration::from_secs(20))
+        .wait_for_log(PROGRAMMED, Duration::from_secs(20))
         .expect("first sync");
     proxy
 }
 
-fn http_get(ns: &Netns, url: &str) -> String {
-    ns.run(&["curl", "-s", "--max-time", "2", url])
-        .unwrap_or_default()
-}
-
-/// The sum of every metric line that starts with `prefix` (a name and the first labels).
-fn metric_sum(ns: &Netns, prefix: &str) -> f64 {
-    http_get(ns, METRICS)
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next())
-        .filter_map(|v| v.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls `ok` until it holds; fails the test after `timeout`. Returns how long it took.
-fn eventually(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
-}
-
-/// Who answered `tries` connections from pod 4 to the web Service (10.96.0.10:80); failures
-/// count under their outcome (`timeout`, `refused`, ...).
+/// Who answered `tries` connections from pod 4 to the web Service, as a set.
 fn web_answers(lab: &Lab, tries: usize) -> BTreeSet<String> {
-    let web = "10.96.0.10".parse().unwrap();
-    tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(tries)))
-        .into_keys()
-        .collect()
-}
-
-fn web_backends(lab: &Lab, tries: usize) -> Vec<String> {
-    web_answers(lab, tries).into_iter().collect()
+    web_backends(lab, tries).into_iter().collect()
 }
 
 /// One connection from the client to the web Service's NodePort on the node's address.
@@ -125,16 +75,6 @@ fn node_port(lab: &Lab) -> Outcome {
 
 fn web_slice(pods: &[&'static str]) -> Object {
     Object::EndpointSlice(Box::new(kp_flows::web_slice(pods)))
-}
-
-fn assert_flows(lab: &Lab) {
-    let failures = kp_test::flows::check_all(lab);
-    assert!(
-        failures.is_empty(),
-        "{} rows failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
 }
 
 /// A lab whose node runs kube-proxy against a fake API server, in the node, that holds the

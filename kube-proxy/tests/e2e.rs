@@ -3,14 +3,13 @@
 //! and survive bad input without losing working rules.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kp_test::echo::{tally, Proto, Request};
 use kp_test::lab::Lab;
-use kp_test::netns::{ChildGuard, Netns};
+use kp_test::netns::ChildGuard;
 
-const HEALTHZ: &str = "http://127.0.0.1:10256/healthz";
-const METRICS: &str = "http://127.0.0.1:10249/metrics";
+mod common;
+use common::{eventually, http_get, metric_sum, web_backends, HEALTHZ, PROGRAMMED};
 
 fn write_atomically(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp-write");
@@ -19,58 +18,11 @@ fn write_atomically(path: &Path, text: &str) {
 }
 
 fn start_proxy(lab: &Lab, dir: &Path) -> ChildGuard {
-    let bin = env!("CARGO_BIN_EXE_kube-proxy");
-    let mut proxy = lab
-        .node()
-        .spawn(&[
-            bin,
-            "--proxy-mode=nftables",
-            "--manifests",
-            dir.to_str().unwrap(),
-            "--hostname-override",
-            kp_flows::NODE,
-            "--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
-            "--healthz-bind-address=127.0.0.1:10256",
-            "--metrics-bind-address=127.0.0.1:10249",
-            "--iptables-min-sync-period=100ms",
-            "--iptables-sync-period=1s",
-            "-v=2",
-        ])
-        .expect("start kube-proxy");
+    let mut proxy = common::spawn_proxy(lab, &[], &["--manifests", dir.to_str().unwrap()]);
     proxy
-        .wait_for_log("programmed the nftables tables", Duration::from_secs(20))
+        .wait_for_log(PROGRAMMED, Duration::from_secs(20))
         .expect("first sync");
     proxy
-}
-
-fn http_get(ns: &Netns, url: &str) -> String {
-    ns.run(&["curl", "-s", "--max-time", "2", url])
-        .unwrap_or_default()
-}
-
-/// The value of a metric line that starts with `name` (labels included in `name`).
-fn metric(ns: &Netns, name: &str) -> f64 {
-    http_get(ns, METRICS)
-        .lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn eventually(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < timeout, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn web_backends(lab: &Lab, tries: usize) -> Vec<String> {
-    let web = "10.96.0.10".parse().unwrap();
-    tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(tries)))
-        .into_keys()
-        .collect()
 }
 
 struct TempDir(PathBuf);
@@ -133,27 +85,27 @@ fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
     // The periodic full syncs (every second here) found the kernel equal to the plan.
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
-        metric(
+        metric_sum(
             lab.node(),
             "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
         ) >= 1.0
     );
     assert_eq!(
-        metric(
+        metric_sum(
             lab.node(),
             "kubeproxy_rs_nftables_readback_mismatches_total"
         ),
         0.0
     );
     assert_eq!(
-        metric(
+        metric_sum(
             lab.node(),
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
         ),
         0.0
     );
     assert!(
-        metric(
+        metric_sum(
             lab.node(),
             "kubeproxy_network_programming_duration_seconds_count"
         ) >= 0.0
@@ -223,11 +175,11 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
         "the bad objects to be counted",
         Duration::from_secs(5),
         || {
-            metric(
+            metric_sum(
                 lab.node(),
                 "kubeproxy_rs_invalid_objects_total{kind=\"Service\"}",
             ) >= 4.0
-                && metric(
+                && metric_sum(
                     lab.node(),
                     "kubeproxy_rs_source_errors_total{source=\"manifests\",reason=\"parse\"}",
                 ) >= 1.0
@@ -266,7 +218,7 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
         failures.join("\n")
     );
     assert_eq!(
-        metric(
+        metric_sum(
             lab.node(),
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
         ),

@@ -1,0 +1,87 @@
+//! Helpers shared by the binary's end-to-end tests: how kube-proxy is started in a lab node,
+//! and how its metrics and the lab's traffic are read.
+
+#![allow(dead_code, reason = "each test file uses a different subset")]
+
+use std::time::{Duration, Instant};
+
+use kp_test::echo::{tally, Proto, Request};
+use kp_test::lab::Lab;
+use kp_test::netns::{ChildGuard, Netns};
+
+/// The health endpoint, inside the node namespace.
+pub const HEALTHZ: &str = "http://127.0.0.1:10256/healthz";
+/// The metrics endpoint, inside the node namespace.
+pub const METRICS: &str = "http://127.0.0.1:10249/metrics";
+/// The log line of a full sync.
+pub const PROGRAMMED: &str = "programmed the nftables tables";
+
+/// Starts kube-proxy in the lab node with the flags every e2e test uses, plus `source` (how it
+/// finds its objects: `--manifests DIR` or `--master URL`). `prefix` goes before the binary
+/// (`env -u …`).
+pub fn spawn_proxy(lab: &Lab, prefix: &[&str], source: &[&str]) -> ChildGuard {
+    let mut args: Vec<&str> = prefix.to_vec();
+    args.push(env!("CARGO_BIN_EXE_kube-proxy"));
+    args.extend([
+        "--proxy-mode=nftables",
+        "--hostname-override",
+        kp_flows::NODE,
+        "--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
+        "--healthz-bind-address=127.0.0.1:10256",
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--iptables-min-sync-period=100ms",
+        "--iptables-sync-period=1s",
+        "-v=2",
+    ]);
+    args.extend(source);
+    lab.node().spawn(&args).expect("start kube-proxy")
+}
+
+/// GET `url` from inside `ns` (empty on failure).
+pub fn http_get(ns: &Netns, url: &str) -> String {
+    ns.run(&["curl", "-s", "--max-time", "2", url])
+        .unwrap_or_default()
+}
+
+/// The sum of every metric line that starts with `prefix` (a name and, optionally, labels).
+pub fn metric_sum(ns: &Netns, prefix: &str) -> f64 {
+    http_get(ns, METRICS)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next())
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `ok` until it holds; fails the test after `timeout`. Returns how long it took.
+pub fn eventually(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+/// Who answered `tries` connections from pod 4 to the web Service (10.96.0.10:80), sorted;
+/// failures count under their outcome (`timeout`, `refused`, ...).
+pub fn web_backends(lab: &Lab, tries: usize) -> Vec<String> {
+    let web = "10.96.0.10".parse().unwrap();
+    tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(tries)))
+        .into_keys()
+        .collect()
+}
+
+/// Runs the whole flow table with real packets and fails with every failing row.
+pub fn assert_flows(lab: &Lab) {
+    let failures = kp_test::flows::check_all(lab);
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
