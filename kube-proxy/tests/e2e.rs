@@ -70,6 +70,12 @@ fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
                     .as_array_mut()
                     .unwrap()
                     .retain(|e| e["addresses"][0] != "10.244.1.13");
+                // As the EndpointSlice controller does: when the change was triggered. Its age
+                // at the time the rules are live is the network programming latency.
+                let now = kp_serve::rfc3339::format(std::time::SystemTime::now());
+                item["metadata"]["annotations"] = serde_json::json!({
+                    "endpoints.kubernetes.io/last-change-trigger-time": now,
+                });
             }
         }
         v
@@ -104,12 +110,19 @@ fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
         ),
         0.0
     );
-    assert!(
+    // The edit's trigger time was turned into one programming-latency sample, of a sane size.
+    assert_eq!(
         metric_sum(
             lab.node(),
             "kubeproxy_network_programming_duration_seconds_count"
-        ) >= 0.0
+        ),
+        1.0
     );
+    let latency = metric_sum(
+        lab.node(),
+        "kubeproxy_network_programming_duration_seconds_sum",
+    );
+    assert!((0.0..5.0).contains(&latency), "{latency} s");
 
     // Stopping leaves the rules in place, as upstream.
     proxy.terminate(Duration::from_secs(5)).unwrap();

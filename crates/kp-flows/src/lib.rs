@@ -275,32 +275,34 @@ pub fn objects() -> Vec<Object> {
         .collect()
 }
 
-/// The objects as one JSON `v1 List`, for the manifest-directory source.
-pub fn manifest_list() -> String {
-    let items: Vec<Value> = objects()
-        .into_iter()
-        .map(|o| match o {
-            Object::Service(s) => serde_json::to_value(*s),
-            Object::EndpointSlice(s) => serde_json::to_value(*s),
-            Object::Node(n) => serde_json::to_value(*n),
-        })
-        .collect::<Result<_, _>>()
-        .unwrap_or_else(|e| panic!("fixture serialises: {e}"));
-    let items: Vec<Value> = items
-        .into_iter()
-        .zip(objects())
-        .map(|(mut v, o)| {
-            let (api, kind) = match o {
-                Object::Service(_) => ("v1", "Service"),
-                Object::EndpointSlice(_) => ("discovery.k8s.io/v1", "EndpointSlice"),
-                Object::Node(_) => ("v1", "Node"),
-            };
-            v["apiVersion"] = json!(api);
-            v["kind"] = json!(kind);
-            v
-        })
-        .collect();
+/// One object as a manifest: its JSON with `apiVersion` and `kind` set, as a file or an API
+/// server holds it.
+pub fn manifest(object: &Object) -> Value {
+    let (api, kind, value) = match object {
+        Object::Service(s) => ("v1", "Service", serde_json::to_value(s)),
+        Object::EndpointSlice(s) => (
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            serde_json::to_value(s),
+        ),
+        Object::Node(n) => ("v1", "Node", serde_json::to_value(n)),
+    };
+    let mut v =
+        value.unwrap_or_else(|e| panic!("{} {} serialises: {e}", object.kind(), object.key()));
+    v["apiVersion"] = json!(api);
+    v["kind"] = json!(kind);
+    v
+}
+
+/// Objects as one JSON `v1 List`, for the manifest-directory source.
+pub fn manifest_list_of(objects: &[Object]) -> String {
+    let items: Vec<Value> = objects.iter().map(manifest).collect();
     json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+/// The fixture as one JSON `v1 List`.
+pub fn manifest_list() -> String {
+    manifest_list_of(&objects())
 }
 
 /// What a row expects.

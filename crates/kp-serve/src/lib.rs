@@ -24,7 +24,7 @@
 mod health;
 mod health_server;
 mod metrics_server;
-mod rfc3339;
+pub mod rfc3339;
 mod service_health;
 
 use std::future::Future;

@@ -13,7 +13,7 @@ pub(crate) const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
 const SECS_PER_DAY: i64 = 86_400;
 
 /// Formats `t` in UTC, with the fraction trimmed as Go's `RFC3339Nano` does.
-pub(crate) fn format(t: SystemTime) -> String {
+pub fn format(t: SystemTime) -> String {
     let (secs, nanos) = unix_parts(t);
     let days = secs.div_euclid(SECS_PER_DAY);
     let second_of_day = secs.rem_euclid(SECS_PER_DAY);

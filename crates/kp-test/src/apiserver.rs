@@ -287,13 +287,7 @@ impl FakeApiServer {
 
     /// [`FakeApiServer::upsert`] for a typed object.
     pub fn upsert_object(&self, object: &Object) -> Result<u64> {
-        let value = match object {
-            Object::Service(o) => serde_json::to_value(o),
-            Object::EndpointSlice(o) => serde_json::to_value(o),
-            Object::Node(o) => serde_json::to_value(o),
-        }
-        .map_err(|e| Error::InvalidArgument(format!("{} {}: {e}", object.kind(), object.key())))?;
-        self.upsert(object.kind(), value)
+        self.upsert(object.kind(), kp_flows::manifest(object))
     }
 
     /// Upserts every object (such as `kp_flows::objects()`); returns the last resourceVersion.
