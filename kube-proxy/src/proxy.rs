@@ -13,7 +13,7 @@ use kp_core::model::{IpFamily, ServiceKey};
 use kp_core::sync::{SyncKind, SyncSchedule};
 use kp_core::track::{Applied, Changes, Kind, ProxyState, SourceEvent};
 use kp_metrics::{Metrics, TrafficPolicyLabel};
-use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane, NodePorts};
+use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
 use kp_serve::{ProxyHealth, ServiceHealthServer, SharedHealth};
 use tokio::sync::mpsc;
 
@@ -54,9 +54,9 @@ fn nftables_config(cfg: &Config) -> Result<NftablesConfig, Fatal> {
         }
     };
     let node_ports = match cfg.node_port_addresses.as_slice() {
-        [] => NodePorts::AllLocal,
-        [NodePortAddress::Primary] => NodePorts::Primary,
-        list => NodePorts::Cidrs(
+        [] => NodePortAddresses::AllLocal,
+        [NodePortAddress::Primary] => NodePortAddresses::Primary,
+        list => NodePortAddresses::Cidrs(
             list.iter()
                 .filter_map(|a| match a {
                     NodePortAddress::Cidr(c) => Some(*c),

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod dataplane;
 pub mod flow;
 pub mod model;
+pub mod node;
 pub mod select;
 pub mod sync;
 pub mod track;

@@ -78,14 +78,7 @@ pub struct Planner {
     programmed: bool,
 }
 
-/// What the planner needs from the node besides the Services.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeContext {
-    /// Sources that count as pod traffic for detect-local (ClusterCIDR or the node's PodCIDR).
-    pub local_cidrs: Vec<IpNet>,
-    /// Where NodePorts answer, when [`PlanConfig::node_ports_restricted`].
-    pub node_port_addresses: Vec<IpNet>,
-}
+pub use kp_core::node::NodeContext;
 
 /// A planned change to the set of elements: how each touched key looked before.
 #[derive(Default)]

@@ -10,7 +10,7 @@ use kp_core::dataplane::Dataplane;
 use kp_core::track::{Changes, Object, SourceEvent};
 use kp_flows::synthetic;
 use kp_metrics::Metrics;
-use kp_nftables::{NftCommand, NftablesConfig, NftablesDataplane, NodePorts};
+use kp_nftables::{NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
 use kp_nftables_plan::{NodeContext, PlanConfig, Planner};
 
 fn main() {
@@ -75,7 +75,7 @@ fn main() {
     }
 
     let cfg = NftablesConfig {
-        node_ports: NodePorts::AllLocal,
+        node_ports: NodePortAddresses::AllLocal,
         ..NftablesConfig::default()
     };
     let mut dp = NftablesDataplane::new(cfg, NftCommand::in_netns(&ns), Arc::new(Metrics::new()));

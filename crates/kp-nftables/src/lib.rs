@@ -12,7 +12,6 @@ mod runner;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use ipnet::IpNet;
 use kp_core::dataplane::{Dataplane, SyncReport};
 use kp_core::model::IpFamily;
 use kp_core::track::{Changes, ProxyState};
@@ -21,6 +20,7 @@ use kp_nftables_plan::element::Tuple;
 use kp_nftables_plan::names::{self, TABLE};
 use kp_nftables_plan::{layout, NodeContext, PlanConfig, Planner, SetId};
 
+pub use kp_core::node::{DetectLocal, NodePortAddresses};
 pub use readback::{canonical, parse_table, KernelTable};
 pub use runner::NftCommand;
 
@@ -63,17 +63,6 @@ pub enum Error {
     Parse(String),
 }
 
-/// How detect-local decides which sources are pods.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DetectLocal {
-    /// No detection: ClusterIP traffic is not masqueraded (unless `masqueradeAll`).
-    None,
-    /// Sources inside these cluster CIDRs are pods.
-    ClusterCidr(Vec<IpNet>),
-    /// Sources inside this node's `podCIDRs` are pods.
-    NodeCidr,
-}
-
 /// The mode's settings.
 #[derive(Clone, Debug)]
 pub struct NftablesConfig {
@@ -86,19 +75,7 @@ pub struct NftablesConfig {
     /// detect-local mode.
     pub detect_local: DetectLocal,
     /// Where NodePorts answer.
-    pub node_ports: NodePorts,
-}
-
-/// Where NodePorts answer (`nodePortAddresses`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodePorts {
-    /// Every local address but loopback (`nodePortAddresses` empty in older upstreams).
-    AllLocal,
-    /// Local addresses inside these CIDRs.
-    Cidrs(Vec<IpNet>),
-    /// The node's primary addresses, from its Node object (`primary`, upstream's nftables
-    /// default). Until the Node reports an address, NodePorts answer nowhere.
-    Primary,
+    pub node_ports: NodePortAddresses,
 }
 
 impl Default for NftablesConfig {
@@ -108,7 +85,7 @@ impl Default for NftablesConfig {
             masquerade_bit: 14,
             masquerade_all: false,
             detect_local: DetectLocal::None,
-            node_ports: NodePorts::Primary,
+            node_ports: NodePortAddresses::Primary,
         }
     }
 }
@@ -134,7 +111,7 @@ impl NftablesDataplane {
                     masquerade_mark: 1 << cfg.masquerade_bit,
                     masquerade_all: cfg.masquerade_all,
                     detect_local: cfg.detect_local != DetectLocal::None,
-                    node_ports_restricted: cfg.node_ports != NodePorts::AllLocal,
+                    node_ports_restricted: cfg.node_ports != NodePortAddresses::AllLocal,
                 })
             })
             .collect();
@@ -153,23 +130,7 @@ impl NftablesDataplane {
     }
 
     fn node_context(&self, state: &ProxyState) -> NodeContext {
-        NodeContext {
-            local_cidrs: match &self.cfg.detect_local {
-                DetectLocal::None => Vec::new(),
-                DetectLocal::ClusterCidr(c) => c.clone(),
-                DetectLocal::NodeCidr => state.node().pod_cidrs.clone(),
-            },
-            node_port_addresses: match &self.cfg.node_ports {
-                NodePorts::AllLocal => Vec::new(),
-                NodePorts::Cidrs(c) => c.clone(),
-                NodePorts::Primary => state
-                    .node()
-                    .addresses
-                    .iter()
-                    .map(|ip| IpNet::from(*ip))
-                    .collect(),
-            },
-        }
+        NodeContext::resolve(&self.cfg.detect_local, &self.cfg.node_ports, state.node())
     }
 
     fn send(&mut self, text: String) -> Result<(), Error> {
