@@ -1,0 +1,1 @@
+//! Conntrack reconciliation (being written).

@@ -1,0 +1,14 @@
+//! Plans kube-proxy-rs's iptables mode: upstream's `KUBE-*` chains in the filter and nat
+//! tables, rendered as `iptables-restore --noflush` input, with partial restores that rewrite
+//! only what changed, and a tracer that follows packets through the rendered text.
+//!
+//! Pure: no processes, no clock. `kp-iptables` runs the restores and reads the tables back.
+//! The semantics and chain names are upstream's (`pkg/proxy/iptables/proxier.go`).
+
+pub mod names;
+pub mod planner;
+pub mod render;
+pub mod restore;
+pub mod tracer;
+
+pub use restore::{ChainWrite, Restore, ServiceChains, Table};
