@@ -79,6 +79,20 @@ pub struct Metrics {
     pub nftables_transaction_statements: Histogram,
     /// `kubeproxy_rs_nftables_readback_mismatches_total`: differences found by the read-back check.
     pub nftables_readback_mismatches: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`.
+    pub iptables_restore_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total`.
+    pub iptables_partial_restore_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_total{table}`: rules kube-proxy owns, per table.
+    pub iptables_rules: Family<TableLabel, Gauge>,
+    /// `kubeproxy_rs_iptables_readback_mismatches_total`.
+    pub iptables_readback_mismatches: Counter,
+    /// `kubeproxy_conntrack_reconciler_deleted_entries_total`.
+    pub conntrack_deleted_entries: Counter,
+    /// `kubeproxy_conntrack_reconciler_sync_duration_seconds`.
+    pub conntrack_reconciler_duration: Histogram,
+    /// `kubeproxy_rs_conntrack_reconciler_errors_total`.
+    pub conntrack_reconciler_errors: Counter,
     /// `kubeproxy_rs_invalid_objects_total{kind}`: objects skipped because they failed validation.
     pub invalid_objects: Family<KindLabel, Counter>,
     /// `kubeproxy_rs_source_errors_total{source,reason}`: watch failures, unreadable files.
@@ -124,6 +138,13 @@ impl Metrics {
             nftables_cleanup_failures: Counter::default(),
             nftables_transaction_statements: Histogram::new(exponential_buckets(1.0, 4.0, 12)),
             nftables_readback_mismatches: Counter::default(),
+            iptables_restore_failures: Counter::default(),
+            iptables_partial_restore_failures: Counter::default(),
+            iptables_rules: Family::default(),
+            iptables_readback_mismatches: Counter::default(),
+            conntrack_deleted_entries: Counter::default(),
+            conntrack_reconciler_duration: Histogram::new(duration_buckets()),
+            conntrack_reconciler_errors: Counter::default(),
             invalid_objects: Family::default(),
             source_errors: Family::default(),
             registry: Registry::default(),
@@ -203,6 +224,41 @@ impl Metrics {
             "kubeproxy_rs_nftables_readback_mismatches",
             "Differences between kernel and desired state found by the read-back check",
             m.nftables_readback_mismatches.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            m.iptables_restore_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+            "Cumulative proxy iptables partial restore failures",
+            m.iptables_partial_restore_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            m.iptables_rules.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_iptables_readback_mismatches",
+            "Differences between the kernel's iptables rules and the desired ones found by the read-back check",
+            m.iptables_readback_mismatches.clone(),
+        );
+        r.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            m.conntrack_deleted_entries.clone(),
+        );
+        r.register(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            m.conntrack_reconciler_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_conntrack_reconciler_errors",
+            "Errors listing or deleting conntrack entries",
+            m.conntrack_reconciler_errors.clone(),
         );
         r.register(
             "kubeproxy_rs_invalid_objects",
