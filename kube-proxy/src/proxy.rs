@@ -120,24 +120,43 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         return Ok(());
     }
     let metrics = Arc::new(Metrics::new());
-    let nft_cfg = nftables_config(cfg)?;
-    let mut dataplane = NftablesDataplane::new(nft_cfg, NftCommand::new(), metrics.clone());
     if cfg.cleanup {
-        dataplane
-            .cleanup()
-            .context("removing the kube-proxy nftables tables")?;
-        tracing::info!("removed the kube-proxy nftables tables");
+        cleanup_all(cfg, &metrics)?;
         return Ok(());
     }
-    if cfg.mode != ProxyMode::Nftables {
-        return Err(Fatal::Config(format!(
+    match cfg.mode {
+        ProxyMode::Nftables => {
+            let dataplane =
+                NftablesDataplane::new(nftables_config(cfg)?, NftCommand::new(), metrics.clone());
+            run_mode(loaded, metrics, dataplane).await
+        }
+        other => Err(Fatal::Config(format!(
             "proxy mode {:?} is not implemented in kube-proxy-rs yet; run with --proxy-mode nftables \
-             (an empty mode means iptables, as upstream)",
-            cfg.mode.as_str()
-        )));
+             or iptables (an empty mode means iptables, as upstream)",
+            other.as_str()
+        ))),
     }
+}
+
+/// `--cleanup`: removes what every kernel mode may have left behind, and nothing else.
+fn cleanup_all(cfg: &Config, metrics: &Arc<Metrics>) -> Result<(), Fatal> {
+    let mut nft = NftablesDataplane::new(nftables_config(cfg)?, NftCommand::new(), metrics.clone());
+    nft.cleanup()
+        .context("removing the kube-proxy nftables tables")?;
+    tracing::info!("removed the kube-proxy nftables tables");
+    Ok(())
+}
+
+/// Runs the proxy with one dataplane until SIGTERM/SIGINT.
+async fn run_mode<D: Dataplane>(
+    loaded: Loaded,
+    metrics: Arc<Metrics>,
+    dataplane: D,
+) -> Result<(), Fatal> {
+    let cfg = &loaded.config;
+    let mode = dataplane.mode();
     let node = node_name(cfg)?;
-    tracing::info!(mode = "nftables", node = %node, "starting kube-proxy-rs");
+    tracing::info!(mode, node = %node, "starting kube-proxy-rs");
     apply_process_settings(cfg);
 
     let health = SharedHealth::new(ProxyHealth::new(
@@ -169,7 +188,7 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         let server = kp_serve::serve_metrics(
             listener,
             metrics.clone(),
-            "nftables",
+            mode,
             configz,
             stopped(stop_rx.clone()),
         );
@@ -217,10 +236,10 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
     result
 }
 
-struct SyncLoop {
+struct SyncLoop<D> {
     state: ProxyState,
     schedule: SyncSchedule,
-    dataplane: NftablesDataplane,
+    dataplane: D,
     metrics: Arc<Metrics>,
     health: SharedHealth,
     service_health: ServiceHealthServer,
@@ -245,7 +264,7 @@ async fn shutdown_signal() {
     }
 }
 
-impl SyncLoop {
+impl<D: Dataplane> SyncLoop<D> {
     async fn run(&mut self, mut rx: mpsc::Receiver<SourceEvent>) -> Result<(), Fatal> {
         // As upstream's SyncLoop: healthy from the start until an update waits too long.
         self.health.updated();
@@ -361,14 +380,16 @@ impl SyncLoop {
                         operations = report.operations,
                         seconds = elapsed,
                         service_ports = self.state.service_port_count(),
-                        "programmed the nftables tables (full sync)"
+                        mode = self.dataplane.mode(),
+                        "programmed the kernel (full sync)"
                     );
                 } else {
                     tracing::debug!(
                         operations = report.operations,
                         seconds = elapsed,
                         services = changes.services.len(),
-                        "synced nftables"
+                        mode = self.dataplane.mode(),
+                        "synced"
                     );
                 }
                 self.sync_health_checks(&changes, report.full).await;

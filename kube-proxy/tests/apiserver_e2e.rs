@@ -344,14 +344,14 @@ fn nothing_is_programmed_until_the_node_is_listed() {
         })
         .expect("a held Node list");
     // Services and EndpointSlices are listed, but no table is programmed while the Node is not.
-    let early = proxy.wait_for_log("programmed the nftables tables", Duration::from_secs(2));
+    let early = proxy.wait_for_log("programmed the kernel", Duration::from_secs(2));
     assert!(early.is_err(), "programmed before the Node was listed");
     let tables = lab.node().run(&["nft", "list", "tables"]).unwrap();
     assert!(!tables.contains("kube-proxy"), "{tables}");
 
     server.release_lists(Kind::Node);
     proxy
-        .wait_for_log("programmed the nftables tables", Duration::from_secs(5))
+        .wait_for_log("programmed the kernel", Duration::from_secs(5))
         .expect("the first sync once the Node is listed");
     // The very first table already answers NodePorts on the Node's primary address.
     let fixed = eventually(

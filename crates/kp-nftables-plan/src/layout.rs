@@ -488,6 +488,14 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
         "nodeports",
         format!("{np} {NODEPORT_KEY} vmap @{NO_ENDPOINT_NODEPORTS}"),
     );
+    // After DNAT (these hooks run at filter priority), a destination that is still a ClusterIP
+    // matched no Service port: upstream's nftables mode rejects it rather than letting it leak
+    // to the default route.
+    add(
+        ENDPOINTS_CHECK,
+        "cluster-ip-unknown-port",
+        format!("{ip} daddr @{CLUSTER_IPS} reject"),
+    );
     add(REJECT_PACKET, "reject", "reject".into());
     add(
         MASQUERADING,

@@ -143,8 +143,10 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub iptables_min_sync_period: Option<GoDuration>,
 
-    /// If false, NodePort services cannot be reached via localhost. Applies only to iptables
-    /// mode and IPv4. [default: true]
+    /// If true, NodePort services can be reached via localhost (127.0.0.1) too. Applies only
+    /// to iptables mode and IPv4. Off by default, unlike upstream, because answering on
+    /// localhost needs route_localnet, which exposes localhost-bound services to the node's
+    /// neighbours (CVE-2020-8558). [default: false]
     #[arg(
         long,
         value_name = "BOOL",

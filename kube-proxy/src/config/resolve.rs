@@ -445,7 +445,7 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
         sync_period,
         min_sync_period,
         config_sync_period,
-        localhost_nodeports: doc.iptables.localhost_node_ports.unwrap_or(true),
+        localhost_nodeports: doc.iptables.localhost_node_ports.unwrap_or(false),
         ipvs,
         conntrack,
         port_range,

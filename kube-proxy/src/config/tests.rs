@@ -76,7 +76,8 @@ fn defaults_match_upstream() {
     assert_eq!(c.detect_local_mode, LocalMode::ClusterCIDR);
     assert!(c.cluster_cidrs.is_empty());
     assert!(c.node_port_addresses.is_empty());
-    assert!(c.localhost_nodeports);
+    // Off unless enabled (CVE-2020-8558); upstream defaults to on.
+    assert!(!c.localhost_nodeports);
     assert_eq!(c.oom_score_adj, -999);
     assert_eq!(c.udp_idle_timeout, Duration::from_millis(250));
     assert_eq!(c.port_range, None);

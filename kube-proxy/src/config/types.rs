@@ -200,7 +200,8 @@ pub struct DetectLocalConfiguration {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct KubeProxyIPTablesConfiguration {
-    /// Whether NodePorts answer on 127.0.0.1 (iptables mode, IPv4 only). Default true.
+    /// Whether NodePorts answer on 127.0.0.1 (iptables mode, IPv4 only). Default false
+    /// (upstream: true), because it needs route_localnet (CVE-2020-8558).
     pub localhost_node_ports: Option<bool>,
     /// Masquerade all traffic to ClusterIPs.
     #[serde(deserialize_with = "nullable")]
@@ -429,7 +430,7 @@ impl KubeProxyConfiguration {
         let default_min_sync = GoDuration::from_secs(1);
         default_zero(&mut self.iptables.sync_period, default_sync);
         default_zero(&mut self.iptables.min_sync_period, default_min_sync);
-        self.iptables.localhost_node_ports.get_or_insert(true);
+        self.iptables.localhost_node_ports.get_or_insert(false);
         self.iptables
             .masquerade_bit
             .get_or_insert(DEFAULT_MASQUERADE_BIT);

@@ -14,7 +14,7 @@ pub const HEALTHZ: &str = "http://127.0.0.1:10256/healthz";
 /// The metrics endpoint, inside the node namespace.
 pub const METRICS: &str = "http://127.0.0.1:10249/metrics";
 /// The log line of a full sync.
-pub const PROGRAMMED: &str = "programmed the nftables tables";
+pub const PROGRAMMED: &str = "programmed the kernel";
 
 /// Starts kube-proxy in the lab node with the flags every e2e test uses, plus `source` (how it
 /// finds its objects: `--manifests DIR` or `--master URL`). `prefix` goes before the binary
