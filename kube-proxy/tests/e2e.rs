@@ -2,20 +2,16 @@
 //! from a manifest directory, and must pass the flow table with real packets, follow live edits,
 //! and survive bad input without losing working rules.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use kp_test::lab::Lab;
 use kp_test::netns::ChildGuard;
 
 mod common;
-use common::{eventually, http_get, metric_sum, web_backends, HEALTHZ, PROGRAMMED};
-
-fn write_atomically(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp-write");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
+use common::{
+    eventually, http_get, metric_sum, temp_dir, web_backends, write_atomically, HEALTHZ, PROGRAMMED,
+};
 
 fn start_proxy(lab: &Lab, dir: &Path) -> ChildGuard {
     let mut proxy = common::spawn_proxy(lab, &[], &["--manifests", dir.to_str().unwrap()]);
@@ -23,19 +19,6 @@ fn start_proxy(lab: &Lab, dir: &Path) -> ChildGuard {
         .wait_for_log(PROGRAMMED, Duration::from_secs(20))
         .expect("first sync");
     proxy
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-fn temp_dir(tag: &str) -> TempDir {
-    let p = std::env::temp_dir().join(format!("kp-e2e-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    TempDir(p)
 }
 
 #[test]

@@ -20,10 +20,16 @@ pub const PROGRAMMED: &str = "programmed the kernel";
 /// finds its objects: `--manifests DIR` or `--master URL`). `prefix` goes before the binary
 /// (`env -u …`).
 pub fn spawn_proxy(lab: &Lab, prefix: &[&str], source: &[&str]) -> ChildGuard {
+    spawn_proxy_in_mode(lab, "nftables", prefix, source)
+}
+
+/// [`spawn_proxy`] in proxy mode `mode`.
+pub fn spawn_proxy_in_mode(lab: &Lab, mode: &str, prefix: &[&str], source: &[&str]) -> ChildGuard {
+    let mode_flag = format!("--proxy-mode={mode}");
     let mut args: Vec<&str> = prefix.to_vec();
     args.push(env!("CARGO_BIN_EXE_kube-proxy"));
     args.extend([
-        "--proxy-mode=nftables",
+        mode_flag.as_str(),
         "--hostname-override",
         kp_flows::NODE,
         "--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
@@ -84,4 +90,37 @@ pub fn assert_flows(lab: &Lab) {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// Writes `text` to `path` so a reader never sees it half-written.
+pub fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp-write");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh scratch directory named after `tag` and this process.
+pub fn temp_dir(tag: &str) -> TempDir {
+    let p = std::env::temp_dir().join(format!("kp-e2e-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+}
+
+/// The fixture's manifest list with `edit` applied to every item.
+pub fn edited_fixture(mut edit: impl FnMut(&mut serde_json::Value)) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&kp_flows::manifest_list()).unwrap();
+    for item in v["items"].as_array_mut().unwrap() {
+        edit(item);
+    }
+    v.to_string()
 }
