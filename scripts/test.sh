@@ -29,7 +29,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 say "checking that the pure core and planners use no tokio, kube or process spawning"
-for crate in kp-core kp-nftables-plan kp-flows; do
+for crate in kp-core kp-nftables-plan kp-iptables-plan kp-flows; do
     if cargo tree -q -p "$crate" -e normal --prefix none | grep -E '^(tokio|kube|kube-client|hyper|axum) ' >/dev/null; then
         echo "error: $crate depends on an I/O crate:" >&2
         cargo tree -q -p "$crate" -e normal --prefix none | grep -E '^(tokio|kube|kube-client|hyper|axum) ' >&2
