@@ -90,7 +90,7 @@ struct Cluster {
 }
 
 fn cluster() -> Cluster {
-    let lab = Lab::new(5).expect("lab");
+    let lab = kp_test::flows::lab().expect("lab");
     let echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
     let server = FakeApiServer::start_in(lab.node()).expect("fake API server in the node");
     server
@@ -330,7 +330,7 @@ fn nothing_is_programmed_until_the_node_is_listed() {
     if !kp_test::netns::require_root() {
         return;
     }
-    let lab = Lab::new(5).expect("lab");
+    let lab = kp_test::flows::lab().expect("lab");
     let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
     let server = FakeApiServer::start_in(lab.node()).expect("fake API server in the node");
     server

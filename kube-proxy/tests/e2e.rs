@@ -27,7 +27,7 @@ fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
     if !kp_test::netns::require_root() {
         return;
     }
-    let lab = Lab::new(5).expect("lab");
+    let lab = kp_test::flows::lab().expect("lab");
     let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
     let dir = temp_dir("flows");
     let cluster = dir.0.join("cluster.json");
@@ -133,7 +133,7 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
     if !kp_test::netns::require_root() {
         return;
     }
-    let lab = Lab::new(5).expect("lab");
+    let lab = kp_test::flows::lab().expect("lab");
     let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
     let dir = temp_dir("bad");
     write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());

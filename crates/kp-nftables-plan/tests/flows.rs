@@ -22,13 +22,7 @@ fn planners() -> Vec<Planner> {
 }
 
 fn node() -> NodeContext {
-    NodeContext {
-        local_cidrs: vec![
-            kp_flows::CLUSTER_CIDR.parse().unwrap(),
-            "fd00:10:244::/48".parse().unwrap(),
-        ],
-        node_port_addresses: vec![format!("{}/32", kp_flows::NODE_IP).parse().unwrap()],
-    }
+    kp_flows::node_context()
 }
 
 #[test]

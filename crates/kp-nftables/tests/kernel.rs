@@ -39,7 +39,7 @@ fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after
     if !kp_test::netns::require_root() {
         return;
     }
-    let lab = Lab::new(5).expect("lab");
+    let lab = kp_test::flows::lab().expect("lab");
     let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
     let mut dp = dataplane(&lab);
     let mut state = kp_flows::state();

@@ -26,6 +26,9 @@ pub enum Proto {
     Tcp,
     /// UDP: one datagram per attempt, answered with one datagram.
     Udp,
+    /// SCTP: one association per attempt (one-to-one style), answered like TCP. Only where
+    /// the kernel has SCTP: see [`sctp_support`].
+    Sctp,
 }
 
 impl Proto {
@@ -34,6 +37,7 @@ impl Proto {
         match self {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
+            Proto::Sctp => "sctp",
         }
     }
 }
@@ -242,24 +246,55 @@ pub fn request(from: &Netns, req: &Request) -> Vec<Outcome> {
     outcomes
 }
 
-/// Starts `kp-echo serve --name NAME` in `ns` on the given ports and waits until it has bound
-/// them all.
+/// Starts `kp-echo serve --name NAME` in `ns` on the given TCP and UDP ports and waits until it
+/// has bound them all.
 pub fn serve(ns: &Netns, name: &str, tcp: &[u16], udp: &[u16]) -> Result<ChildGuard> {
+    let ports: Vec<(Proto, u16)> = tcp
+        .iter()
+        .map(|&p| (Proto::Tcp, p))
+        .chain(udp.iter().map(|&p| (Proto::Udp, p)))
+        .collect();
+    serve_on(ns, name, &ports)
+}
+
+/// Starts `kp-echo serve --name NAME` in `ns` on the given ports of any protocol and waits until
+/// it has bound them all. SCTP ports fail to bind where the kernel lacks SCTP.
+pub fn serve_on(ns: &Netns, name: &str, ports: &[(Proto, u16)]) -> Result<ChildGuard> {
     let binary = try_echo_binary()?;
     let binary = binary.to_string_lossy();
-    let ports: Vec<(&str, String)> = tcp
+    let ports: Vec<(String, String)> = ports
         .iter()
-        .map(|p| ("--tcp", p.to_string()))
-        .chain(udp.iter().map(|p| ("--udp", p.to_string())))
+        .map(|(proto, port)| (format!("--{}", proto.as_str()), port.to_string()))
         .collect();
     let mut argv: Vec<&str> = vec![&binary, "serve", "--name", name];
     for (flag, port) in &ports {
-        argv.extend([*flag, port.as_str()]);
+        argv.extend([flag.as_str(), port.as_str()]);
     }
     let mut child = ns.spawn(&argv)?;
     child.wait_for_log(&format!("kp-echo {name} ready"), READY_TIMEOUT)?;
     Ok(child)
 }
+
+/// Whether this kernel has SCTP, or why not. Asked once per process by opening (and at once
+/// closing) an SCTP socket: no address is bound and no packet is sent. Network namespaces share
+/// the kernel, so the answer holds inside every lab namespace.
+pub fn sctp_support() -> std::result::Result<(), String> {
+    static SUPPORT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    SUPPORT
+        .get_or_init(|| {
+            socket2::Socket::new(
+                socket2::Domain::IPV4,
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::from(IPPROTO_SCTP)),
+            )
+            .map(drop)
+            .map_err(|e| format!("this kernel has no SCTP: socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP) failed: {e}"))
+        })
+        .clone()
+}
+
+/// `IPPROTO_SCTP` from `<netinet/in.h>`.
+const IPPROTO_SCTP: i32 = 132;
 
 /// Tells this process which kp-echo to use, ahead of the search in [`echo_binary`]. kp-test's
 /// own tests pass `env!("CARGO_BIN_EXE_kp-echo")`. The first call wins.

@@ -4,8 +4,8 @@
 //! - [`netns`]: a uniquely named [`Netns`] deleted on drop (with whatever still runs in it),
 //!   veth pairs between namespaces, [`ChildGuard`] for background processes, and
 //!   [`require_root`].
-//! - [`lab`]: a [`Lab`] with one node, K pods and an outside client, and the one addressing
-//!   plan all netns tests use.
+//! - [`lab`]: a [`Lab`] with one node, K pods and outside clients, optionally a second node with
+//!   remote pods ([`Lab::two_nodes`]), and the one addressing plan all netns tests use.
 //! - [`echo`]: drives the `kp-echo` binary (this crate's `src/bin/kp-echo.rs`), the backend and
 //!   client whose answers say which backend answered and which source address it saw.
 //! - [`flows`]: runs the `kp-flows` packet-flow table with real packets through a lab.

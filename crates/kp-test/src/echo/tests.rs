@@ -74,3 +74,40 @@ fn a_request_becomes_the_documented_command_line() {
         "request udp fd00:10:96::a 53 --timeout-ms 300 --count 5 --src-ip 2001:db8::3 --src-port 40000"
     );
 }
+
+#[test]
+fn an_sctp_request_names_its_protocol() {
+    let req = Request::new(Proto::Sctp, "10.96.0.132".parse().unwrap(), 3868);
+    assert!(req
+        .args()
+        .join(" ")
+        .starts_with("request sctp 10.96.0.132 3868 "));
+}
+
+#[test]
+#[ignore = "needs root"]
+fn serving_sctp_works_exactly_where_the_kernel_has_it() {
+    if !crate::require_root() {
+        return;
+    }
+    let lab = crate::Lab::new(1).unwrap();
+    let server = serve_on(
+        lab.pod(0),
+        "pod-0",
+        &[(Proto::Tcp, 8080), (Proto::Sctp, 3868)],
+    );
+    match sctp_support() {
+        Ok(()) => {
+            let _server = server.expect("SCTP echo server");
+            let out = lab.request(lab.client(), Proto::Sctp, lab.pod_ip(0), 3868);
+            assert_eq!(out.backend(), Some("pod-0"), "{out:?}");
+        }
+        Err(why) => {
+            eprintln!("SKIPPED the SCTP exchange: {why}");
+            assert!(
+                server.is_err(),
+                "an SCTP port bound on a kernel without SCTP"
+            );
+        }
+    }
+}

@@ -1,0 +1,144 @@
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kp_core::flow::{Origin, Verdict};
+use kp_core::model::ServicePort;
+use kp_core::track::ProxyState;
+
+use super::*;
+
+#[test]
+fn row_names_are_unique() {
+    let mut seen = BTreeSet::new();
+    for case in cases() {
+        assert!(seen.insert(case.name), "duplicate row name: {}", case.name);
+    }
+}
+
+/// Every Service port, with what its endpoint selection says.
+fn ports(state: &ProxyState) -> Vec<kp_core::track::ServicePortState> {
+    state
+        .service_keys()
+        .flat_map(|k| state.service_state(k))
+        .collect()
+}
+
+fn reaches(port: &ServicePort, dst: IpAddr, dport: u16) -> bool {
+    let addressed = port
+        .cluster_ips
+        .iter()
+        .chain(&port.external_ips)
+        .chain(&port.load_balancer_ips)
+        .any(|ip| *ip == dst);
+    (addressed && port.port == dport) || port.node_port == Some(dport)
+}
+
+#[test]
+fn every_fixture_service_is_reached_by_some_row() {
+    let state = state();
+    let cases = cases();
+    for s in ports(&state) {
+        assert!(
+            cases
+                .iter()
+                .any(|c| reaches(&s.port, c.packet.dst, c.packet.dport)),
+            "no row reaches {}",
+            s.port.name
+        );
+    }
+}
+
+/// The ClusterIP rows from pods name exactly the endpoints the core selects for internal
+/// traffic: the fixture holds what the row names claim (a typo in an address or a condition
+/// would show here first, not as a puzzling dataplane failure).
+#[test]
+fn clusterip_rows_from_pods_agree_with_the_fixture_selection() {
+    let state = state();
+    let ports = ports(&state);
+    let mut checked = 0;
+    for case in cases() {
+        if case.packet.origin != Origin::Pod {
+            continue;
+        }
+        let Some(s) = ports.iter().find(|s| {
+            s.port.cluster_ips.contains(&case.packet.dst)
+                && s.port.port == case.packet.dport
+                && s.port.name.protocol == case.packet.protocol
+        }) else {
+            continue;
+        };
+        let family = kp_core::model::IpFamily::of(&case.packet.dst);
+        let internal: BTreeSet<(IpAddr, u16)> = s
+            .endpoints
+            .internal(&s.port)
+            .iter()
+            .filter(|e| kp_core::model::IpFamily::of(&e.ip) == family)
+            .map(|e| (e.ip, e.port))
+            .collect();
+        match expected_verdict(&case) {
+            Verdict::Dnat {
+                endpoints,
+                affinity,
+                ..
+            } => {
+                assert_eq!(endpoints, internal, "{}", case.name);
+                assert_eq!(affinity, s.port.session_affinity_timeout, "{}", case.name);
+            }
+            Verdict::Reject => assert!(
+                internal.is_empty() && !s.endpoints.has_any_for(family),
+                "{}: rejects, yet the port has endpoints",
+                case.name
+            ),
+            Verdict::Drop => assert!(
+                internal.is_empty() && s.endpoints.has_any_for(family),
+                "{}: drops, so endpoints must exist elsewhere",
+                case.name
+            ),
+            Verdict::Untouched => panic!("{}: a Service port is never untouched", case.name),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 15, "only {checked} rows checked");
+}
+
+#[test]
+fn rows_that_need_the_other_node_are_marked() {
+    for case in cases() {
+        let remote = matches!(&case.expect, Expect::Pods { pods, .. }
+            if pods.iter().any(|p| p.starts_with("remote-")));
+        assert_eq!(case.needs_second_node, remote, "{}", case.name);
+    }
+    assert!(cases().iter().any(|c| c.needs_sctp()));
+}
+
+#[test]
+fn the_table_config_serves_node_ports_on_both_primary_addresses_only() {
+    let ctx = node_context();
+    let want: Vec<String> = vec![format!("{NODE_IP}/32"), format!("{NODE_IP6}/128")];
+    let got: Vec<String> = ctx
+        .node_port_addresses
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(ctx.local_cidrs.len(), 2);
+}
+
+#[test]
+fn sources_follow_the_destination_family() {
+    let by_name = |name: &str| {
+        cases()
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no row {name}"))
+    };
+    let v6 = by_name("IPv6 NodePort on the node's primary IPv6 address, masqueraded");
+    assert_eq!(v6.packet.src, CLIENT6.parse::<IpAddr>().unwrap());
+    let lo = by_name("localhost NodePorts are off: 127.0.0.1 is left alone");
+    assert_eq!(lo.packet.src, lo.packet.dst);
+    let pod6 = by_name("single-stack IPv6 ClusterIP");
+    assert_eq!(
+        pod6.packet.src,
+        "fd00:10:244:1::14".parse::<IpAddr>().unwrap()
+    );
+}
