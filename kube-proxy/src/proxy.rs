@@ -8,6 +8,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use ipnet::IpNet;
+use kp_conntrack::Conntrack;
+use kp_core::conntrack::ConntrackPlanner;
 use kp_core::dataplane::Dataplane;
 use kp_core::model::{IpFamily, ServiceKey};
 use kp_core::sync::{SyncKind, SyncSchedule};
@@ -230,6 +232,8 @@ async fn run_mode<D: Dataplane>(
         service_health,
         health_ports: HashMap::new(),
         local_endpoints: HashMap::new(),
+        conntrack: Conntrack::new(),
+        conntrack_planner: ConntrackPlanner::new(),
     };
     let result = sync_loop.run(rx).await;
     let _ = stop_tx.send(true);
@@ -247,6 +251,27 @@ struct SyncLoop<D> {
     health_ports: HashMap<ServiceKey, u16>,
     /// Local endpoints of those Services.
     local_endpoints: HashMap<ServiceKey, usize>,
+    /// Deletes stale UDP/SCTP conntrack entries after each sync.
+    conntrack: Conntrack,
+    /// What the conntrack reconciler knows of Service frontends, past and present.
+    conntrack_planner: ConntrackPlanner,
+}
+
+/// Every address of this node's interfaces: where a NodePort may have been reached.
+fn local_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|a| {
+            if let Some(v4) = a.as_sockaddr_in() {
+                Some(std::net::IpAddr::V4(v4.ip()))
+            } else {
+                a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
 }
 
 async fn shutdown_signal() {
@@ -392,11 +417,43 @@ impl<D: Dataplane> SyncLoop<D> {
                         "synced"
                     );
                 }
+                self.reconcile_conntrack();
                 self.sync_health_checks(&changes, report.full).await;
             }
             Err(e) => {
                 self.schedule.finished(Instant::now(), kind, false);
                 tracing::error!(error = %e, "sync failed; retrying with a full sync");
+            }
+        }
+    }
+
+    /// Deletes UDP and SCTP conntrack entries that still point at endpoints the rules no longer
+    /// use (or that never met an endpoint), so a client such as a DNS resolver reusing its
+    /// source port reaches a live endpoint with its next datagram. Failures are logged and
+    /// counted; the next sync tries again.
+    fn reconcile_conntrack(&mut self) {
+        let start = Instant::now();
+        let (state, planner, conntrack) =
+            (&self.state, &mut self.conntrack_planner, &self.conntrack);
+        let result = tokio::task::block_in_place(|| {
+            planner.update(state, &IpFamily::ALL);
+            conntrack.reconcile(planner, &local_addresses())
+        });
+        self.metrics
+            .conntrack_reconciler_duration
+            .observe(start.elapsed().as_secs_f64());
+        match result {
+            Ok(0) => {}
+            Ok(n) => {
+                self.metrics.conntrack_deleted_entries.inc_by(n as u64);
+                tracing::info!(entries = n, "deleted stale conntrack entries");
+            }
+            Err(e) => {
+                self.metrics
+                    .conntrack_deleted_entries
+                    .inc_by(e.deleted() as u64);
+                self.metrics.conntrack_reconciler_errors.inc();
+                tracing::warn!(error = %e, "conntrack reconciliation failed; retrying after the next sync");
             }
         }
     }

@@ -6,6 +6,7 @@
 //! Mirrors upstream `pkg/proxy` (`serviceport.go`, `endpoint.go`, `topology.go`, the change
 //! trackers) and `pkg/util/async`.
 
+pub mod conntrack;
 pub mod convert;
 pub mod dataplane;
 pub mod flow;
