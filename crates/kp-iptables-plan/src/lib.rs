@@ -11,4 +11,7 @@ pub mod render;
 pub mod restore;
 pub mod tracer;
 
+pub use kp_core::node::NodeContext;
+pub use planner::{JumpRule, PlanConfig, Planner};
 pub use restore::{ChainWrite, Restore, ServiceChains, Table};
+pub use tracer::{IptablesTracer, TraceError};

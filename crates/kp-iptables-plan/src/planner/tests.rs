@@ -1,0 +1,458 @@
+//! The planner over the packet-flow fixture (`kp_flows`): what full and partial plans write,
+//! delete and leave alone.
+
+use super::*;
+use kp_core::track::{Kind, Object, ObjectKey, SourceEvent};
+use kp_flows::synthetic;
+
+type Tables = BTreeMap<(Table, String), Vec<String>>;
+
+/// The fixture's node: pods in the cluster CIDRs, NodePorts on the primary addresses.
+fn node_ctx() -> NodeContext {
+    kp_flows::node_context()
+}
+
+fn v4() -> Planner {
+    Planner::new(PlanConfig::new(IpFamily::V4))
+}
+
+/// A kernel's view: what a sequence of restores leaves behind.
+fn apply(kernel: &mut Tables, r: &Restore) {
+    for g in &r.service_chains {
+        for c in &g.chains {
+            kernel.insert((c.table, c.chain.clone()), c.rules.clone());
+        }
+    }
+    for c in r.base_chains.iter().chain(r.dispatch_chains.iter()) {
+        kernel.insert((c.table, c.chain.clone()), c.rules.clone());
+    }
+    for d in &r.deleted_chains {
+        kernel.remove(d);
+    }
+}
+
+fn fresh(state: &ProxyState, node: &NodeContext) -> Tables {
+    let mut p = v4();
+    p.full(state, node);
+    p.expected()
+}
+
+fn upsert(state: &mut ProxyState, o: Object) -> BTreeSet<ServiceKey> {
+    state.apply(SourceEvent::Upsert(o)).unwrap();
+    state.take_changes().services
+}
+
+fn web() -> ServicePortName {
+    ServicePortName {
+        service: ServiceKey::new("default", "web"),
+        port: String::new(),
+        protocol: kp_core::model::Protocol::Tcp,
+    }
+}
+
+fn pod_endpoint(addr: &str) -> kp_core::model::Endpoint {
+    kp_core::model::Endpoint {
+        ip: addr.parse().unwrap(),
+        port: kp_flows::TCP_PORT,
+        ready: true,
+        serving: true,
+        terminating: false,
+        is_local: true,
+        zone_hints: None,
+    }
+}
+
+/// Every `-j KUBE-…` target names a chain of the table.
+fn assert_no_dangling_jumps(tables: &Tables) {
+    for ((table, chain), rules) in tables {
+        for r in rules {
+            if let Some(target) = r.split(" -j ").nth(1) {
+                let target = target.split(' ').next().unwrap();
+                if target.starts_with("KUBE-") {
+                    assert!(
+                        tables.contains_key(&(*table, target.to_string())),
+                        "{chain}: {r} jumps to a missing chain"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
+    let state = kp_flows::state();
+    let mut p = v4();
+    assert!(!p.programmed());
+    let r = p.full(&state, &node_ctx());
+    assert!(r.full && p.programmed());
+    assert_eq!(r.base_chains.len(), 1);
+    assert_eq!(r.base_chains[0].chain, names::KUBE_MARK_MASQ);
+    let dispatch: Vec<(Table, &str)> = r
+        .dispatch_chains
+        .iter()
+        .map(|c| (c.table, c.chain.as_str()))
+        .collect();
+    assert_eq!(
+        dispatch,
+        [
+            (Table::Filter, "KUBE-EXTERNAL-SERVICES"),
+            (Table::Filter, "KUBE-FORWARD"),
+            (Table::Filter, "KUBE-NODEPORTS"),
+            (Table::Filter, "KUBE-PROXY-FIREWALL"),
+            (Table::Filter, "KUBE-SERVICES"),
+            (Table::Nat, "KUBE-NODEPORTS"),
+            (Table::Nat, "KUBE-POSTROUTING"),
+            (Table::Nat, "KUBE-SERVICES"),
+        ]
+    );
+    assert!(r.deleted_chains.is_empty());
+    // Service groups sorted by Service port name; web6 is IPv6-only and not here.
+    let groups: Vec<&str> = r
+        .service_chains
+        .iter()
+        .map(|g| g.service_port.as_str())
+        .collect();
+    let mut sorted = groups.clone();
+    sorted.sort();
+    assert_eq!(groups, sorted);
+    assert!(!groups.contains(&"default/web6"));
+    assert!(
+        !groups.contains(&"default/empty"),
+        "no endpoints, no nat chains"
+    );
+    // expected() is exactly what was written.
+    let expected = p.expected();
+    let written: BTreeSet<(Table, String)> = r
+        .chain_names()
+        .into_iter()
+        .map(|(t, c)| (t, c.to_string()))
+        .collect();
+    assert_eq!(expected.keys().cloned().collect::<BTreeSet<_>>(), written);
+    let mut kernel = Tables::new();
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, expected);
+    assert_no_dangling_jumps(&expected);
+    // Same state, same text.
+    assert_eq!(v4().full(&state, &node_ctx()).text(), r.text());
+    // The NodePort jump is the last rule of nat KUBE-SERVICES, on the primary address only.
+    let nat_services = &expected[&(Table::Nat, "KUBE-SERVICES".to_string())];
+    assert!(nat_services
+        .last()
+        .unwrap()
+        .starts_with("-d 192.0.2.1/32 -m comment --comment \"kubernetes service nodeports;"));
+    // `empty` rejects. Every filter rule for a ClusterIP rejects or drops.
+    let filter_services = &expected[&(Table::Filter, "KUBE-SERVICES".to_string())];
+    assert!(filter_services.iter().any(|r| r.contains(
+        "\"default/empty has no endpoints\" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable"
+    )));
+    assert!(filter_services
+        .iter()
+        .all(|r| r.ends_with("-j DROP") || r.contains("-j REJECT") || r.ends_with("-j RETURN")));
+    // Then every ClusterIP rejects the ports no Service uses, after the per-port rules, with one
+    // RETURN in front for everything outside the ClusterIP range.
+    let tail = filter_services
+        .iter()
+        .position(|r| r.ends_with("-j RETURN"))
+        .unwrap();
+    assert_eq!(
+        filter_services[tail],
+        "! -d 10.96.0.0/24 -m comment --comment \"not addressed to a ClusterIP\" -j RETURN"
+    );
+    assert!(filter_services[tail + 1..]
+        .iter()
+        .all(|r| r.contains(": no Service port here")));
+    assert!(filter_services[..tail]
+        .iter()
+        .all(|r| r.contains("-m tcp --dport") || r.contains("-m udp --dport")));
+    let vips = state
+        .service_keys()
+        .filter(|k| p.services.contains_key(*k))
+        .count();
+    assert_eq!(filter_services.len() - tail - 1, vips);
+    assert!(filter_services.contains(
+        &"-d 10.96.0.10/32 -m comment --comment \"default/web cluster IP: no Service port here\" -j REJECT --reject-with icmp-port-unreachable".to_string()
+    ));
+    // The Local-policy counts match the DROP rules rendered for them.
+    let external = expected[&(Table::Filter, "KUBE-EXTERNAL-SERVICES".to_string())]
+        .iter()
+        .filter(|r| r.contains("has no local endpoints"))
+        .map(|r| {
+            let before = r.split(" has no local endpoints").next().unwrap();
+            before.rsplit('"').next().unwrap().to_string()
+        })
+        .collect::<BTreeSet<_>>();
+    let internal = filter_services
+        .iter()
+        .filter(|r| r.contains("has no local endpoints"))
+        .count() as u64;
+    assert_eq!(p.no_local_endpoints(), (internal, external.len() as u64));
+    assert!(external.contains("default/local-none"), "{external:?}");
+}
+
+#[test]
+fn the_ipv6_planner_sees_only_services_with_an_ipv6_clusterip() {
+    let state = kp_flows::state();
+    let mut p = Planner::new(PlanConfig::new(IpFamily::V6));
+    let r = p.full(&state, &node_ctx());
+    let groups: Vec<&str> = r
+        .service_chains
+        .iter()
+        .map(|g| g.service_port.as_str())
+        .collect();
+    assert!(groups.contains(&"default/web6") && groups.contains(&"default/dual"));
+    assert!(!groups.contains(&"default/web"));
+    let expected = p.expected();
+    let nat_services = &expected[&(Table::Nat, "KUBE-SERVICES".to_string())];
+    assert!(nat_services
+        .iter()
+        .any(|r| r.starts_with("-d fd00:10:96::10/128 -p tcp")));
+    assert!(nat_services.iter().all(|r| !r.contains("10.96.0.")));
+    // NodePorts on the IPv6 primary address.
+    assert!(nat_services
+        .last()
+        .unwrap()
+        .starts_with(&format!("-d {}/128 ", kp_flows::NODE_IP6)));
+    // IPv4-only endpoints: the IPv6 ClusterIP rejects, with ICMPv6.
+    let filter_services = &expected[&(Table::Filter, "KUBE-SERVICES".to_string())];
+    assert!(filter_services
+        .iter()
+        .any(|r| r.contains("default/dual-v4-only has no endpoints")
+            && r.ends_with("-j REJECT --reject-with icmp6-port-unreachable")));
+    assert_no_dangling_jumps(&expected);
+}
+
+#[test]
+fn a_partial_plan_with_nothing_changed_sends_nothing() {
+    let state = kp_flows::state();
+    let mut p = v4();
+    p.full(&state, &node_ctx());
+    let r = p.partial(&state, &BTreeSet::new(), &node_ctx(), false);
+    assert!(r.is_empty(), "{}", r.text());
+    let all: BTreeSet<ServiceKey> = state.service_keys().cloned().collect();
+    let r = p.partial(&state, &all, &node_ctx(), false);
+    assert!(r.is_empty(), "{}", r.text());
+    assert!(!r.full);
+}
+
+#[test]
+fn an_endpoint_change_rewrites_the_svc_chain_and_only_the_sep_chains_that_changed() {
+    let mut state = kp_flows::state();
+    let mut p = v4();
+    let mut kernel = Tables::new();
+    apply(&mut kernel, &p.full(&state, &node_ctx()));
+    let chains = names::service_chains(&web());
+    let sep = |addr: &str| names::endpoint_chain(&web(), &pod_endpoint(addr));
+
+    // pod-3 goes away.
+    let changed = upsert(
+        &mut state,
+        Object::EndpointSlice(Box::new(kp_flows::web_slice(&["pod-1", "pod-2"]))),
+    );
+    let r = p.partial(&state, &changed, &node_ctx(), false);
+    assert_eq!(r.service_chains.len(), 1);
+    let written: Vec<&str> = r.service_chains[0]
+        .chains
+        .iter()
+        .map(|c| c.chain.as_str())
+        .collect();
+    assert_eq!(written, [chains.svc.as_str()]);
+    assert!(r.dispatch_chains.is_empty() && r.base_chains.is_empty());
+    assert_eq!(r.deleted_chains, [(Table::Nat, sep("10.244.1.13"))]);
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, p.expected());
+
+    // pod-4 comes: SVC and pod-4's new SEP chain.
+    let changed = upsert(
+        &mut state,
+        Object::EndpointSlice(Box::new(kp_flows::web_slice(&["pod-1", "pod-2", "pod-4"]))),
+    );
+    let r = p.partial(&state, &changed, &node_ctx(), false);
+    let written: BTreeSet<&str> = r.service_chains[0]
+        .chains
+        .iter()
+        .map(|c| c.chain.as_str())
+        .collect();
+    assert_eq!(
+        written,
+        BTreeSet::from([chains.svc.as_str(), sep("10.244.1.14").as_str()])
+    );
+    assert!(r.deleted_chains.is_empty() && r.dispatch_chains.is_empty());
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, p.expected());
+    assert_eq!(kernel, fresh(&state, &node_ctx()));
+}
+
+#[test]
+fn losing_every_endpoint_moves_the_service_to_filter_rejects_and_deletes_its_chains() {
+    let mut state = kp_flows::state();
+    let mut p = v4();
+    let mut kernel = Tables::new();
+    apply(&mut kernel, &p.full(&state, &node_ctx()));
+    let changed = upsert(
+        &mut state,
+        Object::EndpointSlice(Box::new(kp_flows::web_slice(&[]))),
+    );
+    let r = p.partial(&state, &changed, &node_ctx(), false);
+    assert!(r.service_chains.is_empty());
+    let rewritten: BTreeSet<(Table, &str)> = r
+        .dispatch_chains
+        .iter()
+        .map(|c| (c.table, c.chain.as_str()))
+        .collect();
+    assert_eq!(
+        rewritten,
+        BTreeSet::from([
+            (Table::Filter, "KUBE-SERVICES"),
+            (Table::Filter, "KUBE-EXTERNAL-SERVICES"),
+            (Table::Nat, "KUBE-SERVICES"),
+            (Table::Nat, "KUBE-NODEPORTS"),
+        ])
+    );
+    let chains = names::service_chains(&web());
+    let deleted: BTreeSet<&str> = r.deleted_chains.iter().map(|(_, c)| c.as_str()).collect();
+    assert!(deleted.contains(chains.svc.as_str()) && deleted.contains(chains.ext.as_str()));
+    assert_eq!(deleted.len(), 2 + 3, "SVC, EXT and three SEP chains");
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, fresh(&state, &node_ctx()));
+    assert_no_dangling_jumps(&kernel);
+}
+
+#[test]
+fn a_full_plan_after_a_failed_restore_deletes_what_is_no_longer_planned() {
+    let mut state = kp_flows::state();
+    let mut p = v4();
+    let mut kernel = Tables::new();
+    apply(&mut kernel, &p.full(&state, &node_ctx()));
+
+    // The Service goes; the partial restore that deletes its chains fails.
+    state
+        .apply(SourceEvent::Delete(
+            Kind::Service,
+            ObjectKey {
+                namespace: "default".into(),
+                name: "web".into(),
+            },
+        ))
+        .unwrap();
+    let changed = state.take_changes().services;
+    let failed = p.partial(&state, &changed, &node_ctx(), false);
+    assert!(!failed.deleted_chains.is_empty());
+    p.invalidate();
+    assert!(!p.programmed());
+
+    // The next plan is full (also when asked for a partial) and deletes them again.
+    let r = p.partial(&state, &BTreeSet::new(), &node_ctx(), false);
+    assert!(r.full);
+    let deleted: BTreeSet<&(Table, String)> = r.deleted_chains.iter().collect();
+    for d in &failed.deleted_chains {
+        assert!(deleted.contains(d), "{d:?} not deleted again");
+    }
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, p.expected());
+
+    // Once a partial confirms that restore, a later full does not delete them a third time.
+    p.partial(&state, &BTreeSet::new(), &node_ctx(), false);
+    assert!(p.full(&state, &node_ctx()).deleted_chains.is_empty());
+}
+
+#[test]
+fn a_changed_node_context_replans_every_service() {
+    let state = kp_flows::state();
+    let mut p = v4();
+    let mut kernel = Tables::new();
+    apply(&mut kernel, &p.full(&state, &node_ctx()));
+    let mut other = node_ctx();
+    other.local_cidrs = vec!["10.244.1.0/24".parse().unwrap()];
+    // Even when the caller does not flag it, a different context replans everything.
+    let r = p.partial(&state, &BTreeSet::new(), &other, false);
+    assert!(!r.full);
+    // Every SVC chain with a masquerade rule changed (and every EXT chain of a Local policy).
+    let rewritten = r.service_chains.len();
+    assert!(rewritten >= 6, "{}", r.text());
+    assert!(r.text().contains("! -s 10.244.1.0/24 -d 10.96.0.10/32"));
+    // No SEP chain changed.
+    assert!(!r.text().contains(":KUBE-SEP-"), "{}", r.text());
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, fresh(&state, &other));
+}
+
+#[test]
+fn crossing_the_large_cluster_threshold_rewrites_every_per_endpoint_rule() {
+    // 80 Services × 10 endpoints, 11 of them with a second port: 910 endpoints.
+    let mut state = kp_flows::load("node-0", synthetic::cluster(80, 10));
+    let mut p = v4();
+    let mut kernel = Tables::new();
+    apply(&mut kernel, &p.full(&state, &NodeContext::default()));
+    assert!(kernel.values().flatten().any(|r| r.contains(" -> 10.128.")));
+
+    // One more Service with 100 endpoints on two ports: 1110.
+    upsert(
+        &mut state,
+        Object::Service(Box::new(synthetic::service(80))),
+    );
+    let changed = upsert(
+        &mut state,
+        Object::EndpointSlice(Box::new(synthetic::slice(80, 100, &[]))),
+    );
+    assert_eq!(changed.len(), 1);
+    let r = p.partial(&state, &changed, &NodeContext::default(), false);
+    assert!(
+        r.service_chains.len() > 80,
+        "every port's chains are rewritten"
+    );
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, fresh(&state, &NodeContext::default()));
+    for ((_, chain), rules) in &kernel {
+        if chain.starts_with(names::SEP_PREFIX) {
+            assert!(rules.iter().all(|r| !r.contains("-m comment")), "{rules:?}");
+        }
+    }
+
+    // And back: the Service goes, comments come back.
+    state
+        .apply(SourceEvent::Delete(
+            Kind::Service,
+            ObjectKey {
+                namespace: "bench".into(),
+                name: "svc-80".into(),
+            },
+        ))
+        .unwrap();
+    let changed = state.take_changes().services;
+    let r = p.partial(&state, &changed, &NodeContext::default(), false);
+    apply(&mut kernel, &r);
+    assert_eq!(kernel, fresh(&state, &NodeContext::default()));
+    assert!(kernel.values().flatten().any(|r| r.contains(" -> 10.128.")));
+}
+
+#[test]
+fn localhost_nodeports_add_kubelets_firewall_chain_and_its_jumps() {
+    let state = kp_flows::state();
+    let mut cfg = PlanConfig::new(IpFamily::V4);
+    cfg.localhost_node_ports = true;
+    let mut p = Planner::new(cfg.clone());
+    p.full(&state, &NodeContext::default());
+    let expected = p.expected();
+    assert!(expected.contains_key(&(Table::Filter, "KUBE-FIREWALL".to_string())));
+    let nat_services = &expected[&(Table::Nat, "KUBE-SERVICES".to_string())];
+    assert!(nat_services
+        .last()
+        .unwrap()
+        .starts_with("-m comment --comment \"kubernetes service nodeports;"));
+    let jumps = p.jump_rules();
+    assert_eq!(jumps.len(), 14);
+    assert!(jumps
+        .iter()
+        .any(|j| j.table == "filter" && j.chain == "INPUT" && j.args == "-j KUBE-FIREWALL"));
+
+    // Not for IPv6, and not without localhost NodePorts.
+    cfg.family = IpFamily::V6;
+    let mut p6 = Planner::new(cfg);
+    p6.full(&state, &NodeContext::default());
+    assert!(!p6
+        .expected()
+        .contains_key(&(Table::Filter, "KUBE-FIREWALL".to_string())));
+    assert_eq!(p6.jump_rules().len(), 12);
+    assert_eq!(v4().jump_rules().len(), 12);
+}
