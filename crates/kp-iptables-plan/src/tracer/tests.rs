@@ -773,7 +773,8 @@ COMMIT
         t.chain(V4, Table::Nat, "KUBE-SERVICES").unwrap(),
         [
             r#"-m comment --comment "say \"hi\"" -j RETURN"#,
-            "-m comment --comment bare -j RETURN",
+            // iptables-save always quotes a comment.
+            r#"-m comment --comment "bare" -j RETURN"#,
             r#"-m comment --comment "" -j RETURN"#,
         ]
     );
