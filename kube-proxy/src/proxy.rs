@@ -14,6 +14,7 @@ use kp_core::dataplane::Dataplane;
 use kp_core::model::{IpFamily, ServiceKey};
 use kp_core::sync::{SyncKind, SyncSchedule};
 use kp_core::track::{Applied, Changes, Kind, ProxyState, SourceEvent};
+use kp_iptables::{IptablesCommand, IptablesConfig, IptablesDataplane};
 use kp_metrics::{Metrics, TrafficPolicyLabel};
 use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
 use kp_serve::{ProxyHealth, ServiceHealthServer, SharedHealth};
@@ -43,19 +44,21 @@ fn unix_now() -> f64 {
         .unwrap_or_default()
 }
 
-/// The nftables mode's settings, from the configuration.
-fn nftables_config(cfg: &Config) -> Result<NftablesConfig, Fatal> {
-    let detect_local = match &cfg.detect_local_mode {
-        LocalMode::ClusterCIDR if cfg.cluster_cidrs.is_empty() => DetectLocal::None,
-        LocalMode::ClusterCIDR => DetectLocal::ClusterCidr(cfg.cluster_cidrs.clone()),
-        LocalMode::NodeCIDR => DetectLocal::NodeCidr,
-        other => {
-            return Err(Fatal::Config(format!(
-                "detectLocalMode {other:?} is not supported by kube-proxy-rs yet; use ClusterCIDR or NodeCIDR"
-            )));
-        }
-    };
-    let node_ports = match cfg.node_port_addresses.as_slice() {
+/// detect-local, as the kernel modes interpret it.
+fn detect_local(cfg: &Config) -> Result<DetectLocal, Fatal> {
+    match &cfg.detect_local_mode {
+        LocalMode::ClusterCIDR if cfg.cluster_cidrs.is_empty() => Ok(DetectLocal::None),
+        LocalMode::ClusterCIDR => Ok(DetectLocal::ClusterCidr(cfg.cluster_cidrs.clone())),
+        LocalMode::NodeCIDR => Ok(DetectLocal::NodeCidr),
+        other => Err(Fatal::Config(format!(
+            "detectLocalMode {other:?} is not supported by kube-proxy-rs yet; use ClusterCIDR or NodeCIDR"
+        ))),
+    }
+}
+
+/// `nodePortAddresses`, as the kernel modes interpret it.
+fn node_port_addresses(cfg: &Config) -> NodePortAddresses {
+    match cfg.node_port_addresses.as_slice() {
         [] => NodePortAddresses::AllLocal,
         [NodePortAddress::Primary] => NodePortAddresses::Primary,
         list => NodePortAddresses::Cidrs(
@@ -66,13 +69,31 @@ fn nftables_config(cfg: &Config) -> Result<NftablesConfig, Fatal> {
                 })
                 .collect::<Vec<IpNet>>(),
         ),
-    };
+    }
+}
+
+/// The nftables mode's settings, from the configuration.
+fn nftables_config(cfg: &Config) -> Result<NftablesConfig, Fatal> {
     Ok(NftablesConfig {
         families: IpFamily::ALL.to_vec(),
         masquerade_bit: u32::from(cfg.masquerade_bit),
         masquerade_all: cfg.masquerade_all,
-        detect_local,
-        node_ports,
+        detect_local: detect_local(cfg)?,
+        node_ports: node_port_addresses(cfg),
+    })
+}
+
+/// The iptables mode's settings, from the configuration and the node's iptables backend.
+fn iptables_config(cfg: &Config) -> Result<IptablesConfig, Fatal> {
+    Ok(IptablesConfig {
+        families: IpFamily::ALL.to_vec(),
+        masquerade_bit: u32::from(cfg.masquerade_bit),
+        masquerade_all: cfg.masquerade_all,
+        localhost_node_ports: cfg.localhost_nodeports,
+        detect_local: detect_local(cfg)?,
+        node_ports: node_port_addresses(cfg),
+        backend: kp_iptables::detect_backend(None),
+        step_chains: kp_iptables::DEFAULT_STEP_CHAINS,
     })
 }
 
@@ -130,6 +151,22 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         ProxyMode::Nftables => {
             let dataplane =
                 NftablesDataplane::new(nftables_config(cfg)?, NftCommand::new(), metrics.clone());
+            // Switching from iptables mode: its chains would still catch Service traffic first.
+            if let Err(e) = kp_iptables::cleanup_all(None) {
+                tracing::warn!(error = %e, "cannot remove iptables-mode leftovers");
+            }
+            run_mode(loaded, metrics, dataplane).await
+        }
+        ProxyMode::Iptables => {
+            let ipt = iptables_config(cfg)?;
+            tracing::info!(backend = ipt.backend.as_str(), "iptables backend");
+            let dataplane = IptablesDataplane::new(ipt, IptablesCommand::new(), metrics.clone());
+            // Switching from nftables mode: remove its tables.
+            let mut nft =
+                NftablesDataplane::new(nftables_config(cfg)?, NftCommand::new(), metrics.clone());
+            if let Err(e) = nft.cleanup() {
+                tracing::warn!(error = %e, "cannot remove nftables-mode leftovers");
+            }
             run_mode(loaded, metrics, dataplane).await
         }
         other => Err(Fatal::Config(format!(
@@ -146,6 +183,8 @@ fn cleanup_all(cfg: &Config, metrics: &Arc<Metrics>) -> Result<(), Fatal> {
     nft.cleanup()
         .context("removing the kube-proxy nftables tables")?;
     tracing::info!("removed the kube-proxy nftables tables");
+    kp_iptables::cleanup_all(None).context("removing the kube-proxy iptables chains")?;
+    tracing::info!("removed the kube-proxy iptables chains (nft and legacy backends)");
     Ok(())
 }
 

@@ -19,10 +19,9 @@ fn a_mode_that_is_not_built_yet_is_refused_with_exit_code_64() {
     let (code, text) = kube_proxy(&["--proxy-mode=ipvs", "--manifests", dir.to_str().unwrap()]);
     assert_eq!(code, 64, "{text}");
     assert!(text.contains("not implemented"), "{text}");
-    // An empty mode means iptables, as upstream, and is refused the same way for now.
-    let (code, text) = kube_proxy(&["--manifests", dir.to_str().unwrap()]);
+    let (code, text) = kube_proxy(&["--proxy-mode=ebpf", "--manifests", dir.to_str().unwrap()]);
     assert_eq!(code, 64, "{text}");
-    assert!(text.contains("iptables"), "{text}");
+    assert!(text.contains("nftables or iptables"), "{text}");
 }
 
 #[test]

@@ -130,3 +130,9 @@ fn no_blackhole_after_an_endpoint_is_deleted(mode: &str) {
 fn nftables_mode_leaves_no_udp_blackhole() {
     no_blackhole_after_an_endpoint_is_deleted("nftables");
 }
+
+#[test]
+#[ignore = "needs root"]
+fn iptables_mode_leaves_no_udp_blackhole() {
+    no_blackhole_after_an_endpoint_is_deleted("iptables");
+}

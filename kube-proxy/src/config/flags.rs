@@ -32,7 +32,8 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "FILE")]
     pub write_config_to: Option<PathBuf>,
 
-    /// Remove the rules kube-proxy-rs installs (today: its nftables tables), then exit.
+    /// Remove the rules kube-proxy-rs installs (its nftables tables, and its iptables chains on
+    /// both the nft and legacy backends), then exit. Chains and tables of others are left alone.
     #[arg(
         long,
         value_name = "BOOL",
@@ -43,7 +44,7 @@ pub(crate) struct Flags {
     pub cleanup: Option<bool>,
 
     /// Which proxy mode to use: 'iptables' (the default, as upstream), 'ipvs', 'nftables',
-    /// 'userspace' or 'ebpf'. Only 'nftables' is implemented so far.
+    /// 'userspace' or 'ebpf'. 'nftables' and 'iptables' are implemented so far.
     #[arg(long, value_name = "MODE", value_parser = parse_proxy_mode)]
     pub proxy_mode: Option<String>,
 

@@ -33,6 +33,8 @@ pub fn spawn_proxy_in_mode(lab: &Lab, mode: &str, prefix: &[&str], source: &[&st
         "--hostname-override",
         kp_flows::NODE,
         "--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
+        // The flow table's setting; nftables mode's default, not iptables mode's.
+        "--nodeport-addresses=primary",
         "--healthz-bind-address=127.0.0.1:10256",
         "--metrics-bind-address=127.0.0.1:10249",
         "--iptables-min-sync-period=100ms",

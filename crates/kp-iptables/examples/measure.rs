@@ -1,0 +1,191 @@
+//! One-off scale measurement: N Services × E endpoints loaded into a fresh network namespace
+//! with each iptables backend, then single-endpoint changes. Prints timings; it is a
+//! measurement, never a test.
+//!
+//! `cargo run --release -p kp-iptables --example measure -- 10000 10 [nft] [legacy] [none]`
+//! (both backends unless named; `none` only renders).
+//!
+//! `KP_STEP_CHAINS=N` sets the chains per restore input with the nft backend;
+//! `KP_MEASURE_VERIFY=0` skips the read-back checks; `KP_MEASURE_DUMP=PATH` writes the full
+//! restore input to PATH and its nft steps to PATH.NNNN.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kp_core::dataplane::Dataplane;
+use kp_core::model::IpFamily;
+use kp_core::node::NodeContext;
+use kp_core::track::{Changes, Object, SourceEvent};
+use kp_flows::synthetic;
+use kp_iptables::{
+    Backend, IptablesCommand, IptablesConfig, IptablesDataplane, NodePortAddresses,
+    DEFAULT_STEP_CHAINS,
+};
+use kp_iptables_plan::{PlanConfig, Planner};
+use kp_metrics::Metrics;
+
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("kp-measure-{}-{tag}", std::process::id());
+        let ok = std::process::Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .map(|s| s.success());
+        assert_eq!(ok.ok(), Some(true), "ip netns add {name} (needs root)");
+        Netns(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+fn rss(what: &str) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for l in status
+        .lines()
+        .filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS"))
+    {
+        println!("{what}: {l}");
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let numbers: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let (n, per) = (
+        numbers.first().copied().unwrap_or(10_000),
+        numbers.get(1).copied().unwrap_or(10),
+    );
+    let mut backends: Vec<Backend> = args
+        .iter()
+        .filter_map(|a| match a.as_str() {
+            "nft" => Some(Backend::Nft),
+            "legacy" => Some(Backend::Legacy),
+            _ => None,
+        })
+        .collect();
+    if backends.is_empty() && !args.iter().any(|a| a == "none") {
+        backends = Backend::ALL.to_vec();
+    }
+    let step_chains = std::env::var("KP_STEP_CHAINS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_STEP_CHAINS);
+    let verify = std::env::var("KP_MEASURE_VERIFY").map_or(true, |v| v != "0");
+
+    eprintln!("building {n} services x {per} endpoints");
+    let state0 = kp_flows::load("node-0", synthetic::cluster(n, per));
+    rss("after loading the state");
+
+    // Render only, to separate our cost from the tools' and the kernel's.
+    let t = Instant::now();
+    let restore =
+        Planner::new(PlanConfig::new(IpFamily::V4)).full(&state0, &NodeContext::default());
+    let render = t.elapsed().as_secs_f64();
+    let text = restore.text();
+    println!(
+        "render full: {render:.3} s; {} chains, {} rules, {} bytes; {} inputs of <= {step_chains} chains with nft",
+        restore.chain_names().len(),
+        restore.rule_count(),
+        text.len(),
+        restore.steps(step_chains).len(),
+    );
+    if let Ok(path) = std::env::var("KP_MEASURE_DUMP") {
+        std::fs::write(&path, &text).expect("dump");
+        for (i, step) in restore.steps(step_chains).iter().enumerate() {
+            std::fs::write(format!("{path}.{i:04}"), step).expect("dump");
+        }
+    }
+    drop(text);
+    drop(restore);
+
+    for backend in backends {
+        let mut state = kp_flows::load("node-0", synthetic::cluster(n, per));
+        let ns = Netns::new(backend.as_str());
+        let cfg = IptablesConfig {
+            families: vec![IpFamily::V4],
+            node_ports: NodePortAddresses::AllLocal,
+            backend,
+            step_chains,
+            ..IptablesConfig::default()
+        };
+        let cmd = IptablesCommand::in_netns(&ns.0).with_wait_seconds(600);
+        let mut dp = IptablesDataplane::new(cfg, cmd, Arc::new(Metrics::new()));
+        let t = Instant::now();
+        let r = dp
+            .sync(&state, &Changes::default(), true)
+            .expect("full sync");
+        println!(
+            "[{backend}] first full sync (render + restore + canaries + jumps): {:.3} s, {} operations",
+            t.elapsed().as_secs_f64(),
+            r.operations
+        );
+        if verify {
+            let t = Instant::now();
+            let diffs = dp.verify().expect("verify");
+            println!(
+                "[{backend}] read-back check: {:.3} s, {} differences",
+                t.elapsed().as_secs_f64(),
+                diffs.len()
+            );
+            for d in diffs.iter().take(5) {
+                println!("    {d}");
+            }
+        }
+
+        let mut times = Vec::new();
+        for k in 0..50 {
+            let i = (k * 7919) % n;
+            let mut slice = synthetic::slice(i, per, &[]);
+            if let Some(eps) = slice.endpoints.as_mut() {
+                eps[k % per].addresses = vec![format!("10.250.{}.{}", k / 250, k % 250 + 1)];
+            }
+            state
+                .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+                .unwrap();
+            let changes = state.take_changes();
+            let t = Instant::now();
+            let r = dp.sync(&state, &changes, false).expect("partial sync");
+            times.push((t.elapsed().as_secs_f64() * 1000.0, r.operations));
+        }
+        times.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let p = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize].0;
+        println!(
+            "[{backend}] one-endpoint change (render + restore), 50 changes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, operations {}..{}",
+            p(0.5),
+            p(0.99),
+            times.last().map_or(0.0, |t| t.0),
+            times.iter().map(|t| t.1).min().unwrap_or(0),
+            times.iter().map(|t| t.1).max().unwrap_or(0)
+        );
+        if verify {
+            let t = Instant::now();
+            let diffs = dp.verify().expect("verify");
+            println!(
+                "[{backend}] read-back after the changes: {:.3} s, {} differences",
+                t.elapsed().as_secs_f64(),
+                diffs.len()
+            );
+        }
+        let t = Instant::now();
+        let r = dp
+            .sync(&state, &Changes::default(), true)
+            .expect("periodic sync");
+        println!(
+            "[{backend}] periodic full sync (canary + read-back, nothing to repair): {:.3} s, rebuilt: {}",
+            t.elapsed().as_secs_f64(),
+            r.full
+        );
+        let t = Instant::now();
+        dp.cleanup().expect("cleanup");
+        println!("[{backend}] cleanup: {:.3} s", t.elapsed().as_secs_f64());
+    }
+    rss("end");
+}

@@ -1,0 +1,438 @@
+//! The iptables dataplane against real kernels, on both backends, inside labs of network
+//! namespaces: the packet-flow table with real packets, live changes, the canary, drift repair
+//! and cleanup.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use kp_core::dataplane::Dataplane;
+use kp_core::model::IpFamily;
+use kp_core::track::{Changes, Object, SourceEvent};
+use kp_iptables::{
+    parse_save, Backend, DetectLocal, IptablesCommand, IptablesConfig, IptablesDataplane,
+    NodePortAddresses,
+};
+use kp_metrics::Metrics;
+use kp_test::echo::{tally, Outcome, Proto, Request};
+use kp_test::lab::Lab;
+use kp_test::netns::Netns;
+
+/// The flow table's configuration (see `kp_flows::node_context`): detect-local by the cluster
+/// CIDRs, NodePorts on the primary addresses, so no localhost NodePorts.
+fn config(backend: Backend) -> IptablesConfig {
+    IptablesConfig {
+        detect_local: DetectLocal::ClusterCidr(vec![
+            kp_flows::CLUSTER_CIDR.parse().unwrap(),
+            kp_flows::CLUSTER_CIDR6.parse().unwrap(),
+        ]),
+        node_ports: NodePortAddresses::Primary,
+        backend,
+        ..IptablesConfig::default()
+    }
+}
+
+/// The tools in `ns`. The legacy backend's lock is one file for every namespace on the
+/// machine, so tests running in parallel wait for each other longer than the default 5 s.
+fn command(ns: &Netns) -> IptablesCommand {
+    IptablesCommand::in_netns(ns.name()).with_wait_seconds(120)
+}
+
+fn dataplane(ns: &Netns, backend: Backend, metrics: Arc<Metrics>) -> IptablesDataplane {
+    IptablesDataplane::new(config(backend), command(ns), metrics)
+}
+
+fn assert_in_sync(dp: &mut IptablesDataplane) {
+    let diffs = dp.verify().expect("read-back works");
+    assert!(
+        diffs.is_empty(),
+        "kernel differs from the plan ({} differences):\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+}
+
+fn assert_flows(lab: &Lab) {
+    let failures = kp_test::flows::check_all(lab);
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Every chain an input writes or deletes.
+fn chains_named(inputs: &[String]) -> BTreeSet<String> {
+    inputs
+        .iter()
+        .flat_map(|i| i.lines())
+        .filter_map(|l| {
+            l.strip_prefix(':')
+                .or_else(|| l.strip_prefix("-A "))
+                .or_else(|| l.strip_prefix("-X "))
+        })
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+const WEB: &str = "10.96.0.10";
+
+/// The pods that answered `tries` connections from pod-4 to the web ClusterIP.
+fn web_backends(lab: &Lab, tries: usize) -> Vec<String> {
+    let outcomes = lab.send(
+        lab.pod(4),
+        &Request::new(Proto::Tcp, WEB.parse().unwrap(), 80).count(tries),
+    );
+    let answered: Vec<Outcome> = outcomes
+        .into_iter()
+        .filter(|o| matches!(o, Outcome::Answered { .. }))
+        .collect();
+    tally(&answered).into_keys().collect()
+}
+
+fn flow_table(backend: Backend) {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let metrics = Arc::new(Metrics::new());
+    let mut dp = dataplane(lab.node(), backend, metrics.clone());
+    let mut state = kp_flows::state();
+
+    let report = dp
+        .sync(&state, &Changes::default(), true)
+        .expect("first sync");
+    assert!(report.full);
+    assert_in_sync(&mut dp);
+    assert_flows(&lab);
+    // The real-packet checker can fail: the first row, expecting a drop, must not pass.
+    let mut wrong = kp_flows::cases()[0].clone();
+    wrong.expect = kp_flows::Expect::Drop;
+    assert!(kp_test::flows::check(&lab, &wrong).is_err());
+    let nat_rules = metrics.encode();
+    assert!(
+        nat_rules.contains("kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"}"),
+        "{nat_rules}"
+    );
+
+    // A live endpoint change rewrites only the web Service's chains, and traffic follows it.
+    let slice = kp_flows::web_slice(&["pod-1", "pod-2"]);
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+        .unwrap();
+    let changes = state.take_changes();
+    let report = dp.sync(&state, &changes, false).expect("partial sync");
+    assert!(!report.full);
+    let web_key = changes.services.iter().next().expect("web changed").clone();
+    let mut allowed: BTreeSet<String> = BTreeSet::new();
+    let fixed = kp_iptables::FIXED_CHAINS.map(str::to_string);
+    for p in state.service_ports(&web_key) {
+        let names = kp_iptables_plan::names::service_chains(&p.name);
+        allowed.extend([names.svc, names.svl, names.ext, names.fw]);
+    }
+    let named = chains_named(dp.last_inputs());
+    assert!(!named.is_empty(), "nothing sent for an endpoint change");
+    for c in &named {
+        assert!(
+            allowed.contains(c) || fixed.contains(c) || c.starts_with("KUBE-SEP-"),
+            "the partial restore touches {c}, which is not the web Service's:\n{}",
+            dp.last_inputs().join("\n")
+        );
+    }
+    assert!(report.operations <= 30, "{} operations:\n{}", report.operations, dp.last_inputs().join("\n"));
+    assert_in_sync(&mut dp);
+    assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2"]);
+
+    // A periodic full sync with nothing changed behind our back rewrites nothing.
+    let report = dp
+        .sync(&state, &Changes::default(), true)
+        .expect("verified sync");
+    assert!(!report.full, "no drift, so no rebuild");
+    assert_eq!(report.operations, 0);
+    assert!(dp.last_inputs().is_empty());
+
+    // Drift (a rule deleted by hand) is found and repaired by the next full sync.
+    lab.node()
+        .run(&[
+            &backend.program(IpFamily::V4, ""),
+            "-w",
+            "120",
+            "-t",
+            "nat",
+            "-D",
+            "KUBE-SERVICES",
+            "1",
+        ])
+        .unwrap();
+    let diffs = dp.verify().unwrap();
+    assert!(
+        diffs.iter().any(|d| d.contains("KUBE-SERVICES")),
+        "read-back must notice the missing rule: {diffs:?}"
+    );
+    let mismatches = metrics.iptables_readback_mismatches.get();
+    let report = dp.sync(&state, &Changes::default(), true).expect("repair");
+    assert!(report.full);
+    assert!(metrics.iptables_readback_mismatches.get() > mismatches);
+    assert_in_sync(&mut dp);
+
+    // Back to the fixture's endpoints: the whole table passes again.
+    let slice = kp_flows::web_slice(&["pod-1", "pod-2", "pod-3"]);
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+        .unwrap();
+    let changes = state.take_changes();
+    let report = dp.sync(&state, &changes, false).expect("partial sync back");
+    assert!(!report.full);
+    assert_in_sync(&mut dp);
+    assert_flows(&lab);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nft_backend_passes_the_flow_table_follows_changes_and_matches_the_plan_after_every_sync() {
+    flow_table(Backend::Nft);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn legacy_backend_passes_the_flow_table_follows_changes_and_matches_the_plan_after_every_sync() {
+    flow_table(Backend::Legacy);
+}
+
+fn canary(backend: Backend) {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(5).expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let mut dp = dataplane(lab.node(), backend, Arc::new(Metrics::new()));
+    let state = kp_flows::state();
+    dp.sync(&state, &Changes::default(), true)
+        .expect("first sync");
+    assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
+
+    // Someone flushes and deletes every chain of the nat table.
+    let iptables = backend.program(IpFamily::V4, "");
+    for op in ["-F", "-X"] {
+        lab.node()
+            .run(&[&iptables, "-w", "120", "-t", "nat", op])
+            .unwrap();
+    }
+    let nat = parse_save(
+        &command(lab.node())
+            .save(backend, IpFamily::V4, Some("nat"))
+            .unwrap(),
+        "nat",
+    )
+    .unwrap();
+    assert!(!nat.chains.contains_key("KUBE-PROXY-CANARY"));
+    assert!(
+        web_backends(&lab, 3).is_empty(),
+        "without the nat rules nothing answers on the ClusterIP"
+    );
+
+    // The next periodic sync notices the missing canary and rebuilds; traffic flows again.
+    let report = dp
+        .sync(&state, &Changes::default(), true)
+        .expect("rebuild");
+    assert!(report.full, "a missing canary means a rebuild");
+    assert_in_sync(&mut dp);
+    assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nft_backend_rebuilds_after_someone_flushes_nat() {
+    canary(Backend::Nft);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn legacy_backend_rebuilds_after_someone_flushes_nat() {
+    canary(Backend::Legacy);
+}
+
+/// A stand-in for iptables-restore that reads its input and fails as a kernel refusal would.
+fn failing_restore(dir: &std::path::Path) -> std::path::PathBuf {
+    let script = dir.join("restore");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\ncat >/dev/null\necho 'iptables-restore: line 3 failed' >&2\nexit 1\n",
+    )
+    .unwrap();
+    let ok = std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    script
+}
+
+fn failed_restore(backend: Backend) {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(5).expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let metrics = Arc::new(Metrics::new());
+    let mut dp = dataplane(lab.node(), backend, metrics.clone());
+    let mut state = kp_flows::state();
+    dp.sync(&state, &Changes::default(), true)
+        .expect("first sync");
+
+    let dir = std::env::temp_dir().join(format!(
+        "kp-ipt-fail-{}-{}",
+        std::process::id(),
+        backend.as_str()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dp.set_command(command(lab.node()).with_restore_program(failing_restore(&dir)));
+
+    let slice = kp_flows::web_slice(&["pod-1"]);
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+        .unwrap();
+    let changes = state.take_changes();
+    let err = dp.sync(&state, &changes, false).unwrap_err();
+    match &err {
+        kp_iptables::Error::Restore {
+            line, failing_line, ..
+        } => {
+            assert_eq!(*line, Some(3), "{err}");
+            assert!(failing_line.is_some(), "{err}");
+        }
+        other => panic!("expected a restore error, got {other}"),
+    }
+    assert_eq!(metrics.iptables_restore_failures.get(), 1);
+    assert_eq!(metrics.iptables_partial_restore_failures.get(), 1);
+
+    // The old rules are intact and still serving.
+    assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
+
+    // Once restores work again, the next sync is a full one (even if asked for a partial) and
+    // brings the change.
+    dp.set_command(command(lab.node()));
+    let report = dp
+        .sync(&state, &Changes::default(), false)
+        .expect("sync after the failure");
+    assert!(report.full, "the sync after a failed restore must be full");
+    assert_in_sync(&mut dp);
+    assert_eq!(web_backends(&lab, 20), ["pod-1"]);
+    assert_eq!(metrics.iptables_restore_failures.get(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nft_backend_a_failed_restore_keeps_the_old_rules_and_the_next_sync_is_full() {
+    failed_restore(Backend::Nft);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn legacy_backend_a_failed_restore_keeps_the_old_rules_and_the_next_sync_is_full() {
+    failed_restore(Backend::Legacy);
+}
+
+/// Every chain in mangle, filter and nat that is not built in, and every rule, of one family.
+fn dump(cmd: &IptablesCommand, backend: Backend, family: IpFamily) -> (BTreeSet<String>, Vec<String>) {
+    let mut chains = BTreeSet::new();
+    let mut rules = Vec::new();
+    for t in ["mangle", "filter", "nat"] {
+        let saved = parse_save(&cmd.save(backend, family, Some(t)).unwrap(), t).unwrap();
+        for (c, rs) in &saved.chains {
+            if !saved.builtin.contains(c) {
+                chains.insert(format!("{t}/{c}"));
+            }
+            rules.extend(rs.iter().map(|r| format!("{t}/{c} {r}")));
+        }
+    }
+    (chains, rules)
+}
+
+fn cleanup(backend: Backend) {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let ns = Netns::new("ipt-cleanup").expect("netns");
+    let cmd = command(&ns);
+    // Someone else's chains, created before kube-proxy starts: kubelet's, and one of a user's
+    // with a rule and a jump from INPUT.
+    for family in IpFamily::ALL {
+        for t in ["mangle", "nat", "filter"] {
+            cmd.run_ok(backend, family, &["-t", t, "-N", "KUBE-KUBELET-CANARY"])
+                .unwrap();
+        }
+        cmd.run_ok(backend, family, &["-N", "MY-CHAIN"]).unwrap();
+        cmd.run_ok(backend, family, &["-A", "MY-CHAIN", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"])
+            .unwrap();
+        cmd.run_ok(backend, family, &["-A", "INPUT", "-j", "MY-CHAIN"])
+            .unwrap();
+    }
+    let before: Vec<_> = IpFamily::ALL.map(|f| dump(&cmd, backend, f)).to_vec();
+
+    let mut dp = dataplane(&ns, backend, Arc::new(Metrics::new()));
+    dp.sync(&kp_flows::state(), &Changes::default(), true)
+        .expect("sync");
+    for (i, family) in IpFamily::ALL.into_iter().enumerate() {
+        let (chains, _) = dump(&cmd, backend, family);
+        assert!(
+            chains.len() > before[i].0.len() + 10,
+            "{family:?}: the sync programmed nothing: {chains:?}"
+        );
+    }
+
+    dp.cleanup().expect("cleanup");
+    for (i, family) in IpFamily::ALL.into_iter().enumerate() {
+        let after = dump(&cmd, backend, family);
+        assert_eq!(after, before[i], "{backend} {family:?}: cleanup left or removed something");
+    }
+    // Cleaning up twice is fine.
+    dp.cleanup().expect("second cleanup");
+    // And the dataplane programs again afterwards.
+    dp.sync(&kp_flows::state(), &Changes::default(), true)
+        .expect("sync after cleanup");
+    assert_in_sync(&mut dp);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nft_backend_cleanup_removes_everything_ours_and_nothing_else() {
+    cleanup(Backend::Nft);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn legacy_backend_cleanup_removes_everything_ours_and_nothing_else() {
+    cleanup(Backend::Legacy);
+}
+
+/// Chains left by an earlier run (a Service deleted while kube-proxy was down) are deleted by
+/// the first sync.
+#[test]
+#[ignore = "needs root"]
+fn the_first_sync_deletes_chains_an_earlier_run_left_behind() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let ns = Netns::new("ipt-leftover").expect("netns");
+    let cmd = command(&ns);
+    cmd.restore(
+        Backend::Nft,
+        IpFamily::V4,
+        "*nat\n:KUBE-SVC-LEFTOVERLEFTOVER - [0:0]\n:KUBE-SEP-LEFTOVERLEFTOVER - [0:0]\n-A KUBE-SVC-LEFTOVERLEFTOVER -j KUBE-SEP-LEFTOVERLEFTOVER\n-A KUBE-SEP-LEFTOVERLEFTOVER -p tcp -j DNAT --to-destination 10.1.1.1:80\nCOMMIT\n",
+    )
+    .unwrap();
+    let mut dp = dataplane(&ns, Backend::Nft, Arc::new(Metrics::new()));
+    dp.sync(&kp_flows::state(), &Changes::default(), true)
+        .expect("sync");
+    let (chains, _) = dump(&cmd, Backend::Nft, IpFamily::V4);
+    assert!(
+        !chains.iter().any(|c| c.contains("LEFTOVER")),
+        "{chains:?}"
+    );
+    assert_in_sync(&mut dp);
+}
