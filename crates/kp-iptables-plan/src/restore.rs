@@ -23,8 +23,16 @@ pub enum Table {
 }
 
 impl Table {
-    /// Both tables, in the order a restore input lists them (upstream: filter, then nat).
+    /// Both tables.
     pub const ALL: [Table; 2] = [Table::Filter, Table::Nat];
+
+    /// The order a restore input lists (and so commits) them: nat, then filter. Both
+    /// iptables-restore backends commit table by table. Upstream commits filter first, so a
+    /// Service gaining its first endpoint loses its REJECT before its DNAT exists, for as long
+    /// as the (large) nat commit takes; nat first makes the only window the reverse case (a
+    /// Service losing its last endpoint, DNAT gone before the REJECT lands), bounded by the
+    /// small filter commit.
+    pub const COMMIT_ORDER: [Table; 2] = [Table::Nat, Table::Filter];
 
     /// The table's name.
     pub fn as_str(self) -> &'static str {
@@ -102,8 +110,8 @@ impl Restore {
             .chain(self.dispatch_chains.iter())
     }
 
-    /// The whole change as one restore input (one atomic transaction with iptables-nft; one
-    /// commit per table with iptables-legacy).
+    /// The whole change as one restore input (one commit per table, nat first, with either
+    /// backend).
     pub fn text(&self) -> String {
         render(&self.writes().collect::<Vec<_>>(), &self.deleted_chains)
     }
@@ -141,12 +149,13 @@ impl Restore {
     }
 }
 
-/// Renders one restore input: per table, the chain lines, then the rules, then the deletions.
+/// Renders one restore input: per table (in [`Table::COMMIT_ORDER`]), the chain lines, then
+/// the rules, then the deletions.
 /// A deleted chain is flushed by its chain line first, so chains that jump to each other can be
 /// deleted together.
 fn render(writes: &[&ChainWrite], deleted: &[(Table, String)]) -> String {
     let mut out = String::new();
-    for table in Table::ALL {
+    for table in Table::COMMIT_ORDER {
         let w: Vec<&&ChainWrite> = writes.iter().filter(|c| c.table == table).collect();
         let d: Vec<&String> = deleted
             .iter()
@@ -226,11 +235,11 @@ mod tests {
     }
 
     #[test]
-    fn one_input_lists_filter_before_nat_and_deletes_last() {
+    fn one_input_commits_nat_before_filter_and_deletes_last() {
         let text = sample().text();
         let filter = text.find("*filter").unwrap();
         let nat = text.find("*nat").unwrap();
-        assert!(filter < nat);
+        assert!(nat < filter);
         let flush = text.find(":KUBE-SVC-OLD - [0:0]").unwrap();
         let delete = text.find("-X KUBE-SVC-OLD").unwrap();
         let last_rule = text.rfind("-A ").unwrap();
