@@ -404,7 +404,7 @@ pub fn slice_endpoints(
             zone_hints,
         });
     }
-    let mut ports = Vec::new();
+    let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     for p in slice.ports.iter().flatten() {
         let Some(number) = p.port else { continue };
         let number = port("ports.port", number)?;

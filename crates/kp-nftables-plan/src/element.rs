@@ -143,6 +143,199 @@ pub fn render_elements<'a>(
     out.push_str(" }");
 }
 
+/// Atoms packed into `N` bytes, for the planner's record of what the kernel holds: each atom is
+/// a tag byte and its bytes in network order, and zeros follow the last one. No heap, `Copy`,
+/// cheap to hash. An IPv4 table's keys fit in 16 bytes and its values in 8; an IPv6 table's in
+/// 40 and 24. The all-zero value holds no atoms (a set element's missing value).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Packed<const N: usize>([u8; N]);
+
+/// The most atoms a tuple gathered on the stack holds (elements have at most five).
+const MAX_ATOMS: usize = 8;
+
+const TAG_END: u8 = 0;
+const TAG_IP4: u8 = 1;
+const TAG_IP6: u8 = 2;
+const TAG_NET4: u8 = 3;
+const TAG_NET6: u8 = 4;
+const TAG_PROTO: u8 = 5;
+const TAG_PORT: u8 = 6;
+const TAG_SLOT: u8 = 7;
+const TAG_VERDICT: u8 = 8;
+
+impl<const N: usize> Packed<N> {
+    /// No atoms.
+    pub(crate) const EMPTY: Self = Packed([0; N]);
+
+    /// Packs `atoms`; `None` if they do not fit.
+    pub(crate) fn new(atoms: &[Atom]) -> Option<Self> {
+        let mut out = [0u8; N];
+        let mut at = 0;
+        for atom in atoms {
+            let mut buf = [0u8; 18];
+            let len = encode_atom(atom, &mut buf);
+            out.get_mut(at..at + len)?.copy_from_slice(&buf[..len]);
+            at += len;
+        }
+        Some(Packed(out))
+    }
+
+    /// Whether it holds no atoms.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0[0] == TAG_END
+    }
+
+    /// The atoms, in order.
+    pub(crate) fn atoms(&self) -> impl Iterator<Item = Atom> + '_ {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let (atom, len) = decode_atom(self.0.get(at..)?)?;
+            at += len;
+            Some(atom)
+        })
+    }
+
+    /// As a [`Tuple`].
+    pub(crate) fn to_tuple(self) -> Tuple {
+        self.to_tuple_with(None)
+    }
+
+    /// As a [`Tuple`], with `last` appended (a slot, say). One allocation: the atoms are
+    /// gathered on the stack first.
+    pub(crate) fn to_tuple_with(self, last: Option<Atom>) -> Tuple {
+        let mut buf = [Atom::Port(0); MAX_ATOMS];
+        let mut n = 0;
+        for atom in self.atoms().chain(last) {
+            match buf.get_mut(n) {
+                Some(slot) => *slot = atom,
+                // Longer than any element the planner makes; still correct, just slower.
+                None => return Tuple::new(self.atoms().chain(last).collect::<Vec<_>>()),
+            }
+            n += 1;
+        }
+        Tuple::new(&buf[..n])
+    }
+}
+
+impl<const N: usize> fmt::Display for Packed<N> {
+    /// As the [`Tuple`] of the same atoms.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, a) in self.atoms().enumerate() {
+            if i > 0 {
+                f.write_str(" . ")?;
+            }
+            write!(f, "{a}")?;
+        }
+        Ok(())
+    }
+}
+
+impl<const N: usize> fmt::Debug for Packed<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Packed({self})")
+    }
+}
+
+/// Writes one atom's tag and bytes; returns how many.
+fn encode_atom(atom: &Atom, buf: &mut [u8; 18]) -> usize {
+    fn ip(buf: &mut [u8], ip: &IpAddr) -> usize {
+        match ip {
+            IpAddr::V4(a) => {
+                buf[..4].copy_from_slice(&a.octets());
+                4
+            }
+            IpAddr::V6(a) => {
+                buf[..16].copy_from_slice(&a.octets());
+                16
+            }
+        }
+    }
+    match atom {
+        Atom::Ip(a) => {
+            buf[0] = if a.is_ipv4() { TAG_IP4 } else { TAG_IP6 };
+            1 + ip(&mut buf[1..], a)
+        }
+        Atom::Net(n) => {
+            let addr = n.addr();
+            buf[0] = if addr.is_ipv4() { TAG_NET4 } else { TAG_NET6 };
+            let len = 1 + ip(&mut buf[1..], &addr);
+            buf[len] = n.prefix_len();
+            len + 1
+        }
+        Atom::Proto(p) => {
+            buf[0] = TAG_PROTO;
+            buf[1] = match p {
+                Protocol::Tcp => 0,
+                Protocol::Udp => 1,
+                Protocol::Sctp => 2,
+            };
+            2
+        }
+        Atom::Port(p) => {
+            buf[0] = TAG_PORT;
+            buf[1..3].copy_from_slice(&p.to_be_bytes());
+            3
+        }
+        Atom::Slot(s) => {
+            buf[0] = TAG_SLOT;
+            buf[1..5].copy_from_slice(&s.to_be_bytes());
+            5
+        }
+        Atom::Verdict(v) => {
+            buf[0] = TAG_VERDICT;
+            buf[1] = match v {
+                NoEndpointVerdict::Reject => 0,
+                NoEndpointVerdict::Drop => 1,
+            };
+            2
+        }
+    }
+}
+
+/// Reads one atom; `None` at the end (or on bytes [`encode_atom`] never writes).
+fn decode_atom(b: &[u8]) -> Option<(Atom, usize)> {
+    let v4 = |b: &[u8]| -> Option<std::net::Ipv4Addr> {
+        Some(<[u8; 4]>::try_from(b.get(..4)?).ok()?.into())
+    };
+    let v6 = |b: &[u8]| -> Option<std::net::Ipv6Addr> {
+        Some(<[u8; 16]>::try_from(b.get(..16)?).ok()?.into())
+    };
+    let rest = b.get(1..)?;
+    Some(match *b.first()? {
+        TAG_IP4 => (Atom::Ip(IpAddr::V4(v4(rest)?)), 5),
+        TAG_IP6 => (Atom::Ip(IpAddr::V6(v6(rest)?)), 17),
+        TAG_NET4 => {
+            let net = ipnet::Ipv4Net::new(v4(rest)?, *rest.get(4)?).ok()?;
+            (Atom::Net(IpNet::V4(net)), 6)
+        }
+        TAG_NET6 => {
+            let net = ipnet::Ipv6Net::new(v6(rest)?, *rest.get(16)?).ok()?;
+            (Atom::Net(IpNet::V6(net)), 18)
+        }
+        TAG_PROTO => (
+            Atom::Proto(*Protocol::ALL.get(usize::from(*rest.first()?))?),
+            2,
+        ),
+        TAG_PORT => (
+            Atom::Port(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?)),
+            3,
+        ),
+        TAG_SLOT => (
+            Atom::Slot(u32::from_be_bytes(rest.get(..4)?.try_into().ok()?)),
+            5,
+        ),
+        TAG_VERDICT => (
+            Atom::Verdict(match rest.first()? {
+                0 => NoEndpointVerdict::Reject,
+                1 => NoEndpointVerdict::Drop,
+                _ => return None,
+            }),
+            2,
+        ),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +356,68 @@ mod tests {
         assert_eq!(parse_tuple(&v6.to_string()).unwrap(), v6);
         let reject = Tuple::new(vec![Atom::Verdict(NoEndpointVerdict::Reject)]);
         assert_eq!(parse_tuple(&reject.to_string()).unwrap(), reject);
+    }
+
+    #[test]
+    fn packed_atoms_round_trip_and_render_as_their_tuple() {
+        let tuples = [
+            vec![
+                Atom::Ip("10.96.0.10".parse().unwrap()),
+                Atom::Proto(Protocol::Sctp),
+                Atom::Port(65535),
+                Atom::Net("192.0.2.0/24".parse().unwrap()),
+            ],
+            vec![
+                Atom::Proto(Protocol::Udp),
+                Atom::Port(30001),
+                Atom::Slot(70_000),
+            ],
+            vec![Atom::Verdict(NoEndpointVerdict::Reject)],
+            vec![Atom::Verdict(NoEndpointVerdict::Drop)],
+            vec![Atom::Net("0.0.0.0/0".parse().unwrap())],
+        ];
+        for atoms in tuples {
+            let t = Tuple::new(atoms.clone());
+            let p = Packed::<16>::new(&atoms).expect("fits in 16 bytes");
+            assert_eq!(p.to_tuple(), t);
+            assert_eq!(p.to_string(), t.to_string());
+        }
+        let v6 = [
+            Atom::Ip("fd00::10".parse().unwrap()),
+            Atom::Proto(Protocol::Tcp),
+            Atom::Port(443),
+            Atom::Net("2001:db8::/32".parse().unwrap()),
+        ];
+        assert!(Packed::<16>::new(&v6).is_none());
+        let p = Packed::<40>::new(&v6).expect("fits in 40 bytes");
+        assert_eq!(p.to_tuple(), Tuple::new(v6.to_vec()));
+        let slotted = Packed::<16>::new(&[Atom::Proto(Protocol::Tcp), Atom::Port(80)])
+            .unwrap()
+            .to_tuple_with(Some(Atom::Slot(3)));
+        assert_eq!(slotted.to_string(), "tcp . 80 . 3");
+        assert!(Packed::<8>::EMPTY.is_empty());
+        assert_eq!(Packed::<8>::EMPTY.atoms().count(), 0);
+    }
+
+    #[test]
+    fn packed_endpoints_sort_as_address_then_port() {
+        let ep = |ip: &str, port| {
+            Packed::<8>::new(&[Atom::Ip(ip.parse().unwrap()), Atom::Port(port)]).unwrap()
+        };
+        let mut v = vec![
+            ep("10.0.0.2", 80),
+            ep("10.0.0.1", 8080),
+            ep("10.0.0.1", 443),
+        ];
+        v.sort();
+        assert_eq!(
+            v,
+            [
+                ep("10.0.0.1", 443),
+                ep("10.0.0.1", 8080),
+                ep("10.0.0.2", 80)
+            ]
+        );
     }
 
     #[test]

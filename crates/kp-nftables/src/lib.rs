@@ -205,7 +205,12 @@ impl NftablesDataplane {
         let mut ops = 0;
         for p in &mut self.planners {
             let tx = p.full(state, node);
-            text.push_str(&tx.text);
+            // A full table is megabytes of text: take the first one as it is, not a copy.
+            if text.is_empty() {
+                text = tx.text;
+            } else {
+                text.push_str(&tx.text);
+            }
             ops += tx.operations;
         }
         self.send(text)?;

@@ -13,7 +13,7 @@
 
 pub mod parse;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::SourceError;
-use parse::{parse_file, ManifestSet};
+use parse::{digest, for_each_object, text_digest, Digest, ManifestSet, Wanted};
 
 /// The `source` label of this source's error metric.
 const SOURCE: &str = "manifests";
@@ -40,15 +40,22 @@ const DEBOUNCE: Duration = Duration::from_millis(50);
 /// Files larger than this are refused rather than read into memory.
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
+/// A file with at most this many objects is parsed once; a larger one is parsed again to
+/// report its objects, rather than holding them all while the rest of the file is checked.
+const KEEP_PARSED: usize = 256;
+
 /// Reads the manifests in `dir` and follows changes to them, sending what it sees to `tx`.
 /// Runs until `tx`'s receiver is dropped.
 ///
 /// Reads every `*.yaml`, `*.yml` and `*.json` file directly in `dir` (not in subdirectories),
 /// skipping hidden files (a leading `.`) and editor backups (a trailing `~`); see
-/// [`parse::parse_file`] for what a file may hold. After the first read it sends
+/// [`parse::for_each_object`] for what a file may hold. After the first read it sends
 /// `Synced(Service)`, `Synced(EndpointSlice)` and `Synced(Node)`. Errors in a file are logged
 /// with the file and document, counted (`source="manifests"`, `reason` `read` or `parse`), and
 /// leave the file's last good content in force.
+///
+/// Files are read one at a time and their objects sent as they are decoded (waiting while the
+/// channel is full), so memory holds one file's text and a few objects, not the directory.
 ///
 /// Fails only at start-up: when inotify cannot watch `dir`, or `dir` cannot be listed.
 pub async fn run_manifests(
@@ -81,19 +88,19 @@ pub async fn run_manifests(
         .watch(&dir, RecursiveMode::NonRecursive)
         .map_err(notify_err)?;
 
-    let mut state = DirState::new(dir, metrics);
-    let events = state.rescan().await?;
+    let (mut state, first) = rescan(DirState::new(dir, metrics), tx.clone()).await?;
+    let Some(sent) = first? else {
+        return Ok(());
+    };
     info!(
         dir = %state.dir.display(),
         objects = state.set.len(),
         files = state.set.files().count(),
+        sent,
         "read manifest directory"
     );
-    for event in events
-        .into_iter()
-        .chain([Kind::Service, Kind::EndpointSlice, Kind::Node].map(SourceEvent::Synced))
-    {
-        if tx.send(event).await.is_err() {
+    for kind in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
+        if tx.send(SourceEvent::Synced(kind)).await.is_err() {
             return Ok(());
         }
     }
@@ -111,21 +118,36 @@ pub async fn run_manifests(
         }
         tokio::time::sleep(DEBOUNCE).await;
         while wake_rx.try_recv().is_ok() {}
-        let events = match state.rescan().await {
-            Ok(events) => events,
+        let (next, result) = rescan(state, tx.clone()).await?;
+        state = next;
+        match result {
+            Ok(Some(sent)) => debug!(changes = sent, "re-read manifest directory"),
+            Ok(None) => return Ok(()),
             Err(err) => {
                 error!(error = %err, "keeping the manifests already read");
                 state.metrics.source_error(SOURCE, "read");
-                continue;
-            }
-        };
-        debug!(changes = events.len(), "re-read manifest directory");
-        for event in events {
-            if tx.send(event).await.is_err() {
-                return Ok(());
             }
         }
     }
+}
+
+/// Lists and reads the directory on a blocking thread, sending what changed to `tx` as it goes.
+/// Returns the state back with the number of events sent, `None` if `tx`'s receiver is gone,
+/// or why the directory could not be listed. Fails itself only if the reading thread died.
+async fn rescan(
+    mut state: DirState,
+    tx: mpsc::Sender<SourceEvent>,
+) -> Result<(DirState, Result<Option<usize>, SourceError>), SourceError> {
+    let dir = state.dir.clone();
+    tokio::task::spawn_blocking(move || {
+        let result = state.rescan_blocking(&tx);
+        (state, result)
+    })
+    .await
+    .map_err(|err| SourceError::ManifestDir {
+        path: dir,
+        source: io::Error::other(format!("the manifest reader failed: {err}")),
+    })
 }
 
 /// Whether a filesystem event may have changed a manifest. Opening or reading a file (which
@@ -150,14 +172,17 @@ fn is_manifest_name(name: &str) -> bool {
     matches!(ext, "yaml" | "yml" | "json")
 }
 
+/// The receiver of the events is gone: stop.
+struct Closed;
+
 /// The directory's state between rescans.
 struct DirState {
     dir: PathBuf,
     metrics: Arc<Metrics>,
     set: ManifestSet,
-    /// The text of every file as last read, parsed or not, so unchanged files are not parsed
-    /// (or complained about) again.
-    texts: HashMap<PathBuf, String>,
+    /// A digest of the text of every file as last read, parsed or not, so unchanged files are
+    /// not parsed (or complained about) again.
+    texts: HashMap<PathBuf, Digest>,
 }
 
 impl DirState {
@@ -170,40 +195,39 @@ impl DirState {
         }
     }
 
-    /// Lists and reads the directory, and returns what changed since the previous call.
-    async fn rescan(&mut self) -> Result<Vec<SourceEvent>, SourceError> {
-        let dir = self.dir.clone();
-        let files = tokio::task::spawn_blocking(move || read_dir_files(&dir))
-            .await
-            .map_err(|err| io::Error::other(err.to_string()))
-            .and_then(|res| res)
-            .map_err(|source| SourceError::ManifestDir {
-                path: self.dir.clone(),
-                source,
-            })?;
-
-        Ok(self.apply_read(files))
+    /// Lists and reads the directory, sending what changed since the previous call; returns
+    /// the number of events sent, or `None` if the receiver is gone. Blocks.
+    fn rescan_blocking(
+        &mut self,
+        tx: &mpsc::Sender<SourceEvent>,
+    ) -> Result<Option<usize>, SourceError> {
+        let listing = list_dir(&self.dir).map_err(|source| SourceError::ManifestDir {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut emit = |ev| tx.blocking_send(ev).is_ok();
+        Ok(self.scan(listing, &mut read_file, &mut emit).ok())
     }
 
-    /// Applies one read of the directory (each file's text, or why it could not be read),
-    /// returning what changed. Files that fail to read or parse keep their last good content.
-    fn apply_read(&mut self, files: BTreeMap<PathBuf, io::Result<String>>) -> Vec<SourceEvent> {
-        let mut changes: Vec<(PathBuf, Option<Vec<Object>>)> = Vec::new();
-        let gone: BTreeSet<PathBuf> = self
-            .set
-            .files()
-            .map(Path::to_path_buf)
-            .chain(self.texts.keys().cloned())
-            .filter(|path| !files.contains_key(path))
-            .collect();
-        for path in gone {
-            self.texts.remove(&path);
-            changes.push((path, None));
-        }
-        for (path, read) in files {
-            let text = match read {
-                Ok(text) => text,
+    /// Applies one read of the directory: `listing` names the manifest files present,
+    /// `read` reads one (`None`: not a regular file, or gone), `emit` sends one event (false:
+    /// the receiver is gone). Returns the number of events sent. Files that fail to read or
+    /// parse keep their last good content.
+    fn scan(
+        &mut self,
+        listing: Vec<PathBuf>,
+        read: &mut dyn FnMut(&Path) -> io::Result<Option<String>>,
+        emit: &mut dyn FnMut(SourceEvent) -> bool,
+    ) -> Result<usize, Closed> {
+        let mut sent = 0;
+        let mut present = BTreeSet::new();
+        for path in listing {
+            let text = match read(&path) {
+                Ok(Some(text)) => text,
+                Ok(None) => continue,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
                 Err(source) => {
+                    present.insert(path.clone());
                     // Read it again next time, even if its text turns out unchanged.
                     self.texts.remove(&path);
                     let err = SourceError::ManifestRead { path, source };
@@ -212,45 +236,183 @@ impl DirState {
                     continue;
                 }
             };
-            if self.texts.get(&path) == Some(&text) {
+            present.insert(path.clone());
+            let text_digest = text_digest(&text);
+            if self.texts.get(&path) == Some(&text_digest) {
                 continue;
             }
-            match parse_file(&path, &text) {
-                Ok(objects) => changes.push((path.clone(), Some(objects))),
-                Err(err) => {
-                    error!(error = %err, "keeping the file's last good content");
-                    self.metrics.source_error(SOURCE, "parse");
+            self.texts.insert(path.clone(), text_digest);
+            sent += self.read_file(&path, &text, emit)?;
+        }
+
+        let gone: Vec<PathBuf> = self
+            .set
+            .files()
+            .chain(self.texts.keys().map(PathBuf::as_path))
+            .filter(|path| !present.contains(*path))
+            .map(Path::to_path_buf)
+            .collect();
+        for path in gone {
+            self.texts.remove(&path);
+            self.set.remove_file(&path);
+        }
+
+        let settled = self.set.settle();
+        for (path, wanted) in settled.reread {
+            let text = match read(&path) {
+                Ok(Some(text)) if self.texts.get(&path) == Some(&text_digest(&text)) => text,
+                // Changed since it was parsed (or broken, or gone): what is in force stays
+                // until the file is read next.
+                _ => {
+                    warn!(
+                        file = %path.display(),
+                        objects = wanted.len(),
+                        "cannot read the file again to report its objects; keeping their last reported versions"
+                    );
+                    for (_, key) in &wanted {
+                        self.set.not_reported(key);
+                    }
+                    continue;
+                }
+            };
+            sent += self.send_wanted(&path, &text, None, &wanted, emit)?;
+        }
+        for (kind, key) in settled.deleted {
+            if !emit(SourceEvent::Delete(kind, key)) {
+                return Err(Closed);
+            }
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    /// Parses a new or changed file and sends what changed in it. A file that fails to parse
+    /// keeps its last good content.
+    fn read_file(
+        &mut self,
+        path: &Path,
+        text: &str,
+        emit: &mut dyn FnMut(SourceEvent) -> bool,
+    ) -> Result<usize, Closed> {
+        // The whole file must parse before any of it counts, so the first pass keeps only keys
+        // and digests (and the objects themselves while there are few).
+        let mut objects = Vec::new();
+        let mut kept: Option<Vec<Object>> = Some(Vec::new());
+        let parsed = for_each_object(path, text, &mut |_| true, &mut |_, obj| {
+            objects.push(((obj.kind(), obj.key()), digest(&obj)));
+            match &mut kept {
+                Some(k) if k.len() < KEEP_PARSED => k.push(obj),
+                _ => kept = None,
+            }
+        });
+        if let Err(err) = parsed {
+            error!(error = %err, "keeping the file's last good content");
+            self.metrics.source_error(SOURCE, "parse");
+            return Ok(0);
+        }
+        let wanted = self.set.update_file(path, objects);
+        self.send_wanted(path, text, kept, &wanted, emit)
+    }
+
+    /// Sends the `wanted` objects of a file: from `kept` (every object of the file, in order)
+    /// or else by parsing `text` again.
+    fn send_wanted(
+        &mut self,
+        path: &Path,
+        text: &str,
+        kept: Option<Vec<Object>>,
+        wanted: &[Wanted],
+        emit: &mut dyn FnMut(SourceEvent) -> bool,
+    ) -> Result<usize, Closed> {
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        let mut sent = 0;
+        if let Some(kept) = kept {
+            let mut kept: Vec<Option<Object>> = kept.into_iter().map(Some).collect();
+            for (ordinal, key) in wanted {
+                match kept.get_mut(*ordinal as usize).and_then(Option::take) {
+                    Some(obj) => {
+                        if !emit(SourceEvent::Upsert(obj)) {
+                            return Err(Closed);
+                        }
+                        sent += 1;
+                    }
+                    None => self.set.not_reported(key),
                 }
             }
-            self.texts.insert(path, text);
+            return Ok(sent);
         }
-        self.set.apply(changes)
+        // `wanted` is sorted by ordinal.
+        let mut next = 0;
+        let mut closed = false;
+        let parsed = for_each_object(
+            path,
+            text,
+            &mut |n| wanted.binary_search_by_key(&(n as u32), |w| w.0).is_ok(),
+            &mut |n, obj| {
+                while next < wanted.len() && (wanted[next].0 as usize) < n {
+                    next += 1;
+                }
+                if closed || next == wanted.len() || wanted[next].0 as usize != n {
+                    return;
+                }
+                next += 1;
+                if emit(SourceEvent::Upsert(obj)) {
+                    sent += 1;
+                } else {
+                    closed = true;
+                }
+            },
+        );
+        if closed {
+            return Err(Closed);
+        }
+        if let Err(err) = parsed {
+            // The same text parsed a moment ago; only a bug gets here.
+            error!(error = %err, "a manifest that parsed before no longer does");
+            for (_, key) in wanted {
+                self.set.not_reported(key);
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Test helper: one read of the directory, given as each file's text (or why it could not
+    /// be read), returning what it sends.
+    #[cfg(test)]
+    fn apply_read(
+        &mut self,
+        files: std::collections::BTreeMap<PathBuf, io::Result<String>>,
+    ) -> Vec<SourceEvent> {
+        let listing = files.keys().cloned().collect();
+        let mut read = |path: &Path| match files.get(path) {
+            Some(Ok(text)) => Ok(Some(text.clone())),
+            Some(Err(err)) => Err(io::Error::new(err.kind(), err.to_string())),
+            None => Ok(None),
+        };
+        let mut events = Vec::new();
+        let mut emit = |ev| {
+            events.push(ev);
+            true
+        };
+        let _ = self.scan(listing, &mut read, &mut emit);
+        events
     }
 }
 
-/// Reads every manifest file in `dir`: its text, or why it could not be read. Files that vanish
-/// while being read are left out, as if listed a moment later.
-fn read_dir_files(dir: &Path) -> io::Result<BTreeMap<PathBuf, io::Result<String>>> {
-    let mut files = BTreeMap::new();
+/// The manifest files directly in `dir`, by name.
+fn list_dir(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !is_manifest_name(name) {
-            continue;
-        }
-        let path = entry.path();
-        match read_file(&path) {
-            Ok(Some(text)) => {
-                files.insert(path, Ok(text));
-            }
-            Ok(None) => {}
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-            Err(err) => {
-                files.insert(path, Err(err));
-            }
+        if is_manifest_name(name) {
+            files.push(entry.path());
         }
     }
+    files.sort();
     Ok(files)
 }
 

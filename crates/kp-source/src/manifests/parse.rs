@@ -1,11 +1,24 @@
 //! Parsing manifest files, and tracking which file holds which object. No I/O, no clock.
+//!
+//! Memory matters here: a directory may describe a whole cluster (10k Services with their
+//! EndpointSlices is a 13 MB JSON file). So a file is decoded one object at a time, never as one
+//! tree ([`for_each_object`]), and the set of objects ([`ManifestSet`]) keeps only each object's
+//! key and a digest of its content, not the object: whoever needs an object again parses its
+//! file again, which only happens when one file's version of an object must stand in for
+//! another's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::hash::{DefaultHasher, Hasher};
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_core::track::{Kind, Object, ObjectKey, SourceEvent};
+use kp_core::track::{Kind, Object, ObjectKey};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Serialize;
 use serde_json::Value;
 use tracing::warn;
 
@@ -14,7 +27,16 @@ use crate::SourceError;
 const CORE_V1: &str = "v1";
 const DISCOVERY_V1: &str = "discovery.k8s.io/v1";
 
-/// Parses one manifest file into its objects.
+/// Parses one manifest file into its objects. See [`for_each_object`] for what a file may hold.
+pub fn parse_file(path: &Path, text: &str) -> Result<Vec<Object>, SourceError> {
+    let mut objects = Vec::new();
+    for_each_object(path, text, &mut |_| true, &mut |_, obj| objects.push(obj))?;
+    Ok(objects)
+}
+
+/// Decodes one manifest file object by object, calling `f` with each object's ordinal (its
+/// position among the file's objects, from 0) and the object, in file order. Objects for which
+/// `want(ordinal)` is false are only checked for syntax, not decoded, and not passed to `f`.
 ///
 /// A `.json` file holds one JSON document; any other file is YAML and may hold several
 /// documents separated by `---` lines. Each document is a v1 `Service`, a discovery.k8s.io/v1
@@ -23,46 +45,144 @@ const DISCOVERY_V1: &str = "discovery.k8s.io/v1";
 /// `apiVersion` and `kind`). Empty documents are skipped, so an empty file holds no objects.
 ///
 /// The first document that fails (bad syntax, an unsupported kind, a field of the wrong type, no
-/// `metadata.name`) fails the whole file, with an error naming the file and the document.
-pub fn parse_file(path: &Path, text: &str) -> Result<Vec<Object>, SourceError> {
+/// `metadata.name`) fails the whole file, with an error naming the file and the document; `f`
+/// may have been called for the objects before it. No document is held as a whole tree: each
+/// one is read twice (once for its type, once for its objects), and a list's items are decoded
+/// one at a time.
+pub fn for_each_object(
+    path: &Path,
+    text: &str,
+    want: &mut dyn FnMut(usize) -> bool,
+    f: &mut dyn FnMut(usize, Object),
+) -> Result<(), SourceError> {
     let fail = |document, reason| SourceError::ManifestParse {
         path: path.to_path_buf(),
         document,
         reason,
     };
-    let mut objects = Vec::new();
+    let mut sink = Sink {
+        next: 0,
+        want,
+        f,
+        failure: None,
+    };
     if path.extension().is_some_and(|ext| ext == "json") {
         if text.trim().is_empty() {
-            return Ok(objects);
+            return Ok(());
         }
-        let value: Value =
-            serde_json::from_str(text).map_err(|err| fail(1, format!("invalid JSON: {err}")))?;
-        decode_document(value, &mut objects).map_err(|reason| fail(1, reason))?;
-        return Ok(objects);
+        return decode_document(&Json(text), &mut sink).map_err(|reason| fail(1, reason));
     }
     for doc in split_documents(text) {
         if is_blank(doc.text) {
             continue;
         }
-        let value: Value = match serde_saphyr::from_str(doc.text) {
-            Ok(value) => value,
-            Err(_) => {
-                // Parse again with the lines before the document blanked out, so that the
-                // error's line numbers count from the top of the file. Only on this error path,
-                // to keep parsing linear.
-                let padded = format!("{}{}", "\n".repeat(doc.first_line - 1), doc.text);
-                // One line, without a source snippet: it goes into a log line.
-                let options = serde_saphyr::options! { with_snippet: false };
-                let reason = match serde_saphyr::from_str_with_options::<Value>(&padded, options) {
-                    Err(err) => format!("invalid YAML: {err}"),
-                    Ok(_) => "invalid YAML".to_string(),
-                };
-                return Err(fail(doc.index, reason));
-            }
-        };
-        decode_document(value, &mut objects).map_err(|reason| fail(doc.index, reason))?;
+        decode_document(&Yaml(&doc), &mut sink).map_err(|reason| fail(doc.index, reason))?;
     }
-    Ok(objects)
+    Ok(())
+}
+
+/// Where decoded objects go: counts ordinals and asks whether each one is wanted.
+struct Sink<'a> {
+    next: usize,
+    want: &'a mut dyn FnMut(usize) -> bool,
+    f: &'a mut dyn FnMut(usize, Object),
+    /// Why decoding stopped inside a list, when it was not the syntax.
+    failure: Option<String>,
+}
+
+impl Sink<'_> {
+    /// Takes the next ordinal; whether its object is wanted.
+    fn take(&mut self) -> (usize, bool) {
+        let n = self.next;
+        self.next += 1;
+        (n, (self.want)(n))
+    }
+}
+
+/// One document's text in one syntax.
+trait Syntax {
+    /// Runs `seed` over the whole document, checking that nothing follows it.
+    fn run<T, S>(&self, seed: S) -> Result<T, String>
+    where
+        S: for<'de> DeserializeSeed<'de, Value = T>;
+
+    /// Decodes the whole document as a `T`.
+    fn typed<T: de::DeserializeOwned>(&self) -> Result<T, String>;
+
+    /// The reason for a syntax error met while reading the document.
+    fn syntax_error(&self, err: String) -> String;
+}
+
+/// A JSON document.
+struct Json<'a>(&'a str);
+
+impl Syntax for Json<'_> {
+    fn run<T, S>(&self, seed: S) -> Result<T, String>
+    where
+        S: for<'de> DeserializeSeed<'de, Value = T>,
+    {
+        let mut de = serde_json::Deserializer::from_str(self.0);
+        let value = seed.deserialize(&mut de).map_err(|e| e.to_string())?;
+        de.end().map_err(|e| e.to_string())?;
+        Ok(value)
+    }
+
+    fn typed<T: de::DeserializeOwned>(&self) -> Result<T, String> {
+        serde_json::from_str(self.0).map_err(|e| e.to_string())
+    }
+
+    fn syntax_error(&self, err: String) -> String {
+        format!("invalid JSON: {err}")
+    }
+}
+
+/// A YAML document within a file.
+struct Yaml<'a, 'b>(&'b Document<'a>);
+
+impl Yaml<'_, '_> {
+    /// One line, without a source snippet: errors go into a log line.
+    fn options() -> serde_saphyr::Options {
+        serde_saphyr::options! { with_snippet: false }
+    }
+
+    /// The document with the lines before it blanked out, so that error line numbers count from
+    /// the top of the file. Only built on error paths, to keep parsing linear.
+    fn padded(&self) -> String {
+        format!("{}{}", "\n".repeat(self.0.first_line - 1), self.0.text)
+    }
+}
+
+impl Syntax for Yaml<'_, '_> {
+    fn run<T, S>(&self, seed: S) -> Result<T, String>
+    where
+        S: for<'de> DeserializeSeed<'de, Value = T>,
+    {
+        serde_saphyr::with_deserializer_from_str_with_options(self.0.text, Self::options(), |de| {
+            seed.deserialize(de)
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    fn typed<T: de::DeserializeOwned>(&self) -> Result<T, String> {
+        match serde_saphyr::from_str_with_options(self.0.text, Self::options()) {
+            Ok(v) => Ok(v),
+            // Again from the top of the file, for the line number.
+            Err(err) => Err(
+                match serde_saphyr::from_str_with_options::<T>(&self.padded(), Self::options()) {
+                    Err(err) => err.to_string(),
+                    Ok(_) => err.to_string(),
+                },
+            ),
+        }
+    }
+
+    fn syntax_error(&self, _err: String) -> String {
+        let options = Self::options();
+        match serde_saphyr::from_str_with_options::<IgnoredAny>(&self.padded(), options) {
+            Err(err) => format!("invalid YAML: {err}"),
+            Ok(_) => "invalid YAML".to_string(),
+        }
+    }
 }
 
 /// One YAML document's text within a file.
@@ -137,60 +257,108 @@ fn is_blank(text: &str) -> bool {
     })
 }
 
-/// Decodes one document (an object or a list of objects) into `out`.
-fn decode_document(value: Value, out: &mut Vec<Object>) -> Result<(), String> {
-    if value.is_null() {
-        return Ok(());
-    }
-    let (api_version, kind) = type_of(&value, None)?;
+/// Decodes one document (an object or a list of objects) into `sink`.
+fn decode_document(doc: &impl Syntax, sink: &mut Sink<'_>) -> Result<(), String> {
+    // First pass: the document's type, skipping everything else (this also checks the syntax).
+    let (api_version, kind) = match doc.run(ProbeSeed).map_err(|e| doc.syntax_error(e))? {
+        Probe::Null => return Ok(()),
+        Probe::NotMapping => return Err("not a mapping".into()),
+        Probe::Mapping { api_version, kind } => type_of(api_version, kind, None)?,
+    };
     let item_type = match (api_version.as_str(), kind.as_str()) {
         (CORE_V1, "List") => None,
         (CORE_V1, "ServiceList") => Some((CORE_V1, "Service")),
         (DISCOVERY_V1, "EndpointSliceList") => Some((DISCOVERY_V1, "EndpointSlice")),
         (CORE_V1, "NodeList") => Some((CORE_V1, "Node")),
         _ => {
-            out.push(decode_object(value, None)?);
+            let (n, wanted) = sink.take();
+            if wanted {
+                let obj = decode_typed(doc, &api_version, &kind)?;
+                (sink.f)(n, obj);
+            }
             return Ok(());
         }
     };
-    let Value::Object(mut list) = value else {
-        return Err("not a mapping".into());
+    // Second pass: the items, one at a time.
+    sink.failure = None;
+    let seed = ListSeed {
+        kind: &kind,
+        item_type,
+        sink,
     };
-    let items = match list.remove("items") {
-        None | Some(Value::Null) => return Ok(()),
-        Some(Value::Array(items)) => items,
-        Some(_) => return Err(format!("{kind}: items is not a sequence")),
-    };
-    for (i, item) in items.into_iter().enumerate() {
-        let obj =
-            decode_object(item, item_type).map_err(|reason| format!("item {}: {reason}", i + 1))?;
-        out.push(obj);
+    match doc.run(seed) {
+        Ok(()) => Ok(()),
+        Err(err) => Err(sink.failure.take().unwrap_or_else(|| doc.syntax_error(err))),
     }
-    Ok(())
 }
 
-/// Reads `apiVersion` and `kind`, falling back to `default` (for the items of a typed list).
-fn type_of(value: &Value, default: Option<(&str, &str)>) -> Result<(String, String), String> {
-    let Value::Object(map) = value else {
-        return Err("not a mapping".into());
-    };
-    let field = |name: &str| -> Result<Option<String>, String> {
-        match map.get(name) {
+/// Checks `apiVersion` and `kind` (falling back to `default`, for the items of a typed list).
+fn type_of(
+    api_version: Option<Value>,
+    kind: Option<Value>,
+    default: Option<(&str, &str)>,
+) -> Result<(String, String), String> {
+    let field = |name: &str, v: Option<Value>| -> Result<Option<String>, String> {
+        match v {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::String(s)) => Ok(Some(s)),
             Some(_) => Err(format!("{name} is not a string")),
         }
     };
-    match (field("apiVersion")?, field("kind")?, default) {
+    match (
+        field("apiVersion", api_version)?,
+        field("kind", kind)?,
+        default,
+    ) {
         (Some(api_version), Some(kind), _) => Ok((api_version, kind)),
         (None, None, Some((api_version, kind))) => Ok((api_version.into(), kind.into())),
         _ => Err("apiVersion and kind are required".into()),
     }
 }
 
-/// Decodes one Service, EndpointSlice or Node.
-fn decode_object(value: Value, default: Option<(&str, &str)>) -> Result<Object, String> {
-    let (api_version, kind) = type_of(&value, default)?;
+fn unsupported(api_version: &str, kind: &str) -> String {
+    format!(
+        "unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Service, \
+         discovery.k8s.io/v1 EndpointSlice, v1 Node or a list of them"
+    )
+}
+
+/// Decodes a whole document as the object its type names.
+fn decode_typed(doc: &impl Syntax, api_version: &str, kind: &str) -> Result<Object, String> {
+    let obj = match (api_version, kind) {
+        (CORE_V1, "Service") => Object::Service(Box::new(
+            doc.typed::<Service>()
+                .map_err(|err| format!("Service: {err}"))?,
+        )),
+        (DISCOVERY_V1, "EndpointSlice") => Object::EndpointSlice(Box::new(
+            doc.typed::<EndpointSlice>()
+                .map_err(|err| format!("EndpointSlice: {err}"))?,
+        )),
+        (CORE_V1, "Node") => Object::Node(Box::new(
+            doc.typed::<Node>().map_err(|err| format!("Node: {err}"))?,
+        )),
+        _ => return Err(unsupported(api_version, kind)),
+    };
+    named(obj, kind)
+}
+
+fn named(obj: Object, kind: &str) -> Result<Object, String> {
+    if obj.key().name.is_empty() {
+        return Err(format!("{kind}: metadata.name is required"));
+    }
+    Ok(obj)
+}
+
+/// Decodes one list item.
+fn decode_item(value: Value, default: Option<(&str, &str)>) -> Result<Object, String> {
+    let (api_version, kind) = match &value {
+        Value::Object(map) => type_of(
+            map.get("apiVersion").cloned(),
+            map.get("kind").cloned(),
+            default,
+        )?,
+        _ => return Err("not a mapping".into()),
+    };
     let obj = match (api_version.as_str(), kind.as_str()) {
         (CORE_V1, "Service") => Object::Service(Box::new(
             serde_json::from_value::<Service>(value).map_err(|err| format!("Service: {err}"))?,
@@ -202,44 +370,408 @@ fn decode_object(value: Value, default: Option<(&str, &str)>) -> Result<Object, 
         (CORE_V1, "Node") => Object::Node(Box::new(
             serde_json::from_value::<Node>(value).map_err(|err| format!("Node: {err}"))?,
         )),
-        _ => {
-            return Err(format!(
-                "unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Service, \
-                 discovery.k8s.io/v1 EndpointSlice, v1 Node or a list of them"
-            ))
-        }
+        _ => return Err(unsupported(&api_version, &kind)),
     };
-    if obj.key().name.is_empty() {
-        return Err(format!("{kind}: metadata.name is required"));
+    named(obj, &kind)
+}
+
+/// What the first pass over a document found.
+enum Probe {
+    /// An empty document.
+    Null,
+    /// Something other than a mapping.
+    NotMapping,
+    /// A mapping, with its type fields (as written; checked later).
+    Mapping {
+        api_version: Option<Value>,
+        kind: Option<Value>,
+    },
+}
+
+/// The map keys the passes look at.
+enum Field {
+    ApiVersion,
+    Kind,
+    Items,
+    Other,
+}
+
+struct FieldSeed;
+
+impl<'de> DeserializeSeed<'de> for FieldSeed {
+    type Value = Field;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Field, D::Error> {
+        d.deserialize_str(FieldSeed)
     }
-    Ok(obj)
+}
+
+impl<'de> Visitor<'de> for FieldSeed {
+    type Value = Field;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Field, E> {
+        Ok(match v {
+            "apiVersion" => Field::ApiVersion,
+            "kind" => Field::Kind,
+            "items" => Field::Items,
+            _ => Field::Other,
+        })
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Field, E> {
+        Ok(Field::Other)
+    }
+}
+
+/// The first pass: the document's shape and type fields.
+struct ProbeSeed;
+
+impl<'de> DeserializeSeed<'de> for ProbeSeed {
+    type Value = Probe;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Probe, D::Error> {
+        d.deserialize_any(ProbeSeed)
+    }
+}
+
+impl<'de> Visitor<'de> for ProbeSeed {
+    type Value = Probe;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a manifest")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Probe, A::Error> {
+        let (mut api_version, mut kind) = (None, None);
+        while let Some(field) = map.next_key_seed(FieldSeed)? {
+            match field {
+                Field::ApiVersion => api_version = Some(map.next_value::<Value>()?),
+                Field::Kind => kind = Some(map.next_value::<Value>()?),
+                Field::Items | Field::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Probe::Mapping { api_version, kind })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Probe, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Probe::NotMapping)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Probe, E> {
+        Ok(Probe::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Probe, E> {
+        Ok(Probe::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Probe, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Probe, E> {
+        Ok(Probe::NotMapping)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Probe, E> {
+        Ok(Probe::NotMapping)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Probe, E> {
+        Ok(Probe::NotMapping)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Probe, E> {
+        Ok(Probe::NotMapping)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Probe, E> {
+        Ok(Probe::NotMapping)
+    }
+
+    fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Probe, E> {
+        Ok(Probe::NotMapping)
+    }
+}
+
+/// The second pass over a list: each item decoded and handed on as soon as it is read.
+struct ListSeed<'s, 'a> {
+    kind: &'s str,
+    item_type: Option<(&'static str, &'static str)>,
+    sink: &'s mut Sink<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for ListSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ListSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let ListSeed {
+            kind,
+            item_type,
+            sink,
+        } = self;
+        while let Some(field) = map.next_key_seed(FieldSeed)? {
+            match field {
+                Field::Items => map.next_value_seed(ItemsSeed {
+                    kind,
+                    item_type,
+                    sink: &mut *sink,
+                })?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A list's `items`.
+struct ItemsSeed<'s, 'a> {
+    kind: &'s str,
+    item_type: Option<(&'static str, &'static str)>,
+    sink: &'s mut Sink<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for ItemsSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl ItemsSeed<'_, '_> {
+    fn not_a_sequence<E: de::Error>(self) -> Result<(), E> {
+        self.sink.failure = Some(format!("{}: items is not a sequence", self.kind));
+        Err(E::custom("items is not a sequence"))
+    }
+}
+
+impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a sequence of objects")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        loop {
+            i += 1;
+            let (n, wanted) = self.sink.take();
+            if !wanted {
+                if seq.next_element::<IgnoredAny>()?.is_none() {
+                    self.sink.next -= 1;
+                    return Ok(());
+                }
+                continue;
+            }
+            let Some(value) = seq.next_element::<Value>()? else {
+                self.sink.next -= 1;
+                return Ok(());
+            };
+            match decode_item(value, self.item_type) {
+                Ok(obj) => (self.sink.f)(n, obj),
+                Err(reason) => {
+                    self.sink.failure = Some(format!("item {i}: {reason}"));
+                    return Err(de::Error::custom("bad item"));
+                }
+            }
+        }
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        self.not_a_sequence()
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        self.not_a_sequence()
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.not_a_sequence()
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.not_a_sequence()
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.not_a_sequence()
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.not_a_sequence()
+    }
+}
+
+/// A digest of an object's content: equal objects have equal digests, and different ones
+/// (practically) never do. 128 bits, from two SipHash runs over the object's JSON; two `u64`s
+/// rather than a `u128`, whose 16-byte alignment would pad every record that holds one.
+pub type Digest = [u64; 2];
+
+/// The digest of `obj`.
+pub fn digest(obj: &Object) -> Digest {
+    let mut w = DigestWriter(DefaultHasher::new(), DefaultHasher::new());
+    w.0.write_u8(1);
+    w.1.write_u8(2);
+    // Serializing these types into a writer that cannot fail does not fail.
+    let _ = match obj {
+        Object::Service(s) => s.serialize(&mut serde_json::Serializer::new(&mut w)),
+        Object::EndpointSlice(s) => s.serialize(&mut serde_json::Serializer::new(&mut w)),
+        Object::Node(n) => n.serialize(&mut serde_json::Serializer::new(&mut w)),
+    };
+    [w.0.finish(), w.1.finish()]
+}
+
+/// The digest of a file's text.
+pub fn text_digest(text: &str) -> Digest {
+    let (mut a, mut b) = (DefaultHasher::new(), DefaultHasher::new());
+    a.write_u8(1);
+    b.write_u8(2);
+    a.write(text.as_bytes());
+    b.write(text.as_bytes());
+    [a.finish(), b.finish()]
+}
+
+struct DigestWriter(DefaultHasher, DefaultHasher);
+
+impl io::Write for DigestWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf);
+        self.1.write(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Identifies an object across files.
-type Key = (Kind, ObjectKey);
+pub type Key = (Kind, ObjectKey);
 
-/// One object as a file holds it.
-#[derive(Clone, Debug)]
-struct Entry {
+/// Identifies a file within a [`ManifestSet`].
+type FileId = u32;
+
+/// One object as one file holds it.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    file: FileId,
     /// When this version of the object appeared in this file: a counter over the whole set.
     /// Where several files hold the same object, the latest version wins.
     generation: u64,
-    object: Object,
+    digest: Digest,
+    /// Its position among the file's objects, to find it again.
+    ordinal: u32,
 }
 
+/// What the consumer has been told about an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reported {
+    /// Nothing, or that it is gone.
+    Nothing,
+    /// This version.
+    Version(Digest),
+    /// Some version, but not which: the next version that wins is reported whatever it is.
+    Unknown,
+}
+
+#[derive(Debug)]
+struct KeyState {
+    /// The files holding the object (almost always one).
+    holders: Vec<Holder>,
+    reported: Reported,
+}
+
+/// A file the set knows about.
+#[derive(Debug)]
+struct FileState {
+    id: FileId,
+    /// The objects of its last good parse.
+    keys: Vec<Arc<Key>>,
+}
+
+/// An object to report from a file's text: (ordinal in the file, key).
+pub type Wanted = (u32, Arc<Key>);
+
 /// Which file holds which object, as of each file's last good parse, and what has been
-/// reported from them.
+/// reported from them. Holds keys and digests only, never the objects themselves.
 ///
-/// Each change returns the [`SourceEvent`]s that bring a consumer from the old set of objects
-/// to the new one: `Upsert` for an object that is new or changed, `Delete` for one that no file
-/// holds any more. An object held by several files is reported as the version that appeared
-/// most recently (last writer wins), with a warning.
+/// The objects of a file are reported as the file is read: [`ManifestSet::update_file`] says
+/// which of them to send. Objects that lose their file (it went, or no longer holds them) are
+/// settled at the end of a round of changes by [`ManifestSet::settle`], so an object that moves
+/// between files (a rename) is never reported as deleted in between. An object held by several
+/// files is reported as the version that appeared most recently (last writer wins), with a
+/// warning.
 #[derive(Debug, Default)]
 pub struct ManifestSet {
-    files: BTreeMap<PathBuf, BTreeMap<Key, Entry>>,
-    /// What has been reported: the winning version of every object.
-    reported: BTreeMap<Key, Object>,
+    keys: HashMap<Arc<Key>, KeyState>,
+    files: BTreeMap<PathBuf, FileState>,
+    paths: HashMap<FileId, PathBuf>,
+    next_file: FileId,
     generation: u64,
+    /// Objects to settle at the end of the round.
+    pending: BTreeSet<Arc<Key>>,
+}
+
+/// What [`ManifestSet::settle`] leaves to report.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Objects no file holds any more.
+    pub deleted: Vec<Key>,
+    /// Objects now won by a version in another file, which must be read again to report it:
+    /// file → (ordinal, key), by ordinal.
+    pub reread: BTreeMap<PathBuf, Vec<Wanted>>,
 }
 
 impl ManifestSet {
@@ -248,92 +780,173 @@ impl ManifestSet {
         ManifestSet::default()
     }
 
-    /// Sets the objects of the file `path` (added or changed), returning what to report.
-    pub fn update_file(&mut self, path: &Path, objects: Vec<Object>) -> Vec<SourceEvent> {
-        self.apply([(path.to_path_buf(), Some(objects))])
-    }
-
-    /// Forgets the file `path` (deleted), returning what to report.
-    pub fn remove_file(&mut self, path: &Path) -> Vec<SourceEvent> {
-        self.apply([(path.to_path_buf(), None)])
-    }
-
-    /// Applies several file changes at once: `Some(objects)` for a new or changed file, `None`
-    /// for a removed one. Applying them together means an object that moves between files (a
-    /// rename) is never reported as deleted in between.
-    pub fn apply(
-        &mut self,
-        changes: impl IntoIterator<Item = (PathBuf, Option<Vec<Object>>)>,
-    ) -> Vec<SourceEvent> {
-        let mut affected = BTreeSet::new();
-        for (path, objects) in changes {
-            let old = self.files.remove(&path).unwrap_or_default();
-            affected.extend(old.keys().cloned());
-            let Some(objects) = objects else { continue };
-            let mut entries = BTreeMap::new();
-            for object in objects {
-                let key = (object.kind(), object.key());
-                let generation = match old.get(&key) {
-                    Some(e) if same_object(&e.object, &object) => e.generation,
-                    _ => {
-                        self.generation += 1;
-                        self.generation
-                    }
-                };
-                if entries.contains_key(&key) {
-                    warn!(
-                        file = %path.display(),
-                        "{} {} appears more than once in the file; using the last one",
-                        key.0,
-                        key.1
-                    );
-                }
-                entries.insert(key.clone(), Entry { generation, object });
-                affected.insert(key);
-            }
-            self.files.insert(path, entries);
+    fn file_id(&mut self, path: &Path) -> FileId {
+        if let Some(f) = self.files.get(path) {
+            return f.id;
         }
+        let id = self.next_file;
+        self.next_file += 1;
+        self.files.insert(
+            path.to_path_buf(),
+            FileState {
+                id,
+                keys: Vec::new(),
+            },
+        );
+        self.paths.insert(id, path.to_path_buf());
+        id
+    }
 
-        let mut events = Vec::new();
-        for key in affected {
-            let holders: Vec<(&PathBuf, &Entry)> = self
-                .files
-                .iter()
-                .filter_map(|(path, entries)| entries.get(&key).map(|e| (path, e)))
-                .collect();
-            let winner = holders.iter().max_by_key(|(_, e)| e.generation);
-            if let (Some((winner_path, _)), true) = (winner, holders.len() > 1) {
-                let files: Vec<String> = holders
+    /// Sets the objects of the file `path` (new or changed): each object's key and digest, in
+    /// file order. Returns the objects to report now, by their ordinal in the file: those whose
+    /// new version wins and differs from what was reported. They count as reported.
+    pub fn update_file(&mut self, path: &Path, objects: Vec<(Key, Digest)>) -> Vec<Wanted> {
+        let id = self.file_id(path);
+        let old = self
+            .files
+            .get_mut(path)
+            .map(|f| std::mem::take(&mut f.keys))
+            .unwrap_or_default();
+        // The file's previous versions, to keep their generation where unchanged.
+        let mut previous: HashMap<Arc<Key>, Holder> = HashMap::with_capacity(old.len());
+        for key in old {
+            if let Some(state) = self.keys.get_mut(&key) {
+                if let Some(i) = state.holders.iter().position(|h| h.file == id) {
+                    previous.insert(key.clone(), state.holders.swap_remove(i));
+                }
+            }
+            self.pending.insert(key);
+        }
+        // The last copy of a key within the file wins, as if the earlier ones were not there.
+        let mut last: HashMap<&Key, usize> = HashMap::with_capacity(objects.len());
+        for (i, (key, _)) in objects.iter().enumerate() {
+            if last.insert(key, i).is_some() {
+                warn!(
+                    file = %path.display(),
+                    "{} {} appears more than once in the file; using the last one",
+                    key.0,
+                    key.1
+                );
+            }
+        }
+        let last: BTreeSet<usize> = last.into_values().collect();
+        let mut keys = Vec::with_capacity(last.len());
+        let mut wanted = Vec::new();
+        for (ordinal, (key, digest)) in objects.into_iter().enumerate() {
+            if !last.contains(&ordinal) {
+                continue;
+            }
+            let key = match self.keys.get_key_value(&key) {
+                Some((k, _)) => k.clone(),
+                None => Arc::new(key),
+            };
+            let generation = match previous.get(&key) {
+                Some(h) if h.digest == digest => h.generation,
+                _ => {
+                    self.generation += 1;
+                    self.generation
+                }
+            };
+            let holder = Holder {
+                file: id,
+                generation,
+                digest,
+                ordinal: ordinal as u32,
+            };
+            let state = self.keys.entry(key.clone()).or_insert(KeyState {
+                holders: Vec::with_capacity(1),
+                reported: Reported::Nothing,
+            });
+            state.holders.push(holder);
+            if winner(&state.holders).is_some_and(|w| w.file == id)
+                && state.reported != Reported::Version(digest)
+            {
+                state.reported = Reported::Version(digest);
+                wanted.push((ordinal as u32, key.clone()));
+            }
+            if state.holders.len() == 1 {
+                self.pending.remove(&key);
+            } else {
+                // Held elsewhere too: settle warns about the clash (and reports nothing more
+                // if this version won).
+                self.pending.insert(key.clone());
+            }
+            keys.push(key);
+        }
+        if let Some(f) = self.files.get_mut(path) {
+            f.keys = keys;
+        }
+        wanted
+    }
+
+    /// Forgets the file `path` (deleted). Its objects are settled by [`ManifestSet::settle`].
+    pub fn remove_file(&mut self, path: &Path) {
+        let Some(file) = self.files.remove(path) else {
+            return;
+        };
+        self.paths.remove(&file.id);
+        for key in file.keys {
+            if let Some(state) = self.keys.get_mut(&key) {
+                state.holders.retain(|h| h.file != file.id);
+            }
+            self.pending.insert(key);
+        }
+    }
+
+    /// Settles the objects whose files changed under them in this round: deleted if no file
+    /// holds them any more, or to be read again from the file whose version now wins. Both
+    /// count as reported; see [`ManifestSet::not_reported`].
+    pub fn settle(&mut self) -> Settled {
+        let mut out = Settled::default();
+        for key in std::mem::take(&mut self.pending) {
+            let Some(state) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            let Some(win) = winner(&state.holders) else {
+                if state.reported != Reported::Nothing {
+                    out.deleted.push((*key).clone());
+                }
+                self.keys.remove(&key);
+                continue;
+            };
+            if state.holders.len() > 1 {
+                let files: Vec<String> = state
+                    .holders
                     .iter()
-                    .map(|(p, _)| p.display().to_string())
+                    .filter_map(|h| self.paths.get(&h.file))
+                    .map(|p| p.display().to_string())
                     .collect();
                 warn!(
                     files = ?files,
-                    using = %winner_path.display(),
+                    using = %self.paths.get(&win.file).map(|p| p.display().to_string()).unwrap_or_default(),
                     "{} {} is defined in several files; using the most recently changed",
                     key.0,
                     key.1
                 );
             }
-            match winner {
-                Some((_, entry)) => {
-                    let unchanged = self
-                        .reported
-                        .get(&key)
-                        .is_some_and(|old| same_object(old, &entry.object));
-                    if !unchanged {
-                        self.reported.insert(key, entry.object.clone());
-                        events.push(SourceEvent::Upsert(entry.object.clone()));
-                    }
-                }
-                None => {
-                    if self.reported.remove(&key).is_some() {
-                        events.push(SourceEvent::Delete(key.0, key.1));
-                    }
-                }
+            if state.reported == Reported::Version(win.digest) {
+                continue;
+            }
+            state.reported = Reported::Version(win.digest);
+            if let Some(path) = self.paths.get(&win.file) {
+                out.reread
+                    .entry(path.clone())
+                    .or_default()
+                    .push((win.ordinal, key.clone()));
             }
         }
-        events
+        for wanted in out.reread.values_mut() {
+            wanted.sort();
+        }
+        out
+    }
+
+    /// Records that an object that was to be reported could not be (its file could not be
+    /// read again): whatever version wins next is reported.
+    pub fn not_reported(&mut self, key: &Key) {
+        if let Some(state) = self.keys.get_mut(key) {
+            state.reported = Reported::Unknown;
+        }
     }
 
     /// The files currently holding a good parse.
@@ -343,22 +956,21 @@ impl ManifestSet {
 
     /// Number of distinct objects currently reported.
     pub fn len(&self) -> usize {
-        self.reported.len()
+        self.keys
+            .values()
+            .filter(|s| s.reported != Reported::Nothing)
+            .count()
     }
 
     /// Whether no object is currently reported.
     pub fn is_empty(&self) -> bool {
-        self.reported.is_empty()
+        self.len() == 0
     }
 }
 
-fn same_object(a: &Object, b: &Object) -> bool {
-    match (a, b) {
-        (Object::Service(a), Object::Service(b)) => a == b,
-        (Object::EndpointSlice(a), Object::EndpointSlice(b)) => a == b,
-        (Object::Node(a), Object::Node(b)) => a == b,
-        _ => false,
-    }
+/// The winning version among holders: the latest.
+fn winner(holders: &[Holder]) -> Option<Holder> {
+    holders.iter().max_by_key(|h| h.generation).copied()
 }
 
 #[cfg(test)]

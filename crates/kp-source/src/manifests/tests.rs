@@ -170,3 +170,86 @@ fn reading_a_file_does_not_wake_the_source_but_writing_does() {
     assert!(wakes(&EventKind::Modify(ModifyKind::Any)));
     assert!(wakes(&EventKind::Any));
 }
+
+fn port_of(ev: &SourceEvent) -> i32 {
+    match ev {
+        SourceEvent::Upsert(kp_core::track::Object::Service(svc)) => svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .map_or(0, |p| p[0].port),
+        _ => 0,
+    }
+}
+
+#[test]
+fn a_file_with_many_objects_reports_each_once_then_only_changes() {
+    // More objects than are kept from the first pass, so they are parsed again to be sent.
+    let n = super::KEEP_PARSED + 50;
+    let text = |changed: usize| -> String {
+        (0..n)
+            .map(|i| service(&format!("s{i}"), if i == changed { 81 } else { 80 }))
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    let (mut dir, _) = state();
+    let out = dir.apply_read(read(&[("big.yaml", Some(&text(n)))]));
+    assert_eq!(out.len(), n);
+    let mut names = show(&out);
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), n);
+    let out = dir.apply_read(read(&[("big.yaml", Some(&text(n - 1)))]));
+    assert_eq!(show(&out), [format!("upsert Service ns/s{}", n - 1)]);
+    assert_eq!(port_of(&out[0]), 81);
+}
+
+#[test]
+fn an_object_in_two_files_falls_back_to_the_other_file_when_the_winner_goes() {
+    let (mut dir, _) = state();
+    let a = format!("{}---\n{}", service("x", 1), service("web", 80));
+    dir.apply_read(read(&[("a.yaml", Some(&a))]));
+    let out = dir.apply_read(read(&[
+        ("a.yaml", Some(&a)),
+        ("b.yaml", Some(&service("web", 81))),
+    ]));
+    assert_eq!(show(&out), ["upsert Service ns/web"]);
+    assert_eq!(port_of(&out[0]), 81);
+    // b goes: a's version is read again from a and reported.
+    let out = dir.apply_read(read(&[("a.yaml", Some(&a))]));
+    assert_eq!(show(&out), ["upsert Service ns/web"]);
+    assert_eq!(port_of(&out[0]), 80);
+}
+
+#[test]
+fn a_fallback_that_cannot_be_read_again_waits_for_its_file_to_be_fixed() {
+    let (mut dir, _) = state();
+    let a = service("web", 80);
+    dir.apply_read(read(&[
+        ("a.yaml", Some(&a)),
+        ("b.yaml", Some(&service("web", 81))),
+    ]));
+    // a breaks (keeping web:80 in force), then b goes: web:80 cannot be read from a, so the
+    // reported version (81) stays.
+    dir.apply_read(read(&[
+        ("a.yaml", Some("kind: [")),
+        ("b.yaml", Some(&service("web", 81))),
+    ]));
+    let out = dir.apply_read(read(&[("a.yaml", Some("kind: ["))]));
+    assert!(out.is_empty(), "{:?}", show(&out));
+    // a is fixed: web:80 is reported, and a's removal then deletes it.
+    let out = dir.apply_read(read(&[("a.yaml", Some(&a))]));
+    assert_eq!(show(&out), ["upsert Service ns/web"]);
+    assert_eq!(port_of(&out[0]), 80);
+    assert_eq!(show(&dir.apply_read(read(&[]))), ["delete Service ns/web"]);
+}
+
+#[test]
+fn a_renamed_file_reports_nothing() {
+    let (mut dir, _) = state();
+    let text = format!("{}---\n{}", service("a", 80), service("b", 81));
+    dir.apply_read(read(&[("x.yaml", Some(&text))]));
+    assert!(dir.apply_read(read(&[("y.yaml", Some(&text))])).is_empty());
+    let out = dir.apply_read(read(&[]));
+    assert_eq!(show(&out), ["delete Service ns/a", "delete Service ns/b"]);
+}

@@ -1,8 +1,10 @@
 use std::path::Path;
 
-use kp_core::track::{Kind, Object, ObjectKey, SourceEvent};
+use kp_core::track::{Kind, Object, ObjectKey};
 
-use super::{parse_file, split_documents, ManifestSet};
+use super::{
+    digest, for_each_object, parse_file, split_documents, Digest, Key, ManifestSet, Settled, Wanted,
+};
 use crate::SourceError;
 
 fn service(name: &str, port: u16) -> String {
@@ -43,17 +45,6 @@ fn names(objects: &[Object]) -> Vec<String> {
     objects
         .iter()
         .map(|o| format!("{} {}", o.kind(), o.key()))
-        .collect()
-}
-
-fn show(events: &[SourceEvent]) -> Vec<String> {
-    events
-        .iter()
-        .map(|ev| match ev {
-            SourceEvent::Upsert(obj) => format!("upsert {} {}", obj.kind(), obj.key()),
-            SourceEvent::Delete(kind, key) => format!("delete {kind} {key}"),
-            SourceEvent::Synced(kind) => format!("synced {kind}"),
-        })
         .collect()
 }
 
@@ -304,77 +295,101 @@ fn splitting_keeps_text_after_the_marker_and_tracks_lines() {
     assert_eq!(split_documents("a: |\n  x\n----: 1\n").len(), 1);
 }
 
-fn svc_obj(name: &str, port: u16) -> Object {
-    parse("t.yaml", &service(name, port)).remove(0)
+fn key(name: &str) -> Key {
+    (
+        Kind::Service,
+        ObjectKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        },
+    )
+}
+
+/// Objects to give the set: name and a version number standing in for the content.
+fn objs(list: &[(&str, u64)]) -> Vec<(Key, Digest)> {
+    list.iter().map(|(n, v)| (key(n), [*v, 0])).collect()
+}
+
+/// Names of the wanted objects, with their ordinals.
+fn wanted(w: &[Wanted]) -> Vec<(u32, String)> {
+    w.iter().map(|(n, k)| (*n, k.1.name.clone())).collect()
+}
+
+fn deleted(s: &Settled) -> Vec<String> {
+    s.deleted.iter().map(|k| k.1.name.clone()).collect()
 }
 
 #[test]
 fn set_reports_new_objects_then_only_changes() {
     let mut set = ManifestSet::new();
     let a = Path::new("/m/a.yaml");
-    let out = set.update_file(a, vec![svc_obj("web", 80), svc_obj("db", 5432)]);
-    assert_eq!(
-        show(&out),
-        ["upsert Service ns/db", "upsert Service ns/web"]
-    );
+    let out = set.update_file(a, objs(&[("web", 1), ("db", 1)]));
+    assert_eq!(wanted(&out), [(0, "web".into()), (1, "db".into())]);
+    assert_eq!(set.settle(), Settled::default());
     // Same content again: nothing to report.
     assert!(set
-        .update_file(a, vec![svc_obj("web", 80), svc_obj("db", 5432)])
+        .update_file(a, objs(&[("web", 1), ("db", 1)]))
         .is_empty());
+    assert_eq!(set.settle(), Settled::default());
     // One of the two objects in the file changes, the other one goes.
-    let out = set.update_file(a, vec![svc_obj("web", 8080)]);
-    assert_eq!(
-        show(&out),
-        ["delete Service ns/db", "upsert Service ns/web"]
-    );
+    let out = set.update_file(a, objs(&[("web", 2)]));
+    assert_eq!(wanted(&out), [(0, "web".into())]);
+    let settled = set.settle();
+    assert_eq!(deleted(&settled), ["db"]);
+    assert!(settled.reread.is_empty());
     assert_eq!(set.len(), 1);
+}
+
+#[test]
+fn the_last_copy_of_an_object_within_a_file_counts() {
+    let mut set = ManifestSet::new();
+    let a = Path::new("/m/a.yaml");
+    let out = set.update_file(a, objs(&[("web", 1), ("db", 1), ("web", 2)]));
+    assert_eq!(wanted(&out), [(1, "db".into()), (2, "web".into())]);
+    assert_eq!(set.settle(), Settled::default());
+    assert_eq!(set.len(), 2);
 }
 
 #[test]
 fn a_deleted_file_deletes_its_objects() {
     let mut set = ManifestSet::new();
     let (a, b) = (Path::new("/m/a.yaml"), Path::new("/m/b.yaml"));
-    set.update_file(
-        a,
-        parse("a.yaml", &format!("{}---\n{SLICE}", service("web", 80))),
-    );
-    set.update_file(b, parse("b.yaml", NODE));
-    let out = set.remove_file(a);
-    assert_eq!(
-        show(&out),
-        ["delete Service ns/web", "delete EndpointSlice ns/web-abc"]
-    );
+    set.update_file(a, objs(&[("web", 1), ("db", 1)]));
+    set.update_file(b, objs(&[("x", 1)]));
+    set.settle();
+    set.remove_file(a);
+    let settled = set.settle();
+    assert_eq!(deleted(&settled), ["db", "web"]);
     assert_eq!(set.files().collect::<Vec<_>>(), [b]);
-    assert!(set.remove_file(a).is_empty());
+    set.remove_file(a);
+    assert_eq!(set.settle(), Settled::default());
 }
 
 #[test]
 fn an_object_in_two_files_follows_the_last_writer_and_survives_either_removal() {
     let mut set = ManifestSet::new();
     let (a, b) = (Path::new("/m/a.yaml"), Path::new("/m/b.yaml"));
-    set.update_file(a, vec![svc_obj("web", 80)]);
-    let out = set.update_file(b, vec![svc_obj("web", 81)]);
-    assert_eq!(show(&out), ["upsert Service ns/web"]);
+    set.update_file(a, objs(&[("web", 80)]));
+    set.settle();
+    let out = set.update_file(b, objs(&[("web", 81)]));
+    assert_eq!(wanted(&out), [(0, "web".into())]);
+    assert_eq!(set.settle(), Settled::default());
     // `a` changes something else: its unchanged copy of web does not win back.
-    assert!(
-        set.update_file(a, vec![svc_obj("web", 80), svc_obj("x", 1)])
-            .len()
-            == 1
-    );
-    // `b` is removed: `a`'s version is reported.
-    let out = set.remove_file(b);
-    let [SourceEvent::Upsert(Object::Service(svc))] = &out[..] else {
-        panic!("unexpected {:?}", show(&out))
-    };
-    assert_eq!(
-        svc.spec
-            .as_ref()
-            .and_then(|s| s.ports.as_ref())
-            .expect("ports")[0]
-            .port,
-        80
-    );
-    assert!(set.remove_file(a).len() == 2);
+    let out = set.update_file(a, objs(&[("web", 80), ("x", 1)]));
+    assert_eq!(wanted(&out), [(1, "x".into())]);
+    assert_eq!(set.settle(), Settled::default());
+    // `b` is removed: `a`'s version must be read again from `a`, where it is the first object.
+    set.remove_file(b);
+    let settled = set.settle();
+    assert!(settled.deleted.is_empty());
+    let reread: Vec<(&Path, Vec<(u32, String)>)> = settled
+        .reread
+        .iter()
+        .map(|(p, w)| (p.as_path(), wanted(w)))
+        .collect();
+    assert_eq!(reread, [(a, vec![(0, "web".to_string())])]);
+    set.remove_file(a);
+    assert_eq!(deleted(&set.settle()), ["web", "x"]);
     assert!(set.is_empty());
 }
 
@@ -382,19 +397,38 @@ fn an_object_in_two_files_follows_the_last_writer_and_survives_either_removal() 
 fn a_rename_applied_at_once_reports_nothing() {
     let mut set = ManifestSet::new();
     let (a, b) = (Path::new("/m/a.yaml"), Path::new("/m/b.yaml"));
-    set.update_file(a, vec![svc_obj("web", 80)]);
-    let out = set.apply([
-        (a.to_path_buf(), None),
-        (b.to_path_buf(), Some(vec![svc_obj("web", 80)])),
-    ]);
-    assert!(out.is_empty(), "{:?}", show(&out));
-    let out = set.apply([(b.to_path_buf(), None)]);
-    assert_eq!(show(&out), ["delete Service ns/web"]);
+    set.update_file(a, objs(&[("web", 80)]));
+    set.settle();
+    set.remove_file(a);
+    assert!(set.update_file(b, objs(&[("web", 80)])).is_empty());
+    assert_eq!(set.settle(), Settled::default());
+    set.remove_file(b);
+    assert_eq!(deleted(&set.settle()), ["web"]);
+}
+
+#[test]
+fn an_object_that_could_not_be_reported_is_reported_with_its_next_version() {
+    let mut set = ManifestSet::new();
+    let (a, b) = (Path::new("/m/a.yaml"), Path::new("/m/b.yaml"));
+    set.update_file(a, objs(&[("web", 80)]));
+    set.update_file(b, objs(&[("web", 81)]));
+    set.settle();
+    set.remove_file(b);
+    let settled = set.settle();
+    assert_eq!(settled.reread.len(), 1);
+    // `a` could not be read again; when it is next read, even unchanged, web is reported.
+    set.not_reported(&key("web"));
+    assert_eq!(
+        wanted(&set.update_file(a, objs(&[("web", 80)]))),
+        [(0, "web".into())]
+    );
+    // And it still counts as reported, so its removal is a delete.
+    set.remove_file(a);
+    assert_eq!(deleted(&set.settle()), ["web"]);
 }
 
 #[test]
 fn kinds_with_the_same_name_are_different_objects() {
-    let mut set = ManifestSet::new();
     let node = parse(
         "n.yaml",
         "apiVersion: v1\nkind: Node\nmetadata: {name: web}\n",
@@ -403,16 +437,76 @@ fn kinds_with_the_same_name_are_different_objects() {
         "s.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ''}\n",
     );
-    let mut objects = node;
-    objects.extend(svc);
-    let out = set.update_file(Path::new("/m/x.yaml"), objects);
-    assert_eq!(out.len(), 2);
-    let kinds: Vec<Kind> = out
+    let objects: Vec<(Key, Digest)> = node
         .iter()
-        .map(|e| match e {
-            SourceEvent::Upsert(o) => o.kind(),
-            _ => panic!("not an upsert"),
-        })
+        .chain(&svc)
+        .map(|o| ((o.kind(), o.key()), digest(o)))
         .collect();
-    assert_eq!(kinds, [Kind::Service, Kind::Node]);
+    let mut set = ManifestSet::new();
+    let out = set.update_file(Path::new("/m/x.yaml"), objects);
+    let kinds: Vec<Kind> = out.iter().map(|(_, k)| k.0).collect();
+    assert_eq!(kinds, [Kind::Node, Kind::Service]);
+}
+
+#[test]
+fn digests_follow_the_content_not_the_spelling() {
+    let a = parse("a.yaml", &service("web", 80)).remove(0);
+    let json = r#"{"kind":"Service","apiVersion":"v1","metadata":{"namespace":"ns","name":"web"},
+        "spec":{"ports":[{"protocol":"TCP","port":80}],"clusterIP":"10.96.0.10"}}"#;
+    let b = parse("b.json", json).remove(0);
+    assert_eq!(digest(&a), digest(&b));
+    let c = parse("c.yaml", &service("web", 81)).remove(0);
+    assert_ne!(digest(&a), digest(&c));
+    let d = parse("d.yaml", &service("db", 80)).remove(0);
+    assert_ne!(digest(&a), digest(&d));
+}
+
+#[test]
+fn unwanted_objects_are_skipped_but_keep_their_ordinals() {
+    let text = format!(
+        "{}---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  \
+         metadata: {{name: n1}}\n- apiVersion: v1\n  kind: Node\n  metadata: {{name: n2}}\n\
+         ---\n{}",
+        service("a", 80),
+        service("b", 81)
+    );
+    let mut got = Vec::new();
+    for_each_object(
+        Path::new("x.yaml"),
+        &text,
+        &mut |n| n % 2 == 0,
+        &mut |n, o| got.push(format!("{n} {}", o.key())),
+    )
+    .expect("parses");
+    assert_eq!(got, ["0 ns/a", "2 n2"]);
+    let mut all = 0;
+    for_each_object(Path::new("x.yaml"), &text, &mut |_| true, &mut |_, _| {
+        all += 1
+    })
+    .expect("parses");
+    assert_eq!(all, 4);
+}
+
+#[test]
+fn a_json_list_is_decoded_whatever_the_order_of_its_fields() {
+    // `kind` after `items`, as every serializer that sorts keys writes it; typed-list items
+    // without their own type.
+    let text = r#"{"apiVersion":"v1","items":[{"metadata":{"name":"s1","namespace":"ns"}},
+        {"metadata":{"name":"s2","namespace":"ns"}}],"kind":"ServiceList","metadata":{}}"#;
+    assert_eq!(
+        names(&parse("list.json", text)),
+        ["Service ns/s1", "Service ns/s2"]
+    );
+    let (_, reason) = parse_err(
+        "list.json",
+        r#"{"items":[{"metadata":{"name":"s1"}}, 7],"kind":"ServiceList","apiVersion":"v1"}"#,
+    );
+    assert!(reason.contains("item 2"), "{reason}");
+    let (_, reason) = parse_err(
+        "list.json",
+        r#"{"items":{"a":1},"kind":"List","apiVersion":"v1"}"#,
+    );
+    assert!(reason.contains("items is not a sequence"), "{reason}");
+    let (_, reason) = parse_err("x.json", r#"{"apiVersion":"v1","kind":"List"} trailing"#);
+    assert!(reason.contains("invalid JSON"), "{reason}");
 }
