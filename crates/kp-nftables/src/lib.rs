@@ -239,6 +239,41 @@ impl NftablesDataplane {
     }
 }
 
+/// Compares one set read back from the kernel with the plan, element by element: every kernel
+/// element must be planned with the same value, and there must be as many as planned.
+fn compare_elements(
+    fam: &str,
+    p: &Planner,
+    set: SetId,
+    actual: &BTreeMap<Tuple, Option<Tuple>>,
+) -> Option<String> {
+    let mut matched = 0;
+    let mut wrong = 0;
+    let mut extra = 0;
+    let mut sample = None;
+    for (k, v) in actual {
+        match p.expected_value(set, k) {
+            Some(want) if want.as_ref().map(canonical) == v.as_ref().map(canonical) => matched += 1,
+            Some(_) => {
+                wrong += 1;
+                sample.get_or_insert_with(|| format!(" (e.g. {k} has another value)"));
+            }
+            None => {
+                extra += 1;
+                sample.get_or_insert_with(|| format!(" (e.g. extra {k})"));
+            }
+        }
+    }
+    let missing = p.expected_len(set).saturating_sub(matched + wrong);
+    (wrong + extra + missing > 0).then(|| {
+        format!(
+            "{fam}: set {}: {missing} elements missing, {wrong} with another value, {extra} extra{}",
+            set.name(),
+            sample.unwrap_or_default()
+        )
+    })
+}
+
 /// Rule ids expected per chain; chains whose rule order does not matter are sorted.
 fn expected_chains(p: &Planner) -> BTreeMap<String, Vec<String>> {
     let mut chains: BTreeMap<String, Vec<String>> = layout::chains()
@@ -355,12 +390,18 @@ impl Dataplane for NftablesDataplane {
                     v.sort();
                 }
             }
-            let sets = p
-                .all_sets()
-                .into_iter()
-                .map(|s| (s.name(), (!s.is_dynamic()).then(|| p.expected_elements(s))))
-                .collect();
-            diffs.extend(readback::compare(fam, &expected_chains(p), &sets, &kernel));
+            // Chains and set names first; then each set's elements one by one against the
+            // planner's lookup, so the check never holds a second copy of the table (at 10k
+            // Services that copy was most of the proxy's peak memory).
+            let all_sets = p.all_sets();
+            let names = all_sets.iter().map(|s| (s.name(), None)).collect();
+            diffs.extend(readback::compare(fam, &expected_chains(p), &names, &kernel));
+            for set in all_sets.into_iter().filter(|s| !s.is_dynamic()) {
+                let Some(actual) = kernel.sets.remove(&set.name()) else {
+                    continue;
+                };
+                diffs.extend(compare_elements(fam, p, set, &actual));
+            }
         }
         Ok(diffs)
     }

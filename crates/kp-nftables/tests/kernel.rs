@@ -110,6 +110,27 @@ fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after
     let report = dp.sync(&state, &Changes::default(), true).expect("repair");
     assert!(report.full);
     assert_in_sync(&mut dp);
+    // An element nobody planned is noticed as well.
+    lab.node()
+        .run(&[
+            "nft",
+            "add",
+            "element",
+            "ip",
+            "kube-proxy",
+            "cluster-ips",
+            "{ 10.96.99.99 }",
+        ])
+        .unwrap();
+    let diffs = dp.verify().unwrap();
+    assert!(
+        diffs
+            .iter()
+            .any(|d| d.contains("cluster-ips") && d.contains("1 extra")),
+        "{diffs:?}"
+    );
+    dp.sync(&state, &Changes::default(), true).expect("repair");
+    assert_in_sync(&mut dp);
 
     // Someone flushes the whole ruleset: repaired too, and traffic flows again.
     lab.node().run(&["nft", "flush", "ruleset"]).unwrap();
