@@ -17,6 +17,8 @@ need=()
 for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack iptables:iptables cc:build-essential; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
+# The benchmark harness's plots (checked by its smoke test) use this font.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then
         say "installing ${need[*]}"

@@ -1,1 +1,33 @@
-//! Benchmark harness (being written).
+//! kp-bench: the scale benchmark harness behind the `bench` binary. It generates clusters of N
+//! Services × E endpoints with a realistic mix, feeds them through the real source paths, and
+//! measures per dataplane mode: full and incremental sync cost (render and apply separately,
+//! against a bare kernel load of the same input), network programming latency and peak memory of
+//! the real `kube-proxy` binary, and the data path (new connections and bulk throughput through
+//! a ClusterIP against straight to the pod). It writes JSON results, PNG plots and
+//! `BENCHMARKS.md`.
+//!
+//! It is a measurement harness, not a test: nothing here asserts a timing. It is a binary crate
+//! with a library for its own tests, so errors are `anyhow` throughout.
+//!
+//! What it leaves to others: the modes themselves (`kp-nftables`, ...), the namespaces and the
+//! fake API server (`kp-test`). A mode joins by implementing [`mode::ModeUnderTest`] and adding
+//! itself to [`modes::all`].
+//!
+//! Everything runs inside network namespaces it creates and deletes (`kp_test::Netns`); it
+//! needs root.
+
+pub mod cli;
+pub mod cluster;
+pub mod datapath;
+pub mod iptables;
+pub mod machine;
+pub mod mode;
+pub mod modes;
+pub mod nftables;
+pub mod plot;
+pub mod progress;
+pub mod proxy;
+pub mod report;
+pub mod results;
+pub mod run;
+pub mod stats;

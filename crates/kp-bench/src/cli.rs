@@ -1,0 +1,214 @@
+//! The command line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::run::Options;
+
+/// Scale benchmarks of kube-proxy-rs: sync cost, programming latency, memory and data path.
+///
+/// Run as root from the repository root after `cargo build --release -p kube-proxy -p kp-bench`.
+/// Everything happens inside network namespaces it creates and deletes. It prints progress on
+/// standard error and writes bench/results/<time>.json, bench/results/latest.json,
+/// bench/sync_time.png, bench/connect_latency.png and BENCHMARKS.md.
+#[derive(Debug, Parser)]
+#[command(name = "bench", version)]
+pub struct Cli {
+    /// What to do; without a subcommand, run the benchmark.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The benchmark's settings.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Settings of a benchmark run.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Service counts, comma-separated [default: 1000,10000,30000; with --quick: 100,1000].
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Option<Vec<usize>>,
+    /// Endpoints per Service.
+    #[arg(long, default_value_t = 10)]
+    pub endpoints: usize,
+    /// Modes, comma-separated [default: every mode built in].
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Option<Vec<String>>,
+    /// Single-endpoint changes per measurement [default: 100; with --quick: 20].
+    #[arg(long)]
+    pub changes: Option<usize>,
+    /// First full syncs and bare loads per size, each into a fresh namespace; the median is
+    /// reported [default: 3; with --quick: 1].
+    #[arg(long)]
+    pub repeats: Option<usize>,
+    /// Skip the data-path measurements.
+    #[arg(long)]
+    pub skip_datapath: bool,
+    /// Skip the kube-proxy binary runs (programming latency and memory).
+    #[arg(long)]
+    pub skip_proxy: bool,
+    /// A small smoke run: sizes 100 and 1000, 20 changes, one full sync, 1 s connection runs,
+    /// 100 MB bulk.
+    #[arg(long)]
+    pub quick: bool,
+    /// Seconds of new connections per target [default: 5; with --quick: 1].
+    #[arg(long)]
+    pub connect_seconds: Option<f64>,
+    /// Client threads opening connections (one keeps the latency clean of the client's own
+    /// contention for the two cores).
+    #[arg(long, default_value_t = 1)]
+    pub connect_threads: usize,
+    /// Bytes per bulk transfer [default: 1000000000; with --quick: 100000000].
+    #[arg(long)]
+    pub bulk_bytes: Option<u64>,
+    /// Bulk transfers per target [default: 3; with --quick: 1].
+    #[arg(long)]
+    pub bulk_repeats: Option<usize>,
+    /// The kube-proxy binary [default: kube-proxy next to this binary].
+    #[arg(long)]
+    pub proxy_binary: Option<PathBuf>,
+    /// Where bench/ and BENCHMARKS.md are written [default: the repository this was built from].
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Redraw the plots and BENCHMARKS.md from results files (and write their merge as
+    /// latest.json).
+    Report {
+        /// A results file [default: ROOT/bench/results/latest.json]. Given several times, the
+        /// runs are merged in order: a later run of a mode and size replaces an earlier one.
+        #[arg(long)]
+        results: Vec<PathBuf>,
+        /// Where bench/ and BENCHMARKS.md are written.
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
+    /// The data-path server (runs inside a pod namespace).
+    #[command(hide = true)]
+    DatapathServer {
+        /// Accept-and-reset address.
+        #[arg(long)]
+        connect: SocketAddr,
+        /// Read-to-the-end address.
+        #[arg(long)]
+        bulk: SocketAddr,
+    },
+    /// The data-path client (runs inside a pod namespace); prints JSON.
+    #[command(hide = true, subcommand)]
+    DatapathClient(ClientCommand),
+}
+
+/// Data-path client measurements.
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// New connections for a while: prints the samples as JSON.
+    Connect {
+        /// Where to connect.
+        #[arg(long)]
+        target: SocketAddr,
+        /// Seconds to measure (after a 0.3 s warm-up).
+        #[arg(long)]
+        seconds: f64,
+        /// Threads.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+    /// One bulk transfer: prints Gbit/s.
+    Bulk {
+        /// Where to send.
+        #[arg(long)]
+        target: SocketAddr,
+        /// How many bytes.
+        #[arg(long)]
+        bytes: u64,
+    },
+}
+
+/// The repository this binary was built from.
+pub fn default_root() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The command line as typed, with the program shown relative to `root` when it is inside it.
+pub fn command_line(args: &[String], root: &Path) -> String {
+    let mut parts: Vec<String> = args.to_vec();
+    if let Some(program) = parts.first_mut() {
+        let p = Path::new(program.as_str());
+        let abs = if p.is_absolute() {
+            Some(p.to_path_buf())
+        } else {
+            std::env::current_dir().ok().map(|d| d.join(p))
+        };
+        if let Some(rel) = abs.as_deref().and_then(|a| {
+            let root = root.canonicalize().ok()?;
+            let a = a.canonicalize().ok()?;
+            a.strip_prefix(&root).ok().map(Path::to_path_buf)
+        }) {
+            *program = rel.display().to_string();
+        }
+    }
+    parts.join(" ")
+}
+
+impl RunArgs {
+    /// The options these arguments ask for. `bench` is this binary; `args` the full command
+    /// line (recorded in the results).
+    pub fn options(&self, bench: PathBuf, args: &[String]) -> anyhow::Result<Options> {
+        let q = self.quick;
+        let root = self.root.clone().unwrap_or_else(default_root);
+        let sizes = self.sizes.clone().unwrap_or_else(|| {
+            if q {
+                vec![100, 1000]
+            } else {
+                vec![1000, 10_000, 30_000]
+            }
+        });
+        if sizes.is_empty() || sizes.contains(&0) {
+            anyhow::bail!("--sizes needs Service counts above 0");
+        }
+        if self.endpoints == 0 || self.endpoints > 1000 {
+            anyhow::bail!("--endpoints must be between 1 and 1000");
+        }
+        let modes = self.modes.clone().unwrap_or_else(|| {
+            crate::modes::all()
+                .iter()
+                .map(|m| m.name().to_string())
+                .collect()
+        });
+        crate::modes::by_names(&modes)?;
+        let proxy_binary = self.proxy_binary.clone().unwrap_or_else(|| {
+            bench
+                .parent()
+                .map(|d| d.join("kube-proxy"))
+                .unwrap_or_else(|| PathBuf::from("kube-proxy"))
+        });
+        Ok(Options {
+            modes,
+            sizes,
+            endpoints: self.endpoints,
+            changes: self.changes.unwrap_or(if q { 20 } else { 100 }),
+            repeats: self.repeats.unwrap_or(if q { 1 } else { 3 }).max(1),
+            skip_datapath: self.skip_datapath,
+            skip_proxy: self.skip_proxy,
+            connect_seconds: self.connect_seconds.unwrap_or(if q { 1.0 } else { 5.0 }),
+            connect_threads: self.connect_threads.max(1),
+            bulk_bytes: self
+                .bulk_bytes
+                .unwrap_or(if q { 100_000_000 } else { 1_000_000_000 }),
+            bulk_repeats: self.bulk_repeats.unwrap_or(if q { 1 } else { 3 }),
+            proxy_binary,
+            bench_binary: bench,
+            command: command_line(args, &root),
+            root,
+        })
+    }
+}

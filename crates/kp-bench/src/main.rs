@@ -1,0 +1,79 @@
+//! `bench`: kube-proxy-rs's scale benchmarks. Thin: parses the command line and hands over to
+//! `kp_bench`. A bad command line (an unknown flag or mode, a bad size) exits with code 64.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use kp_bench::cli::{Cli, ClientCommand, Command};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(64)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let result = match cli.command {
+        None => {
+            let args: Vec<String> = std::env::args().collect();
+            let opts = std::env::current_exe()
+                .map_err(anyhow::Error::from)
+                .and_then(|exe| cli.run.options(exe, &args));
+            match opts {
+                Ok(opts) => kp_bench::run::run(&opts).map(drop),
+                Err(e) => {
+                    eprintln!("bench: {e:#}");
+                    return ExitCode::from(64);
+                }
+            }
+        }
+        Some(command) => subcommand(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn subcommand(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Report { results, root } => {
+            let root = root.unwrap_or_else(kp_bench::cli::default_root);
+            let paths = if results.is_empty() {
+                vec![root.join(kp_bench::report::RESULTS_DIR).join("latest.json")]
+            } else {
+                results
+            };
+            let parts = paths
+                .iter()
+                .map(|p| kp_bench::report::read_results(p))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let merged = kp_bench::results::Results::merge(parts)
+                .ok_or_else(|| anyhow::anyhow!("no results to report"))?;
+            for f in kp_bench::report::write_all(&root, &merged, false)? {
+                eprintln!("wrote {}", f.display());
+            }
+        }
+        Command::DatapathServer { connect, bulk } => kp_bench::datapath::serve(connect, bulk)?,
+        Command::DatapathClient(ClientCommand::Connect {
+            target,
+            seconds,
+            threads,
+        }) => {
+            let samples = kp_bench::datapath::connect_run(target, seconds, threads);
+            println!("{}", serde_json::to_string(&samples)?);
+        }
+        Command::DatapathClient(ClientCommand::Bulk { target, bytes }) => {
+            println!("{}", kp_bench::datapath::bulk_run(target, bytes)?);
+        }
+    }
+    Ok(())
+}

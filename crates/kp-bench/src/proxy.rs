@@ -1,0 +1,327 @@
+//! The real `kube-proxy` binary in a network namespace, fed through each of its sources: the
+//! standalone manifest directory and a (fake) Kubernetes API server. Measures how long it takes
+//! to program the whole cluster, the network programming latency of single-endpoint changes
+//! (from the change at the source to the new endpoint read back from the kernel), and its peak
+//! memory.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kp_core::track::Kind;
+use kp_test::apiserver::FakeApiServer;
+use kp_test::netns::{ChildGuard, Netns};
+use serde_json::{json, Value};
+
+use crate::cluster::{self, Change, ChangeStream, Cluster, CLUSTER_CIDR, NODE_NAME};
+use crate::mode::{wait_live, ModeUnderTest, Probe, ProbeTarget};
+use crate::progress::Progress;
+use crate::results::ProxyRun;
+use crate::stats::Summary;
+
+/// Services per manifest file.
+const CHUNK: usize = 1000;
+/// Pause between two changes, so one change's sync never overlaps the next change.
+const GAP: Duration = Duration::from_millis(20);
+
+/// A source the binary can read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `--manifests DIR`.
+    Manifests,
+    /// `--master URL` of a fake API server in the node namespace.
+    ApiServer,
+}
+
+impl Source {
+    /// Both, in report order.
+    pub const ALL: [Source; 2] = [Source::Manifests, Source::ApiServer];
+
+    /// The name in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Manifests => "manifests",
+            Source::ApiServer => "apiserver",
+        }
+    }
+}
+
+/// How one binary run is done.
+pub struct Setup<'a> {
+    /// The binary.
+    pub binary: &'a Path,
+    /// The cluster.
+    pub cluster: &'a Cluster,
+    /// Changes to time.
+    pub changes: usize,
+    /// Progress lines.
+    pub progress: &'a Progress,
+}
+
+/// Where the changes go.
+enum Feed {
+    Dir { dir: PathBuf },
+    Server(FakeApiServer),
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        if let Feed::Dir { dir } = self {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn chunk_text(
+    cluster: &Cluster,
+    c: usize,
+    endpoints: &dyn Fn(usize) -> Vec<std::net::Ipv4Addr>,
+) -> String {
+    let from = c * CHUNK;
+    let to = (from + CHUNK).min(cluster.services);
+    let items: Vec<Value> = (from..to)
+        .flat_map(|i| {
+            [
+                cluster.service_json(i),
+                cluster.slice_json(i, &endpoints(i)),
+            ]
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+fn chunk_path(dir: &Path, c: usize) -> PathBuf {
+    dir.join(format!("services-{c:04}.json"))
+}
+
+/// Writes `text` to `path` atomically (a hidden temporary file renamed over it); returns the
+/// instant of the rename, when the change becomes visible.
+fn publish(path: &Path, text: &str) -> anyhow::Result<Instant> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text)?;
+    let t0 = Instant::now();
+    std::fs::rename(&tmp, path)?;
+    Ok(t0)
+}
+
+impl Feed {
+    fn new(source: Source, ns: &Netns, cluster: &Cluster) -> anyhow::Result<Feed> {
+        match source {
+            Source::Manifests => {
+                let dir = std::env::temp_dir().join(format!(
+                    "kp-bench-manifests-{}-{}",
+                    std::process::id(),
+                    ns.name()
+                ));
+                std::fs::create_dir_all(&dir)?;
+                let feed = Feed::Dir { dir: dir.clone() };
+                std::fs::write(dir.join("node.json"), Cluster::node_json().to_string())?;
+                for c in 0..cluster.services.div_ceil(CHUNK) {
+                    std::fs::write(
+                        chunk_path(&dir, c),
+                        chunk_text(cluster, c, &|i| cluster.initial_endpoints(i)),
+                    )?;
+                }
+                Ok(feed)
+            }
+            Source::ApiServer => {
+                let server = FakeApiServer::start_in(ns)?;
+                for m in cluster.manifests() {
+                    let kind = match m["kind"].as_str() {
+                        Some("Service") => Kind::Service,
+                        Some("EndpointSlice") => Kind::EndpointSlice,
+                        _ => Kind::Node,
+                    };
+                    server.upsert(kind, m)?;
+                }
+                Ok(Feed::Server(server))
+            }
+        }
+    }
+
+    fn source_args(&self) -> Vec<String> {
+        match self {
+            Feed::Dir { dir } => vec!["--manifests".into(), dir.display().to_string()],
+            Feed::Server(s) => vec!["--master".into(), s.url().to_string()],
+        }
+    }
+
+    /// Publishes `change`; returns when it became visible at the source.
+    fn publish(
+        &self,
+        cluster: &Cluster,
+        stream: &ChangeStream<'_>,
+        change: &Change,
+    ) -> anyhow::Result<Instant> {
+        match self {
+            Feed::Dir { dir } => {
+                let c = change.service / CHUNK;
+                let text = chunk_text(cluster, c, &|i| stream.endpoints(i));
+                publish(&chunk_path(dir, c), &text)
+            }
+            Feed::Server(s) => {
+                let t0 = Instant::now();
+                s.upsert(Kind::EndpointSlice, change.slice.clone())?;
+                Ok(t0)
+            }
+        }
+    }
+}
+
+/// `VmHWM` and `VmRSS` of `pid`, MiB.
+pub fn memory_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+            .ok_or_else(|| anyhow::anyhow!("no {name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+fn spawn(
+    ns: &Netns,
+    setup: &Setup<'_>,
+    mode: &dyn ModeUnderTest,
+    feed: &Feed,
+) -> anyhow::Result<ChildGuard> {
+    let binary = setup.binary.display().to_string();
+    let mut args: Vec<String> = vec![
+        // Nothing but the flags finds a cluster: no kubeconfig, no in-cluster environment.
+        "env".into(),
+        "-u".into(),
+        "KUBECONFIG".into(),
+        "-u".into(),
+        "KUBERNETES_SERVICE_HOST".into(),
+        "-u".into(),
+        "KUBERNETES_SERVICE_PORT".into(),
+        "HOME=/nonexistent".into(),
+        binary,
+    ];
+    args.extend(mode.proxy_args());
+    args.extend([
+        format!("--hostname-override={NODE_NAME}"),
+        format!("--cluster-cidr={CLUSTER_CIDR}"),
+        // Every change syncs at once: the latency measured is the proxy's, not a rate limit's.
+        "--iptables-min-sync-period=0".into(),
+        "--healthz-bind-address=127.0.0.1:10256".into(),
+        "--metrics-bind-address=127.0.0.1:10249".into(),
+    ]);
+    args.extend(feed.source_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Ok(ns.spawn(&args)?)
+}
+
+fn target(cluster: &Cluster, service: usize, endpoint: std::net::Ipv4Addr) -> ProbeTarget {
+    ProbeTarget {
+        namespace: cluster::NAMESPACE.into(),
+        service: Cluster::service_name(service),
+        port_name: cluster::SERVICE_PORT_NAME.into(),
+        vip: cluster::cluster_ip(service),
+        port: cluster::SERVICE_PORT,
+        endpoint,
+        target_port: cluster::TARGET_PORT,
+        endpoints: cluster.per,
+    }
+}
+
+/// Runs the binary in `mode` against `source` in a fresh namespace.
+pub fn run(
+    setup: &Setup<'_>,
+    mode: &dyn ModeUnderTest,
+    source: Source,
+) -> anyhow::Result<ProxyRun> {
+    let cluster = setup.cluster;
+    let p = setup.progress;
+    let ns = Netns::new("bench-proxy")?;
+    p.say(format!(
+        "  {} source: writing {} objects",
+        source.name(),
+        cluster.services * 2 + 1
+    ));
+    let feed = Feed::new(source, &ns, cluster)?;
+    for cmd in mode.proxy_setup() {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        ns.run(&args)?;
+    }
+    let mut probe: Box<dyn Probe> = mode.probe(ns.name())?;
+    let spawned = Instant::now();
+    let mut proxy = spawn(&ns, setup, mode, &feed)?;
+    let last = cluster.services - 1;
+    let startup_timeout = Duration::from_secs(60 + cluster.services as u64 / 100);
+    let live = wait_live(
+        probe.as_mut(),
+        &target(cluster, last, cluster::endpoint_ip(last, 0, cluster.per)),
+        Duration::from_millis(10),
+        startup_timeout,
+    );
+    let live = match live {
+        Ok(t) => t,
+        Err(e) => {
+            let exited = proxy.try_wait().ok().flatten();
+            anyhow::bail!(
+                "{e}; kube-proxy {}; its log ends with:\n{}",
+                exited.map_or("still runs".to_string(), |s| format!("exited ({s})")),
+                tail(&proxy.log(), 15)
+            );
+        }
+    };
+    let startup_s = live.duration_since(spawned).as_secs_f64();
+    p.say(format!(
+        "  {} source: cluster live {startup_s:.2} s after start",
+        source.name()
+    ));
+
+    let mut stream = ChangeStream::new(cluster);
+    let mut latencies = Vec::with_capacity(setup.changes);
+    for n in 0..setup.changes {
+        let change = stream.next_change();
+        let t0 = feed.publish(cluster, &stream, &change)?;
+        let interval = probe.interval();
+        let t1 = wait_live(
+            probe.as_mut(),
+            &target(cluster, change.service, change.new),
+            interval,
+            Duration::from_secs(30),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "change {n}: {e}; log ends with:\n{}",
+                tail(&proxy.log(), 10)
+            )
+        })?;
+        latencies.push(t1.duration_since(t0).as_secs_f64() * 1000.0);
+        std::thread::sleep(GAP);
+    }
+    let (peak_rss_mib, rss_mib) = memory_mib(proxy.id())?;
+    if let Ok(Some(status)) = proxy.try_wait() {
+        anyhow::bail!("kube-proxy exited during the run ({status})");
+    }
+    let _ = proxy.terminate(Duration::from_secs(5));
+    let latency_ms = Summary::of(&latencies);
+    p.say(format!(
+        "  {} source: programming latency p50 {:.1} ms, p99 {:.1} ms over {} changes; peak RSS {:.1} MiB",
+        source.name(),
+        latency_ms.p50,
+        latency_ms.p99,
+        latency_ms.n,
+        peak_rss_mib
+    ));
+    drop(feed);
+    Ok(ProxyRun {
+        source: source.name().into(),
+        startup_s,
+        latency_ms,
+        peak_rss_mib,
+        rss_mib,
+    })
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

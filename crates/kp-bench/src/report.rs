@@ -1,0 +1,475 @@
+//! Writes the results file, the plots and `BENCHMARKS.md`, all from a [`Results`].
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::results::{Results, Run};
+
+/// The results directory, relative to the repository root.
+pub const RESULTS_DIR: &str = "bench/results";
+/// The report, relative to the repository root.
+pub const REPORT: &str = "BENCHMARKS.md";
+
+/// Writes `bench/results/<started>.json` and `bench/results/latest.json`; returns their paths.
+pub fn write_results(root: &Path, results: &Results) -> anyhow::Result<Vec<PathBuf>> {
+    let dir = root.join(RESULTS_DIR);
+    std::fs::create_dir_all(&dir)?;
+    let json = serde_json::to_string_pretty(results)?;
+    let stamp = results.started.replace(':', "-");
+    let file = dir.join(format!("{stamp}.json"));
+    let latest = dir.join("latest.json");
+    std::fs::write(&file, &json)?;
+    std::fs::write(&latest, &json)?;
+    Ok(vec![file, latest])
+}
+
+/// Writes the results files (`latest.json` only, unless `timestamped`), both plots and the
+/// report; returns every path written. A plot that cannot be drawn (no font) is reported in
+/// `BENCHMARKS.md` and on standard error, and the rest is still written.
+pub fn write_all(
+    root: &Path,
+    results: &Results,
+    timestamped: bool,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = if timestamped {
+        write_results(root, results)?
+    } else {
+        let dir = root.join(RESULTS_DIR);
+        std::fs::create_dir_all(&dir)?;
+        let latest = dir.join("latest.json");
+        std::fs::write(&latest, serde_json::to_string_pretty(results)?)?;
+        vec![latest]
+    };
+    let mut plot_errors = Vec::new();
+    for (rel, draw) in [
+        (
+            crate::plot::SYNC_TIME,
+            crate::plot::sync_time as fn(&Results, &Path) -> Result<(), String>,
+        ),
+        (crate::plot::CONNECT_LATENCY, crate::plot::connect_latency),
+    ] {
+        let path = root.join(rel);
+        match draw(results, &path) {
+            Ok(()) => written.push(path),
+            Err(e) => {
+                eprintln!("kp-bench: {rel} not drawn: {e}");
+                plot_errors.push(format!("{rel} not drawn: {e}"));
+            }
+        }
+    }
+    let report = root.join(REPORT);
+    std::fs::write(&report, markdown(results, &plot_errors))?;
+    written.push(report);
+    Ok(written)
+}
+
+/// Reads a results file.
+pub fn read_results(path: &Path) -> anyhow::Result<Results> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("parsing {}: {e}", path.display()))
+}
+
+/// One target of the issue, and how this run did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// What is promised.
+    pub what: String,
+    /// What was measured (or why nothing was).
+    pub measured: String,
+    /// Whether it was met; `None` when not measured.
+    pub met: Option<bool>,
+}
+
+fn target(what: impl Into<String>, measured: Option<(f64, String)>, limit: f64) -> Target {
+    let what = what.into();
+    match measured {
+        Some((v, text)) => Target {
+            what,
+            measured: text,
+            met: Some(v <= limit),
+        },
+        None => Target {
+            what,
+            measured: "not measured".into(),
+            met: None,
+        },
+    }
+}
+
+/// The issue's targets, evaluated on `results`.
+pub fn targets(results: &Results) -> Vec<Target> {
+    let run = |mode: &str, n: usize| results.run(mode, n);
+    let full = |mode: &str, n: usize| {
+        run(mode, n)
+            .and_then(|r| r.full_sync.as_ref())
+            .map(|f| (f.total_s, format!("{:.2} s", f.total_s)))
+    };
+    let p99 = |mode: &str, n: usize| run(mode, n).and_then(|r| r.incremental_ms).map(|s| s.p99);
+    let mut t = vec![
+        target(
+            "nftables, 10k × 10: first full sync ≤ 1 s",
+            full("nftables", 10_000),
+            1.0,
+        ),
+        target(
+            "nftables, 30k × 10: first full sync ≤ 3 s",
+            full("nftables", 30_000),
+            3.0,
+        ),
+        target(
+            "nftables, 30k: one-endpoint change p99 ≤ 20 ms",
+            p99("nftables", 30_000).map(|v| (v, format!("{v:.1} ms"))),
+            20.0,
+        ),
+        target(
+            "nftables, 30k: one-endpoint change p99 ≤ 2× the 1k p99",
+            p99("nftables", 30_000)
+                .zip(p99("nftables", 1_000))
+                .map(|(a, b)| (a / b, format!("{:.2}× ({a:.1} ms vs {b:.1} ms)", a / b))),
+            2.0,
+        ),
+    ];
+    for mode in ["iptables-nft", "iptables-legacy"] {
+        t.push(target(
+            format!("{mode}, 10k: first full sync ≤ 3 s"),
+            full(mode, 10_000),
+            3.0,
+        ));
+        t.push(target(
+            format!("{mode}, 10k: one-endpoint change p99 ≤ 300 ms"),
+            p99(mode, 10_000).map(|v| (v, format!("{v:.1} ms"))),
+            300.0,
+        ));
+    }
+    let api = |r: &Run| r.proxy.iter().find(|p| p.source == "apiserver").cloned();
+    t.push(target(
+        "nftables, 10k, minSyncPeriod 0: programming latency p99 ≤ 50 ms (API server source)",
+        run("nftables", 10_000)
+            .and_then(api)
+            .map(|p| (p.latency_ms.p99, format!("{:.1} ms", p.latency_ms.p99))),
+        50.0,
+    ));
+    for mode in results.modes() {
+        let rss = run(&mode, 10_000).and_then(|r| {
+            r.proxy
+                .iter()
+                .map(|p| (p.peak_rss_mib, p.source.clone()))
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+        });
+        t.push(target(
+            format!(
+                "{mode}, 10k × 10: peak RSS of kube-proxy ≤ 64 MiB (larger of the two sources)"
+            ),
+            rss.map(|(v, s)| (v, format!("{v:.1} MiB ({s})"))),
+            64.0,
+        ));
+        let overhead = run(&mode, 10_000)
+            .and_then(|r| r.bare.as_ref())
+            .map(|b| (b.overhead, format!("{:.2}×", b.overhead)));
+        t.push(target(
+            format!("{mode}, 10k: full sync over bare kernel load ≤ 1.3×"),
+            overhead,
+            1.3,
+        ));
+    }
+    for (q, name) in [(0, "p50"), (1, "p99")] {
+        t.push(target(
+            format!("nftables, 30k: connect latency via ClusterIP ≤ 1.10× direct ({name})"),
+            run("nftables", 30_000)
+                .and_then(|r| r.datapath.as_ref())
+                .map(|d| {
+                    let v = if q == 0 {
+                        d.latency_ratio_p50
+                    } else {
+                        d.latency_ratio_p99
+                    };
+                    (v, format!("{v:.2}×"))
+                }),
+            1.10,
+        ));
+    }
+    for (q, name) in [(0, "p50"), (1, "p99")] {
+        t.push(target(
+            format!("nftables, 30k: the same against the pod before any rule was loaded ({name})"),
+            run("nftables", 30_000)
+                .and_then(|r| r.datapath.as_ref())
+                .and_then(|d| {
+                    if q == 0 {
+                        d.unloaded_ratio_p50
+                    } else {
+                        d.unloaded_ratio_p99
+                    }
+                })
+                .map(|v| (v, format!("{v:.2}×"))),
+            1.10,
+        ));
+    }
+    t
+}
+
+fn fmt_s(v: f64) -> String {
+    if v >= 10.0 {
+        format!("{v:.1} s")
+    } else {
+        format!("{v:.3} s")
+    }
+}
+
+fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "–".into())
+}
+
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `BENCHMARKS.md`.
+pub fn markdown(r: &Results, plot_errors: &[String]) -> String {
+    let mut o = String::new();
+    let m = &r.machine;
+    let _ = writeln!(o, "# Benchmarks\n");
+    let _ = writeln!(
+        o,
+        "<!-- Generated by `bench` (crates/kp-bench) from bench/results/latest.json. Change the tool, not this file. -->\n"
+    );
+    let _ = writeln!(
+        o,
+        "Scale benchmarks of kube-proxy-rs: sync cost, network programming latency, memory and the data path. \
+         Measured {} in {:.0} s; the raw numbers are in [`bench/results/latest.json`](bench/results/latest.json). \
+         It is a harness, not a test: nothing here gates CI.\n",
+        r.started, r.duration_s
+    );
+    let _ = writeln!(
+        o,
+        "Reproduce (as root, from the repository root; it works in its own network namespaces):\n"
+    );
+    let _ = writeln!(
+        o,
+        "```sh\ncargo build --release -p kube-proxy -p kp-bench\n{}\n```\n",
+        r.command
+    );
+    let _ = writeln!(o, "## Machine\n");
+    let _ = writeln!(
+        o,
+        "| kernel | CPUs | CPU | memory | nft | iptables |\n|---|---|---|---|---|---|"
+    );
+    let _ = writeln!(
+        o,
+        "| {} | {} | {} | {:.1} GiB | {} | {} |\n",
+        m.kernel, m.cpus, m.cpu_model, m.memory_gib, m.nft, m.iptables
+    );
+
+    let _ = writeln!(o, "## Targets\n");
+    let _ = writeln!(
+        o,
+        "Targets are for a 2-core machine. Missed ones are recorded as measured.\n"
+    );
+    let _ = writeln!(o, "| target | measured | |\n|---|---|---|");
+    for t in targets(r) {
+        let mark = match t.met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "–",
+        };
+        let _ = writeln!(o, "| {} | {} | {mark} |", t.what, t.measured);
+    }
+    let _ = writeln!(o);
+
+    let _ = writeln!(o, "## Clusters\n");
+    let _ = writeln!(
+        o,
+        "N Services × {} endpoints, fed through the real source paths. Mix: 10% NodePort, 5% LoadBalancer with \
+         source ranges, 5% ClientIP affinity, 10% multi-port (2 or 3 ports), one endpoint in 100 on this node \
+         (generator: `crates/kp-bench/src/cluster.rs`).\n",
+        r.settings.endpoints
+    );
+    let _ = writeln!(o, "| Services | Service ports | endpoints | NodePort | LoadBalancer | affinity | multi-port |\n|---|---|---|---|---|---|---|");
+    let mut sizes: Vec<&Run> = Vec::new();
+    for run in &r.runs {
+        if !sizes.iter().any(|s| s.services == run.services) {
+            sizes.push(run);
+        }
+    }
+    for run in &sizes {
+        let x = &run.mix;
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            thousands(x.services),
+            thousands(x.service_ports),
+            thousands(x.endpoints),
+            thousands(x.node_port),
+            thousands(x.load_balancer),
+            thousands(x.affinity),
+            thousands(x.multi_port)
+        );
+    }
+    let _ = writeln!(o);
+
+    let _ = writeln!(o, "## Sync cost\n");
+    let _ = writeln!(
+        o,
+        "In-process through the mode's library dataplane. *Full sync* is a first full sync into a fresh network \
+         namespace (median of {}, each into its own namespace); *render* is the planner alone; *apply* is the rest \
+         (handing the input to the kernel tool, and its commit); *bare* loads the identical input with the kernel \
+         tool alone into a fresh namespace (median of {}); *overhead* is full sync ÷ bare. A change replaces one \
+         endpoint of one Service ({} changes, each timed from handing the state to the dataplane to its return); \
+         the read-back check compares the kernel with the plan after them.\n",
+        r.settings.repeats,
+        r.settings.repeats,
+        r.settings.changes
+    );
+    let _ = writeln!(o, "| mode | Services | render | apply | full sync | bare load | overhead | change p50 | change p99 | read-back check |\n|---|---|---|---|---|---|---|---|---|---|");
+    for run in &r.runs {
+        let f = run.full_sync.as_ref();
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            run.mode,
+            thousands(run.services),
+            opt(f, |f| fmt_s(f.render.seconds)),
+            opt(f, |f| fmt_s(f.apply_s)),
+            opt(f, |f| fmt_s(f.total_s)),
+            opt(run.bare.as_ref(), |b| format!(
+                "{} (`{}`)",
+                fmt_s(b.seconds),
+                b.tool
+            )),
+            opt(run.bare.as_ref(), |b| format!("{:.2}×", b.overhead)),
+            opt(run.incremental_ms, |s| format!("{:.1} ms", s.p50)),
+            opt(run.incremental_ms, |s| format!("{:.1} ms", s.p99)),
+            opt(run.verify.as_ref(), |v| format!(
+                "{} ({} differences)",
+                fmt_s(v.seconds),
+                v.differences
+            )),
+        );
+    }
+    let _ = writeln!(o, "\n![Sync time against N](bench/sync_time.png)\n");
+
+    let _ = writeln!(o, "## Programming latency and memory\n");
+    let _ = writeln!(
+        o,
+        "The `kube-proxy` binary in a network namespace with `--iptables-min-sync-period=0`, fed by the manifest \
+         directory (`--manifests`) or by a fake API server (`--master`). *Startup* runs from starting the process to \
+         the whole cluster being live in the kernel. *Latency* runs from the change at the source (the rename of the \
+         rewritten manifest file; the API server storing the new EndpointSlice) to the new endpoint being read back \
+         from the kernel (polled every millisecond; every 20 ms with iptables-legacy, whose listing takes the xtables lock the \
+         proxy's restores need), one change at a time, 20 ms apart. Periodic full syncs run at the \
+         default interval (30 s) during the longer runs. Memory is the process's VmHWM (peak) and VmRSS (at the end).\n"
+    );
+    let _ = writeln!(o, "| mode | Services | source | startup | latency p50 | latency p99 | latency max | peak RSS | RSS at end |\n|---|---|---|---|---|---|---|---|---|");
+    for run in &r.runs {
+        for p in &run.proxy {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} MiB | {:.1} MiB |",
+                run.mode,
+                thousands(run.services),
+                p.source,
+                fmt_s(p.startup_s),
+                p.latency_ms.p50,
+                p.latency_ms.p99,
+                p.latency_ms.max,
+                p.peak_rss_mib,
+                p.rss_mib
+            );
+        }
+    }
+    let _ = writeln!(o);
+
+    let _ = writeln!(o, "## Data path\n");
+    if r.settings.datapath {
+        let _ = writeln!(
+            o,
+            "A client pod opens new TCP connections to a server pod through the node: through a ClusterIP and straight \
+             to the pod IP, with the N Services installed, and straight to the pod IP before any rule was loaded (*no \
+             rules*: the physical limit of the lab). The client resets each connection as soon as it is established; \
+             latency is SYN to established, one client thread. {:.0} s per target, in two runs each after emptying the \
+             node's conntrack table (with rules: two rounds running the targets in opposite orders). Bulk: {} MB \
+             streams, median of the alternating transfers. Tail latencies of microsecond operations on a shared \
+             2-core machine are noisy; read p99 ratios with that in mind.\n",
+            r.settings.connect_seconds,
+            r.settings.bulk_bytes / 1_000_000
+        );
+        let _ = writeln!(
+            o,
+            "| mode | Services | connections/s: ClusterIP · direct · no rules | p50: ClusterIP · direct · no rules | p99: ClusterIP · direct · no rules | ClusterIP ÷ direct, p50 · p99 | ClusterIP ÷ no rules, p50 · p99 | failed connects |\n|---|---|---|---|---|---|---|---|"
+        );
+        for run in &r.runs {
+            let Some(d) = &run.datapath else { continue };
+            let u = d.unloaded.as_ref();
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.0} · {:.0} · {} | {:.0} · {:.0} · {} µs | {:.0} · {:.0} · {} µs | {:.2}× · {:.2}× | {} · {} | {} |",
+                run.mode,
+                thousands(run.services),
+                d.vip.per_second,
+                d.direct.per_second,
+                opt(u, |u| format!("{:.0}", u.per_second)),
+                d.vip.latency_us.p50,
+                d.direct.latency_us.p50,
+                opt(u, |u| format!("{:.0}", u.latency_us.p50)),
+                d.vip.latency_us.p99,
+                d.direct.latency_us.p99,
+                opt(u, |u| format!("{:.0}", u.latency_us.p99)),
+                d.latency_ratio_p50,
+                d.latency_ratio_p99,
+                opt(d.unloaded_ratio_p50, |v| format!("{v:.2}×")),
+                opt(d.unloaded_ratio_p99, |v| format!("{v:.2}×")),
+                d.vip.errors + d.direct.errors + u.map_or(0, |u| u.errors),
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\n| mode | Services | bulk ClusterIP | bulk direct | ratio |\n|---|---|---|---|---|"
+        );
+        for run in &r.runs {
+            let Some(d) = &run.datapath else { continue };
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}× |",
+                run.mode,
+                thousands(run.services),
+                d.bulk_vip_gbps,
+                d.bulk_direct_gbps,
+                d.bulk_ratio
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\n![Connect latency against N](bench/connect_latency.png)\n"
+        );
+    } else {
+        let _ = writeln!(o, "Not measured in this run (`--skip-datapath`).\n");
+    }
+
+    let errors: Vec<String> = r
+        .runs
+        .iter()
+        .flat_map(|run| {
+            run.errors
+                .iter()
+                .map(move |e| format!("{} at {}: {e}", run.mode, thousands(run.services)))
+        })
+        .chain(plot_errors.iter().cloned())
+        .collect();
+    if !errors.is_empty() {
+        let _ = writeln!(o, "## Failures in this run\n");
+        for e in errors {
+            let first = e.lines().next().unwrap_or_default();
+            let _ = writeln!(o, "- {first}");
+        }
+        let _ = writeln!(o);
+    }
+    o
+}

@@ -1,0 +1,273 @@
+//! The results file (`bench/results/*.json`): everything the report and the plots are drawn
+//! from. Times are seconds unless a field's name says otherwise. A field missing from an older
+//! file reads as its default, so `bench report` can redraw old results.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::Mix;
+use crate::mode::Rendered;
+use crate::stats::Summary;
+
+/// Bumped when a field changes meaning.
+pub const FORMAT: u32 = 1;
+
+/// One benchmark run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Results {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// When the run started (UTC, RFC 3339).
+    pub started: String,
+    /// How long the whole run took.
+    pub duration_s: f64,
+    /// The command that reproduces it.
+    pub command: String,
+    /// Where it ran.
+    pub machine: Machine,
+    /// What it was asked to do.
+    pub settings: Settings,
+    /// One entry per mode and size, in run order.
+    pub runs: Vec<Run>,
+}
+
+/// The machine and tools.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Machine {
+    /// `uname -r`.
+    pub kernel: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// `model name` from /proc/cpuinfo.
+    pub cpu_model: String,
+    /// MemTotal, GiB.
+    pub memory_gib: f64,
+    /// `nft --version`.
+    pub nft: String,
+    /// `iptables --version`.
+    pub iptables: String,
+    /// The compiler that built the bench (`rustc --version` at run time, if found).
+    pub rustc: String,
+}
+
+/// The run's settings.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// Modes, in order.
+    pub modes: Vec<String>,
+    /// Service counts.
+    pub sizes: Vec<usize>,
+    /// Endpoints per Service.
+    pub endpoints: usize,
+    /// Single-endpoint changes per measurement.
+    pub changes: usize,
+    /// Full syncs and bare loads per size (the median counts).
+    pub repeats: usize,
+    /// Whether the data path was measured.
+    pub datapath: bool,
+    /// Seconds per connection-rate measurement (per target).
+    pub connect_seconds: f64,
+    /// Bytes per bulk transfer.
+    pub bulk_bytes: u64,
+    /// The kube-proxy binary used.
+    pub proxy_binary: String,
+}
+
+/// One mode at one size.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Run {
+    /// The mode.
+    pub mode: String,
+    /// Services.
+    pub services: usize,
+    /// Endpoints per Service.
+    pub endpoints_per_service: usize,
+    /// What the cluster held.
+    pub mix: Mix,
+    /// The first full sync, in-process.
+    pub full_sync: Option<FullSync>,
+    /// The bare kernel load of the same input.
+    pub bare: Option<Bare>,
+    /// Single-endpoint changes, in-process (render + apply), milliseconds.
+    pub incremental_ms: Option<Summary>,
+    /// Read-back check after the changes (the mode's `verify`).
+    pub verify: Option<Verify>,
+    /// The real binary, one entry per source.
+    pub proxy: Vec<ProxyRun>,
+    /// The data path.
+    pub datapath: Option<Datapath>,
+    /// Phases that failed, with why.
+    pub errors: Vec<String>,
+}
+
+/// The first full sync through the library.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FullSync {
+    /// Rendering alone (a separate render of the same state with the same settings; the median
+    /// of the repeats).
+    pub render: Rendered,
+    /// The whole sync, render and apply: the median of the repeats.
+    pub total_s: f64,
+    /// `total_s - render.seconds`: handing the input to the kernel tool and its commit.
+    pub apply_s: f64,
+    /// Every repeat's whole sync, each a first full sync into a fresh namespace.
+    pub samples_s: Vec<f64>,
+    /// What the sync reported as its size.
+    pub operations: usize,
+    /// Bytes sent to the kernel tool.
+    pub input_bytes: usize,
+}
+
+/// The bare baseline.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Bare {
+    /// The tool (`nft -f`).
+    pub tool: String,
+    /// Seconds the bare load took, in a fresh namespace: the median of the repeats.
+    pub seconds: f64,
+    /// Every repeat.
+    pub samples_s: Vec<f64>,
+    /// Our full sync over the bare load: `full_sync.total_s / seconds`.
+    pub overhead: f64,
+    /// Our apply alone over the bare load: `full_sync.apply_s / seconds`.
+    pub apply_overhead: f64,
+}
+
+/// The read-back check.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Verify {
+    /// Seconds.
+    pub seconds: f64,
+    /// Differences found (0 when the kernel holds the plan).
+    pub differences: usize,
+}
+
+/// The `kube-proxy` binary run against one source.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProxyRun {
+    /// `manifests` or `apiserver`.
+    pub source: String,
+    /// From starting the process to the whole cluster being live in the kernel.
+    pub startup_s: f64,
+    /// Network programming latency, milliseconds: from the change at the source to the new
+    /// endpoint being read back from the kernel.
+    pub latency_ms: Summary,
+    /// Peak resident memory of the proxy (VmHWM), MiB.
+    pub peak_rss_mib: f64,
+    /// Resident memory at the end (VmRSS), MiB.
+    pub rss_mib: f64,
+}
+
+/// Data-path results.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Datapath {
+    /// New connections through the ClusterIP.
+    pub vip: Connect,
+    /// New connections straight to the pod IP.
+    pub direct: Connect,
+    /// New connections straight to the pod IP before any rule of ours was loaded: the physical
+    /// limit of this lab.
+    pub unloaded: Option<Connect>,
+    /// `vip.latency_us.p50 / direct.latency_us.p50`.
+    pub latency_ratio_p50: f64,
+    /// `vip.latency_us.p99 / direct.latency_us.p99`.
+    pub latency_ratio_p99: f64,
+    /// `vip.per_second / direct.per_second`.
+    pub rate_ratio: f64,
+    /// `vip.latency_us.p50 / unloaded.latency_us.p50`.
+    pub unloaded_ratio_p50: Option<f64>,
+    /// `vip.latency_us.p99 / unloaded.latency_us.p99`.
+    pub unloaded_ratio_p99: Option<f64>,
+    /// Bulk throughput through the ClusterIP, Gbit/s (median of the transfers).
+    pub bulk_vip_gbps: f64,
+    /// Bulk throughput straight to the pod, Gbit/s.
+    pub bulk_direct_gbps: f64,
+    /// `bulk_vip_gbps / bulk_direct_gbps`.
+    pub bulk_ratio: f64,
+}
+
+impl Datapath {
+    /// Records the measurement without rules, and the ClusterIP's latency ratios to it.
+    pub fn set_unloaded(&mut self, unloaded: Connect) {
+        let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+        self.unloaded_ratio_p50 = ratio(self.vip.latency_us.p50, unloaded.latency_us.p50);
+        self.unloaded_ratio_p99 = ratio(self.vip.latency_us.p99, unloaded.latency_us.p99);
+        self.unloaded = Some(unloaded);
+    }
+}
+
+/// One connection-rate measurement.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Connect {
+    /// Connections per second (all client threads together).
+    pub per_second: f64,
+    /// Connect latency, microseconds.
+    pub latency_us: Summary,
+    /// Connections that failed.
+    pub errors: usize,
+}
+
+impl Results {
+    /// Several results as one report, in the order given: a later run of the same mode and size
+    /// replaces an earlier one; settings lists are joined; the commands are listed one per line;
+    /// the machine is the last one's. `None` for no results.
+    pub fn merge(parts: Vec<Results>) -> Option<Results> {
+        let mut parts = parts.into_iter();
+        let mut out = parts.next()?;
+        for p in parts {
+            for run in p.runs {
+                out.runs
+                    .retain(|r| !(r.mode == run.mode && r.services == run.services));
+                out.runs.push(run);
+            }
+            for m in p.settings.modes {
+                if !out.settings.modes.contains(&m) {
+                    out.settings.modes.push(m);
+                }
+            }
+            for n in p.settings.sizes {
+                if !out.settings.sizes.contains(&n) {
+                    out.settings.sizes.push(n);
+                }
+            }
+            out.settings.datapath |= p.settings.datapath;
+            out.command = format!("{}\n{}", out.command, p.command);
+            out.duration_s += p.duration_s;
+            out.started = out.started.min(p.started);
+            out.machine = p.machine;
+        }
+        // Sizes in order, modes in their first appearance's order.
+        let order = out.settings.modes.clone();
+        let rank = |m: &str| order.iter().position(|o| o == m).unwrap_or(usize::MAX);
+        out.runs.sort_by_key(|r| (r.services, rank(&r.mode)));
+        out.settings.sizes.sort_unstable();
+        Some(out)
+    }
+
+    /// The run of `mode` at `services`, if there is one.
+    pub fn run(&self, mode: &str, services: usize) -> Option<&Run> {
+        self.runs
+            .iter()
+            .find(|r| r.mode == mode && r.services == services)
+    }
+
+    /// The modes in run order, without repeats.
+    pub fn modes(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in &self.runs {
+            if !out.contains(&r.mode) {
+                out.push(r.mode.clone());
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,406 @@
+//! Smoke tests of the harness: the report and plot writer on a small synthetic result, and (as
+//! root) a whole run at 50 Services in network namespaces. No timing is asserted anywhere: only
+//! that every phase ran and produced its numbers.
+
+use std::path::{Path, PathBuf};
+
+use kp_bench::cluster::Cluster;
+use kp_bench::mode::Rendered;
+use kp_bench::report;
+use kp_bench::results::{
+    Bare, Connect, Datapath, FullSync, Machine, ProxyRun, Results, Run, Settings, Verify, FORMAT,
+};
+use kp_bench::stats::Summary;
+
+fn summary(p50: f64, p99: f64, n: usize) -> Summary {
+    Summary {
+        n,
+        p50,
+        p90: (p50 + p99) / 2.0,
+        p99,
+        max: p99 * 1.2,
+        mean: p50,
+    }
+}
+
+/// A made-up run: `scale` grows the times with N.
+fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
+    let connect = |p50: f64| Connect {
+        per_second: 10_000.0,
+        latency_us: summary(p50, p50 * 2.0, 1000),
+        errors: 0,
+    };
+    Run {
+        mode: mode.into(),
+        services,
+        endpoints_per_service: 10,
+        mix: Cluster::new(services, 10).mix(),
+        full_sync: Some(FullSync {
+            render: Rendered {
+                seconds: full_s / 4.0,
+                operations: services * 16,
+                bytes: services * 700,
+            },
+            total_s: full_s,
+            apply_s: full_s * 0.75,
+            samples_s: vec![full_s],
+            operations: services * 16,
+            input_bytes: services * 700,
+        }),
+        bare: Some(Bare {
+            tool: "nft -f".into(),
+            seconds: full_s / 1.2,
+            samples_s: vec![full_s / 1.2],
+            overhead: 1.2,
+            apply_overhead: 0.9,
+        }),
+        incremental_ms: Some(summary(change_p99_ms / 2.0, change_p99_ms, 100)),
+        verify: Some(Verify {
+            seconds: 0.1,
+            differences: 0,
+        }),
+        proxy: vec![
+            ProxyRun {
+                source: "manifests".into(),
+                startup_s: full_s * 2.0,
+                latency_ms: summary(60.0, 90.0, 100),
+                peak_rss_mib: services as f64 / 200.0,
+                rss_mib: services as f64 / 250.0,
+            },
+            ProxyRun {
+                source: "apiserver".into(),
+                startup_s: full_s * 2.5,
+                latency_ms: summary(5.0, 30.0, 100),
+                peak_rss_mib: services as f64 / 150.0,
+                rss_mib: services as f64 / 200.0,
+            },
+        ],
+        datapath: Some(Datapath {
+            vip: connect(31.0),
+            direct: connect(30.0),
+            latency_ratio_p50: 31.0 / 30.0,
+            latency_ratio_p99: 31.0 / 30.0,
+            rate_ratio: 1.0,
+            bulk_vip_gbps: 10.0,
+            bulk_direct_gbps: 11.0,
+            bulk_ratio: 10.0 / 11.0,
+            unloaded: Some(connect(29.0)),
+            unloaded_ratio_p50: Some(31.0 / 29.0),
+            unloaded_ratio_p99: Some(31.0 / 29.0),
+        }),
+        errors: Vec::new(),
+    }
+}
+
+fn synthetic() -> Results {
+    Results {
+        format: FORMAT,
+        started: "2026-01-02T03:04:05Z".into(),
+        duration_s: 321.0,
+        command: "target/release/bench --sizes 1000,10000,30000".into(),
+        machine: Machine {
+            kernel: "6.1.0-test".into(),
+            cpus: 2,
+            cpu_model: "Test CPU".into(),
+            memory_gib: 24.0,
+            nft: "nftables v1.0.6".into(),
+            iptables: "iptables v1.8.9".into(),
+            rustc: "rustc 1.95.0".into(),
+        },
+        settings: Settings {
+            modes: vec!["nftables".into(), "other-mode".into()],
+            sizes: vec![1000, 10_000, 30_000],
+            endpoints: 10,
+            changes: 100,
+            repeats: 3,
+            datapath: true,
+            connect_seconds: 5.0,
+            bulk_bytes: 1_000_000_000,
+            proxy_binary: "target/release/kube-proxy".into(),
+        },
+        runs: vec![
+            run("nftables", 1000, 0.2, 10.0),
+            run("other-mode", 1000, 0.5, 40.0),
+            run("nftables", 10_000, 0.8, 15.0),
+            run("other-mode", 10_000, 4.0, 250.0),
+            // Misses its full-sync target (≤ 3 s) on purpose.
+            run("nftables", 30_000, 3.5, 18.0),
+            run("other-mode", 30_000, 14.0, 900.0),
+        ],
+    }
+}
+
+/// Width and height from a PNG's IHDR chunk.
+fn png_size(path: &Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(
+        &bytes[..8],
+        b"\x89PNG\r\n\x1a\n",
+        "{} is not a PNG",
+        path.display()
+    );
+    assert_eq!(&bytes[12..16], b"IHDR");
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    (be(&bytes[16..20]), be(&bytes[20..24]))
+}
+
+fn font_available() -> bool {
+    std::env::var_os("KP_BENCH_FONT").is_some()
+        || Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists()
+        || Path::new("/usr/share/fonts/dejavu/DejaVuSans.ttf").exists()
+        || Path::new("/usr/share/fonts/TTF/DejaVuSans.ttf").exists()
+}
+
+#[test]
+fn the_report_plots_and_results_file_are_written_from_a_synthetic_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = synthetic();
+    let written = report::write_all(dir.path(), &results, true).unwrap();
+
+    // The results file reads back into the same report (floats may lose their last bit).
+    let latest = dir.path().join("bench/results/latest.json");
+    assert!(written.contains(&latest));
+    assert!(dir
+        .path()
+        .join("bench/results/2026-01-02T03-04-05Z.json")
+        .exists());
+    let read = report::read_results(&latest).unwrap();
+    assert_eq!(read.runs.len(), results.runs.len());
+    assert_eq!(read.settings, results.settings);
+    assert_eq!(
+        report::markdown(&read, &[]),
+        report::markdown(&results, &[])
+    );
+
+    // Both plots, or (without a font) a report that says why not.
+    let md = std::fs::read_to_string(dir.path().join("BENCHMARKS.md")).unwrap();
+    for plot in ["bench/sync_time.png", "bench/connect_latency.png"] {
+        let path = dir.path().join(plot);
+        if font_available() {
+            assert_eq!(png_size(&path), (1280, 480), "{plot}");
+            assert!(
+                md.contains(&format!("]({plot})")),
+                "the report embeds {plot}"
+            );
+        } else {
+            assert!(!path.exists());
+            assert!(md.contains("fonts-dejavu-core"), "{md}");
+        }
+    }
+
+    // The report: machine, command, tables with the numbers, targets met and missed.
+    for want in [
+        "| 6.1.0-test | 2 | Test CPU | 24.0 GiB | nftables v1.0.6 | iptables v1.8.9 |",
+        "target/release/bench --sizes 1000,10000,30000",
+        "| nftables, 10k × 10: first full sync ≤ 1 s | 0.80 s | met |",
+        "| nftables, 30k × 10: first full sync ≤ 3 s | 3.50 s | **missed** |",
+        "| nftables, 30k: one-endpoint change p99 ≤ 2× the 1k p99 | 1.80× (18.0 ms vs 10.0 ms) | met |",
+        "| iptables-nft, 10k: first full sync ≤ 3 s | not measured | – |",
+        "| nftables, 10k, minSyncPeriod 0: programming latency p99 ≤ 50 ms (API server source) | 30.0 ms | met |",
+        "| other-mode, 10k × 10: peak RSS of kube-proxy ≤ 64 MiB (larger of the two sources) | 66.7 MiB (apiserver) | **missed** |",
+        "| nftables, 30k: the same against the pod before any rule was loaded (p50) | 1.07× | met |",
+        "| 30,000 | 33,600 | 300,000 | 3,000 | 1,500 | 1,500 | 3,000 |",
+        "| other-mode | 10,000 | 1.000 s | 3.000 s | 4.000 s | 3.333 s (`nft -f`) | 1.20× | 125.0 ms | 250.0 ms |",
+        "| nftables | 10,000 | apiserver | 2.000 s | 5.0 ms | 30.0 ms | 36.0 ms | 66.7 MiB | 50.0 MiB |",
+        "| nftables | 30,000 | 10000 · 10000 · 10000 | 31 · 30 · 29 µs | 62 · 60 · 58 µs | 1.03× · 1.03× | 1.07× · 1.07× | 0 |",
+        "| nftables | 30,000 | 10.00 Gbit/s | 11.00 Gbit/s | 0.91× |",
+    ] {
+        assert!(md.contains(want), "BENCHMARKS.md lacks `{want}`:\n{md}");
+    }
+    assert!(!md.contains("Failures in this run"));
+}
+
+#[test]
+fn a_failed_phase_is_listed_in_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut results = synthetic();
+    results.runs[0].datapath = None;
+    results.runs[0]
+        .errors
+        .push("data path: the server did not start".into());
+    report::write_all(dir.path(), &results, true).unwrap();
+    let md = std::fs::read_to_string(dir.path().join("BENCHMARKS.md")).unwrap();
+    assert!(md.contains("## Failures in this run"));
+    assert!(md.contains("- nftables at 1,000: data path: the server did not start"));
+}
+
+#[test]
+fn results_of_separate_runs_merge_into_one_report_with_later_runs_winning() {
+    let mut a = synthetic();
+    a.runs.retain(|r| r.mode == "nftables");
+    a.settings.modes = vec!["nftables".into()];
+    a.command = "bench --modes nftables".into();
+    let mut b = synthetic();
+    b.runs
+        .retain(|r| r.mode == "other-mode" || r.services == 1000);
+    b.runs.iter_mut().for_each(|r| {
+        if let Some(f) = r.full_sync.as_mut() {
+            f.total_s *= 10.0;
+        }
+    });
+    b.settings.modes = vec!["other-mode".into(), "nftables".into()];
+    b.command = "bench --modes other-mode".into();
+    let m = Results::merge(vec![a, b]).unwrap();
+    assert_eq!(m.modes(), ["nftables", "other-mode"]);
+    let order: Vec<(usize, &str)> = m
+        .runs
+        .iter()
+        .map(|r| (r.services, r.mode.as_str()))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (1000, "nftables"),
+            (1000, "other-mode"),
+            (10_000, "nftables"),
+            (10_000, "other-mode"),
+            (30_000, "nftables"),
+            (30_000, "other-mode"),
+        ]
+    );
+    // The second file's 1k nftables run replaced the first's; its 10k one stayed.
+    assert_eq!(
+        m.run("nftables", 1000)
+            .unwrap()
+            .full_sync
+            .as_ref()
+            .unwrap()
+            .total_s,
+        2.0
+    );
+    assert_eq!(
+        m.run("nftables", 10_000)
+            .unwrap()
+            .full_sync
+            .as_ref()
+            .unwrap()
+            .total_s,
+        0.8
+    );
+    assert_eq!(
+        m.command,
+        "bench --modes nftables\nbench --modes other-mode"
+    );
+    assert!(Results::merge(Vec::new()).is_none());
+}
+
+/// The kube-proxy binary next to the bench binary this test was built with, if it was built.
+fn proxy_binary() -> Option<PathBuf> {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_bench"));
+    let p = bench.parent()?.join("kube-proxy");
+    p.is_file().then_some(p)
+}
+
+#[test]
+fn a_tiny_run_in_network_namespaces_measures_every_phase() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let proxy = proxy_binary();
+    if proxy.is_none() {
+        let banner = "!".repeat(72);
+        eprintln!(
+            "\n{banner}\n!! kube-proxy is not built next to {}: the binary phases are SKIPPED.\n!! Build it first: cargo build -p kube-proxy\n{banner}\n",
+            env!("CARGO_BIN_EXE_bench")
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let opts = kp_bench::run::Options {
+        modes: vec!["nftables".into()],
+        sizes: vec![50],
+        endpoints: 3,
+        changes: 5,
+        repeats: 2,
+        skip_datapath: false,
+        skip_proxy: proxy.is_none(),
+        connect_seconds: 0.4,
+        connect_threads: 1,
+        bulk_bytes: 10_000_000,
+        bulk_repeats: 1,
+        proxy_binary: proxy.clone().unwrap_or_default(),
+        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
+        root: dir.path().to_path_buf(),
+        command: "bench --sizes 50".into(),
+    };
+    let results = kp_bench::run::run(&opts).unwrap();
+    assert_eq!(results.runs.len(), 1);
+    let r = &results.runs[0];
+    assert!(r.errors.is_empty(), "phases failed: {:#?}", r.errors);
+    let full = r.full_sync.as_ref().expect("full sync measured");
+    assert_eq!(full.samples_s.len(), 2);
+    assert!(full.total_s > 0.0 && full.render.operations > 0 && full.input_bytes > 0);
+    let bare = r.bare.as_ref().expect("bare load measured");
+    assert!(bare.seconds > 0.0 && bare.overhead > 0.0);
+    assert_eq!(r.incremental_ms.expect("changes measured").n, 5);
+    assert_eq!(r.verify.as_ref().expect("read back").differences, 0);
+    let d = r.datapath.as_ref().expect("data path measured");
+    assert!(d.vip.latency_us.n > 0 && d.direct.latency_us.n > 0);
+    assert!(d.unloaded.as_ref().is_some_and(|u| u.latency_us.n > 0));
+    assert!(d.unloaded_ratio_p50.is_some_and(|v| v > 0.0));
+    assert!(d.bulk_vip_gbps > 0.0 && d.bulk_direct_gbps > 0.0);
+    if proxy.is_some() {
+        let sources: Vec<&str> = r.proxy.iter().map(|p| p.source.as_str()).collect();
+        assert_eq!(sources, ["manifests", "apiserver"]);
+        for p in &r.proxy {
+            assert_eq!(p.latency_ms.n, 5, "{}", p.source);
+            assert!(p.peak_rss_mib > 0.0 && p.startup_s > 0.0, "{}", p.source);
+        }
+    }
+    assert!(dir.path().join("BENCHMARKS.md").exists());
+    assert!(dir.path().join("bench/results/latest.json").exists());
+}
+
+#[test]
+fn a_tiny_run_of_both_iptables_backends_measures_sync_bare_load_and_the_binary() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let proxy = proxy_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = kp_bench::run::Options {
+        modes: vec!["iptables-nft".into(), "iptables-legacy".into()],
+        sizes: vec![30],
+        endpoints: 2,
+        changes: 3,
+        repeats: 1,
+        skip_datapath: true,
+        skip_proxy: proxy.is_none(),
+        connect_seconds: 0.0,
+        connect_threads: 1,
+        bulk_bytes: 0,
+        bulk_repeats: 0,
+        proxy_binary: proxy.clone().unwrap_or_default(),
+        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
+        root: dir.path().to_path_buf(),
+        command: "bench --sizes 30".into(),
+    };
+    let results = kp_bench::run::run(&opts).unwrap();
+    let modes: Vec<&str> = results.runs.iter().map(|r| r.mode.as_str()).collect();
+    assert_eq!(modes, ["iptables-nft", "iptables-legacy"]);
+    for r in &results.runs {
+        assert!(
+            r.errors.is_empty(),
+            "{}: phases failed: {:#?}",
+            r.mode,
+            r.errors
+        );
+        assert!(
+            r.full_sync.as_ref().is_some_and(|f| f.total_s > 0.0),
+            "{}",
+            r.mode
+        );
+        let bare = r.bare.as_ref().expect("bare load measured");
+        assert!(
+            bare.tool.starts_with(&format!("{}-restore", r.mode)),
+            "{}",
+            bare.tool
+        );
+        assert_eq!(r.incremental_ms.expect("changes measured").n, 3);
+        assert_eq!(r.verify.as_ref().expect("read back").differences, 0);
+        assert!(r.datapath.is_none());
+        if proxy.is_some() {
+            assert_eq!(r.proxy.len(), 2, "{}", r.mode);
+            assert!(r.proxy.iter().all(|p| p.latency_ms.n == 3));
+        }
+    }
+}
