@@ -8,7 +8,7 @@
 //!
 //! - `GET /api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`, `/api/v1/nodes`, and
 //!   the namespaced forms of the first two. A list answers every object at once with the
-//!   store's current `metadata.resourceVersion` (no paging: `limit` is ignored).
+//!   store's current `metadata.resourceVersion`, paged by `limit` and `continue` as kube-rs asks.
 //! - `?watch=true&resourceVersion=N` streams newline-delimited `{"type", "object"}` events of
 //!   every change after N, then follows new changes. Without a resourceVersion, or with `0`,
 //!   it starts with an `ADDED` event per object. `sendInitialEvents=true` is answered the same
@@ -557,15 +557,27 @@ fn respond(
         ) {
             Err(e) => (400, status_response(400, &e)),
             Ok(filter) if watch => start_watch(shared, &mut state, kind, filter, &query),
-            Ok(filter) => {
-                let body = json!({
-                    "apiVersion": store::info(kind).api_version,
-                    "kind": store::info(kind).list_kind,
-                    "metadata": {"resourceVersion": state.store.resource_version().to_string()},
-                    "items": state.store.list(kind, &filter),
-                });
-                (200, json_response(200, &body))
-            }
+            Ok(filter) => match page(&query, state.store.resource_version()) {
+                Err(e) => (400, status_response(400, &e)),
+                Ok((rv, offset, limit)) => {
+                    let mut items = state.store.list(kind, &filter);
+                    let end =
+                        limit.map_or(items.len(), |l| offset.saturating_add(l).min(items.len()));
+                    let more = end < items.len();
+                    let items: Vec<Value> = items.drain(offset.min(end)..end).collect();
+                    let mut metadata = json!({"resourceVersion": rv.to_string()});
+                    if more {
+                        metadata["continue"] = json!(format!("{rv}:{end}"));
+                    }
+                    let body = json!({
+                        "apiVersion": store::info(kind).api_version,
+                        "kind": store::info(kind).list_kind,
+                        "metadata": metadata,
+                        "items": items,
+                    });
+                    (200, json_response(200, &body))
+                }
+            },
         }
     } else {
         (
@@ -589,6 +601,35 @@ fn respond(
         status,
     });
     response
+}
+
+/// Paging of a list: `(resourceVersion, offset, limit)` from `limit` and `continue`. A continue
+/// token is `RV:OFFSET`: later pages report the first page's resourceVersion, so a watch started
+/// from it replays every change made while the pages were read (the real API server serves the
+/// pages from a snapshot; the end state is the same).
+fn page(
+    query: &BTreeMap<String, String>,
+    current_rv: u64,
+) -> Result<(u64, usize, Option<usize>), String> {
+    let limit = match query.get("limit").map(String::as_str) {
+        None | Some("") | Some("0") => None,
+        Some(l) => Some(
+            l.parse::<usize>()
+                .map_err(|_| format!("limit {l:?} is not a number"))?,
+        ),
+    };
+    match query.get("continue").map(String::as_str) {
+        None | Some("") => Ok((current_rv, 0, limit)),
+        Some(token) => {
+            let bad = || format!("continue token {token:?} is not valid");
+            let (rv, offset) = token.split_once(':').ok_or_else(bad)?;
+            Ok((
+                rv.parse().map_err(|_| bad())?,
+                offset.parse().map_err(|_| bad())?,
+                limit,
+            ))
+        }
+    }
 }
 
 /// What a watch was asked for.

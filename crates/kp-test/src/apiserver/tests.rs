@@ -540,3 +540,36 @@ fn a_server_started_in_a_namespace_is_reachable_there_only() {
     }
     assert_eq!(server.requests()["/api/v1/nodes"].lists, 1);
 }
+
+#[tokio::test]
+async fn lists_are_paged_as_kube_rs_asks_and_every_object_arrives_once() {
+    let server = FakeApiServer::start().expect("server");
+    for i in 0..7 {
+        server
+            .upsert(Kind::Service, service(&format!("s{i}"), json!({})))
+            .expect("upsert");
+    }
+    let config = watcher::Config::default().page_size(3);
+    let mut services = watch_all::<Service>(client(&server), config);
+    let mut applied = Vec::new();
+    loop {
+        match show(&next_ok(&mut services, "the paged list").await).as_str() {
+            "init" => {}
+            "init-done" => break,
+            other => applied.push(other.to_string()),
+        }
+    }
+    let want: Vec<String> = (0..7).map(|i| format!("init-apply s{i}")).collect();
+    assert_eq!(applied, want);
+    // Three pages: 3 + 3 + 1, each a separate list request with a limit.
+    let lists: Vec<_> = server
+        .request_log()
+        .into_iter()
+        .filter(|r| !r.watch && r.path.ends_with("/services"))
+        .collect();
+    assert_eq!(lists.len(), 3, "{lists:?}");
+    assert!(lists
+        .iter()
+        .all(|r| r.query.get("limit").map(String::as_str) == Some("3")));
+    assert!(lists[1].query.contains_key("continue") && lists[2].query.contains_key("continue"));
+}
