@@ -93,7 +93,8 @@ fn iptables_config(cfg: &Config) -> Result<IptablesConfig, Fatal> {
         detect_local: detect_local(cfg)?,
         node_ports: node_port_addresses(cfg),
         backend: kp_iptables::detect_backend(None),
-        step_chains: kp_iptables::DEFAULT_STEP_CHAINS,
+        // Restore step size and read-back budget: the crate's measured defaults.
+        ..IptablesConfig::default()
     })
 }
 

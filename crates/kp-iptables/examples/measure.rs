@@ -2,12 +2,14 @@
 //! with each iptables backend, then single-endpoint changes. Prints timings; it is a
 //! measurement, never a test.
 //!
-//! `cargo run --release -p kp-iptables --example measure -- 10000 10 [nft] [legacy] [none]`
+//! `cargo run --release -p kp-iptables --example iptables-measure -- 10000 10 [nft] [legacy] [none]`
 //! (both backends unless named; `none` only renders).
 //!
 //! `KP_STEP_CHAINS=N` sets the chains per restore input with the nft backend;
 //! `KP_MEASURE_VERIFY=0` skips the read-back checks; `KP_MEASURE_DUMP=PATH` writes the full
-//! restore input to PATH and its nft steps to PATH.NNNN.
+//! restore input to PATH, its nft steps to PATH.NNNN and the first partial restore to
+//! PATH.partial; `KP_MEASURE_ONLY_FULL=1` stops after
+//! the first full sync. `RUST_LOG=kp_iptables=debug` shows the dataplane's log.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,6 +59,10 @@ fn rss(what: &str) {
 }
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let numbers: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let (n, per) = (
@@ -127,6 +133,9 @@ fn main() {
             t.elapsed().as_secs_f64(),
             r.operations
         );
+        if std::env::var("KP_MEASURE_ONLY_FULL").is_ok_and(|v| v == "1") {
+            continue;
+        }
         if verify {
             let t = Instant::now();
             let diffs = dp.verify().expect("verify");
@@ -154,6 +163,12 @@ fn main() {
             let t = Instant::now();
             let r = dp.sync(&state, &changes, false).expect("partial sync");
             times.push((t.elapsed().as_secs_f64() * 1000.0, r.operations));
+            if k == 0 {
+                if let Ok(path) = std::env::var("KP_MEASURE_DUMP") {
+                    std::fs::write(format!("{path}.partial"), dp.last_inputs().join(""))
+                        .expect("dump");
+                }
+            }
         }
         times.sort_by(|a, b| a.0.total_cmp(&b.0));
         let p = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize].0;
@@ -180,6 +195,24 @@ fn main() {
             .expect("periodic sync");
         println!(
             "[{backend}] periodic full sync (canary + read-back, nothing to repair): {:.3} s, rebuilt: {}",
+            t.elapsed().as_secs_f64(),
+            r.full
+        );
+        // Drift behind our back: the next periodic sync finds it and rebuilds a table that is
+        // programmed and reachable from the hooks (every commit then re-validates it).
+        let ok = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.0])
+            .arg(backend.program(IpFamily::V4, ""))
+            .args(["-w", "600", "-t", "nat", "-D", "KUBE-POSTROUTING", "1"])
+            .status()
+            .map(|s| s.success());
+        assert_eq!(ok.ok(), Some(true), "deleting a rule by hand");
+        let t = Instant::now();
+        let r = dp
+            .sync(&state, &Changes::default(), true)
+            .expect("repairing sync");
+        println!(
+            "[{backend}] periodic sync that finds drift and rebuilds everything: {:.3} s, rebuilt: {}",
             t.elapsed().as_secs_f64(),
             r.full
         );

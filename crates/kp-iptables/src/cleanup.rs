@@ -5,10 +5,13 @@
 //! works without a planner: the nftables mode calls it at start to remove an iptables-mode
 //! leftover, and `--cleanup` calls it before exiting.
 
+use std::collections::BTreeSet;
+
 use kp_core::model::IpFamily;
 
-use crate::readback::{parse_save, split_args, SavedTable};
+use crate::readback::split_args;
 use crate::runner::{Backend, IptablesCommand};
+use crate::view::{deletion_inputs, read_tables, ChainList, ReadRules};
 use crate::Error;
 
 /// The canary chain kube-proxy keeps in mangle, nat and filter: if it vanishes, someone flushed
@@ -31,8 +34,13 @@ pub const FIXED_CHAINS: [&str; 8] = [
 ];
 
 /// Prefixes of the per-Service and per-endpoint chains.
-pub const SERVICE_CHAIN_PREFIXES: [&str; 5] =
-    ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
+pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-SEP-",
+];
 
 /// The chain kubelet created before 1.27 and kube-proxy now fills with one rule when localhost
 /// NodePorts are on; it is ours to delete only if that rule is all it holds.
@@ -67,120 +75,123 @@ pub(crate) fn rule_target(rule: &str) -> Option<String> {
         .map(|w| w[1].clone())
 }
 
-/// The restore input that removes what we own from one table as saved, or `None` if nothing
-/// there is ours: first every rule elsewhere that jumps to a chain being deleted (our jumps
-/// from the built-in chains, and anything else that would stop the deletion), then each chain
-/// flushed and deleted.
-pub(crate) fn cleanup_input(table: &str, saved: &SavedTable) -> Option<String> {
-    let mut doomed: Vec<&str> = Vec::new();
-    let mut unshare: Vec<String> = Vec::new();
-    for (chain, rules) in &saved.chains {
-        if saved.builtin.contains(chain) {
-            continue;
-        }
+/// What removing our chains from one table takes: the rule deletions to run first (every rule
+/// elsewhere that jumps to a chain being deleted, so our jumps from the built-in chains and
+/// anything else that would stop the deletion, plus our rule in a `KUBE-FIREWALL` we share with
+/// kubelet), and the chains to flush and delete. `rules` reads one chain's rules.
+pub(crate) fn plan_cleanup(
+    table: &str,
+    chains: &ChainList,
+    rules: ReadRules<'_>,
+) -> Result<(Vec<String>, Vec<String>), Error> {
+    let mut doomed: Vec<String> = Vec::new();
+    let mut pre: Vec<String> = Vec::new();
+    for chain in &chains.user {
         let ours = match table {
             "mangle" => chain == CANARY_CHAIN,
             "nat" | "filter" if chain == LOCALNET_CHAIN => {
-                let mine = rules.iter().filter(|r| is_localnet_rule(r)).count();
-                if mine > 0 && mine < rules.len() {
+                let rs = rules(chain)?.unwrap_or_default();
+                let mine: Vec<&String> = rs.iter().filter(|r| is_localnet_rule(r)).collect();
+                if !mine.is_empty() && mine.len() < rs.len() {
                     // Shared with kubelet: take only our rule out.
-                    unshare.extend(
-                        rules
-                            .iter()
-                            .filter(|r| is_localnet_rule(r))
-                            .map(|r| format!("-D {chain} {r}")),
-                    );
+                    pre.extend(mine.iter().map(|r| format!("-D {chain} {r}")));
                 }
-                mine > 0 && mine == rules.len()
+                !mine.is_empty() && mine.len() == rs.len()
             }
             "nat" | "filter" => is_owned_chain(chain),
             _ => false,
         };
         if ours {
-            doomed.push(chain);
+            doomed.push(chain.clone());
         }
     }
-    if doomed.is_empty() && unshare.is_empty() {
-        return None;
+    if doomed.is_empty() {
+        return Ok((pre, doomed));
     }
-    let mut out = format!("*{table}\n");
-    for (chain, rules) in &saved.chains {
-        if doomed.contains(&chain.as_str()) {
+    let doomed_set: BTreeSet<&str> = doomed.iter().map(String::as_str).collect();
+    let mut jumps = Vec::new();
+    for chain in chains.builtin.iter().chain(chains.user.iter()) {
+        if doomed_set.contains(chain.as_str()) {
             continue;
         }
-        for r in rules {
-            if rule_target(r).is_some_and(|t| doomed.contains(&t.as_str())) {
-                out.push_str(&format!("-D {chain} {r}\n"));
+        for r in rules(chain)?.unwrap_or_default() {
+            if rule_target(&r).is_some_and(|t| doomed_set.contains(t.as_str())) {
+                jumps.push(format!("-D {chain} {r}"));
             }
         }
     }
-    for line in unshare {
-        out.push_str(&line);
-        out.push('\n');
-    }
-    for c in &doomed {
-        out.push_str(&format!(":{c} - [0:0]\n"));
-    }
-    for c in &doomed {
-        out.push_str(&format!("-X {c}\n"));
-    }
-    out.push_str("COMMIT\n");
-    Some(out)
+    jumps.extend(pre);
+    Ok((jumps, doomed))
 }
 
 /// Removes what kube-proxy owns from one backend's tables of one family. A missing table, a
 /// missing tool, or a kernel without the legacy interface is nothing to clean, not an error.
-pub fn cleanup_tables(cmd: &IptablesCommand, backend: Backend, family: IpFamily) -> Result<usize, Error> {
-    let legacy_tables = (backend == Backend::Legacy).then(|| cmd.legacy_tables(family));
+/// More than `batch` chains are deleted in several inputs (see `deletion_inputs`). Returns the
+/// number of chains deleted.
+pub fn cleanup_tables(
+    cmd: &IptablesCommand,
+    backend: Backend,
+    family: IpFamily,
+    batch: usize,
+) -> Result<usize, Error> {
+    let views = match read_tables(cmd, backend, family, &CANARY_TABLES, false) {
+        Ok(v) => v,
+        Err(Error::Spawn { program, source }) if source.kind() == std::io::ErrorKind::NotFound => {
+            tracing::debug!(%program, "not installed; nothing to clean up");
+            return Ok(0);
+        }
+        Err(e) => return Err(e),
+    };
     let mut removed = 0;
-    for table in CANARY_TABLES {
-        if let Some(existing) = &legacy_tables {
-            // Reading a legacy table that does not exist would create it.
-            if !existing.iter().any(|t| t == table) {
-                continue;
-            }
+    for view in &views {
+        let rules = |chain: &str| view.rules(cmd, backend, family, chain);
+        let (pre, doomed) = plan_cleanup(view.table, &view.chains, &rules)?;
+        tracing::debug!(
+            backend = %backend,
+            family = ?family,
+            table = view.table,
+            chains = doomed.len(),
+            rule_deletions = pre.len(),
+            "planned the cleanup"
+        );
+        let inputs = deletion_inputs(view.table, &pre, &doomed, backend, batch);
+        if inputs.is_empty() {
+            continue;
         }
-        let text = match cmd.save(backend, family, Some(table)) {
-            Ok(t) => t,
-            Err(Error::Spawn { program, source }) if source.kind() == std::io::ErrorKind::NotFound => {
-                tracing::debug!(%program, "not installed; nothing to clean up");
-                return Ok(removed);
-            }
-            Err(e) => return Err(e),
-        };
-        let saved = parse_save(&text, table)?;
-        if let Some(input) = cleanup_input(table, &saved) {
-            removed += input.lines().filter(|l| l.starts_with("-X ")).count();
-            cmd.restore(backend, family, &input)?;
-            tracing::info!(
-                backend = %backend,
-                family = ?family,
-                table,
-                "removed kube-proxy's iptables chains"
-            );
+        for input in &inputs {
+            cmd.restore(backend, family, input)?;
         }
+        removed += doomed.len();
+        tracing::info!(
+            backend = %backend,
+            family = ?family,
+            table = view.table,
+            chains = doomed.len(),
+            "removed kube-proxy's iptables chains"
+        );
     }
     Ok(removed)
 }
 
 /// Removes what kube-proxy's iptables mode installed from both backends and both families:
-/// our jumps from the built-in chains, then every chain we own, in one restore per table.
-/// Chains of others (kubelet's `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`, `KUBE-MARK-DROP`,
-/// anyone's own) stay. Every backend and family is tried; the first error is returned.
+/// our jumps from the built-in chains, then every chain we own. Chains of others (kubelet's
+/// `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`, `KUBE-MARK-DROP`, anyone's own) stay. Every
+/// backend and family is tried; the first error is returned.
 pub fn cleanup_all(netns: Option<&str>) -> Result<(), Error> {
     let cmd = match netns {
         Some(ns) => IptablesCommand::in_netns(ns),
         None => IptablesCommand::new(),
     };
-    cleanup_with(&cmd)
+    cleanup_with(&cmd, crate::DEFAULT_STEP_CHAINS)
 }
 
-/// [`cleanup_all`] through a given command (its namespace and wait).
-pub fn cleanup_with(cmd: &IptablesCommand) -> Result<(), Error> {
+/// [`cleanup_all`] through a given command (its namespace and wait), deleting at most `batch`
+/// chains per input with the nft backend.
+pub fn cleanup_with(cmd: &IptablesCommand, batch: usize) -> Result<(), Error> {
     let mut first = None;
     for backend in Backend::ALL {
         for family in IpFamily::ALL {
-            if let Err(e) = cleanup_tables(cmd, backend, family) {
+            if let Err(e) = cleanup_tables(cmd, backend, family, batch) {
                 tracing::error!(error = %e, backend = %backend, family = ?family, "iptables cleanup failed");
                 first.get_or_insert(e);
             }
@@ -195,6 +206,23 @@ pub fn cleanup_with(cmd: &IptablesCommand) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::readback::{parse_save, SavedTable};
+
+    /// The one restore input that cleans `saved` up, if anything there is ours.
+    fn cleanup_input(table: &str, saved: &SavedTable) -> Option<String> {
+        let chains = ChainList {
+            user: saved
+                .chains
+                .keys()
+                .filter(|c| !saved.builtin.contains(*c))
+                .cloned()
+                .collect(),
+            builtin: saved.builtin.clone(),
+        };
+        let rules = |c: &str| Ok(saved.chains.get(c).cloned());
+        let (pre, doomed) = plan_cleanup(table, &chains, &rules).unwrap();
+        deletion_inputs(table, &pre, &doomed, Backend::Nft, usize::MAX).pop()
+    }
 
     const FILTER: &str = r#"*filter
 :INPUT ACCEPT [0:0]
@@ -224,10 +252,7 @@ COMMIT
         let saved = parse_save(FILTER, "filter").unwrap();
         let input = cleanup_input("filter", &saved).unwrap();
         let lines: Vec<&str> = input.lines().collect();
-        let deleted: Vec<&str> = lines
-            .iter()
-            .filter_map(|l| l.strip_prefix("-X "))
-            .collect();
+        let deleted: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("-X ")).collect();
         assert_eq!(
             deleted,
             [
@@ -264,7 +289,10 @@ COMMIT
         let input = cleanup_input("filter", &saved).unwrap();
         assert!(!input.contains("-X KUBE-FIREWALL"), "{input}");
         assert!(!input.contains("-D INPUT -j KUBE-FIREWALL"), "{input}");
-        assert!(input.contains("-D KUBE-FIREWALL ! -s 127.0.0.0/8"), "{input}");
+        assert!(
+            input.contains("-D KUBE-FIREWALL ! -s 127.0.0.0/8"),
+            "{input}"
+        );
         assert!(!input.contains("marked packets"), "{input}");
     }
 
@@ -290,10 +318,24 @@ COMMIT
 
     #[test]
     fn ownership_is_by_name() {
-        for c in ["KUBE-SVC-ABC", "KUBE-SEP-X", "KUBE-FW-1", "KUBE-SVL-2", "KUBE-EXT-3", "KUBE-MARK-MASQ"] {
+        for c in [
+            "KUBE-SVC-ABC",
+            "KUBE-SEP-X",
+            "KUBE-FW-1",
+            "KUBE-SVL-2",
+            "KUBE-EXT-3",
+            "KUBE-MARK-MASQ",
+        ] {
             assert!(is_owned_chain(c), "{c}");
         }
-        for c in ["KUBE-MARK-DROP", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-FIREWALL", "KUBE-SVCX", "MY-CHAIN"] {
+        for c in [
+            "KUBE-MARK-DROP",
+            "KUBE-KUBELET-CANARY",
+            "KUBE-IPTABLES-HINT",
+            "KUBE-FIREWALL",
+            "KUBE-SVCX",
+            "MY-CHAIN",
+        ] {
             assert!(!is_owned_chain(c), "{c}");
         }
     }

@@ -14,12 +14,16 @@ mod dataplane;
 mod detect;
 mod readback;
 mod runner;
+mod view;
 
 pub use cleanup::{
     cleanup_all, cleanup_tables, cleanup_with, is_owned_chain, is_service_chain, CANARY_CHAIN,
     CANARY_TABLES, FIXED_CHAINS, LOCALNET_CHAIN, SERVICE_CHAIN_PREFIXES,
 };
-pub use dataplane::{IptablesConfig, IptablesDataplane, DEFAULT_STEP_CHAINS};
+pub use dataplane::{
+    IptablesConfig, IptablesDataplane, DEFAULT_FULL_READBACK_LIMIT, DEFAULT_STEP_CHAINS,
+    LIVE_STEP_FACTOR, READBACK_SAMPLE_CHAINS,
+};
 pub use detect::{choose, detect_backend, evidence, BackendEvidence, HINT_CHAINS};
 pub use kp_core::node::{DetectLocal, NodePortAddresses};
 pub use readback::{canonical, compare, parse_save, split_args, SavedTable};
@@ -74,4 +78,3 @@ pub enum Error {
         detail: String,
     },
 }
-

@@ -148,9 +148,15 @@ impl IptablesCommand {
             program: default.clone(),
             source,
         };
+        let started = std::time::Instant::now();
         let mut child = self
             .command(&program)
-            .args(["-w", &self.wait_seconds.to_string(), "--noflush", "--counters"])
+            .args([
+                "-w",
+                &self.wait_seconds.to_string(),
+                "--noflush",
+                "--counters",
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -166,6 +172,14 @@ impl IptablesCommand {
             }
         }
         let out = child.wait_with_output().map_err(spawn_error)?;
+        tracing::trace!(
+            program = %default,
+            bytes = input.len(),
+            lines = input.lines().count(),
+            ms = started.elapsed().as_millis() as u64,
+            ok = out.status.success(),
+            "restore"
+        );
         if out.status.success() {
             return Ok(());
         }
@@ -248,6 +262,35 @@ impl IptablesCommand {
             status: out.status,
             stderr: out.stderr,
         })
+    }
+
+    /// `nft list chains ip|ip6`: the names of every chain of the family, without their rules.
+    /// With the nft backend this is the one cheap way to see 100k chains: every iptables tool
+    /// that reads a whole table pairs each rule with its chain by a linear search, so
+    /// `iptables-nft-save -t nat` of 10k Services × 10 endpoints runs for minutes (and crashed
+    /// after two on iptables 1.8.9), while this takes about a second.
+    pub fn nft_list_chains(&self, family: IpFamily) -> Result<String, Error> {
+        let fam = match family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        };
+        let out = self
+            .command(Path::new("nft"))
+            .args(["list", "chains", fam])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| Error::Spawn {
+                program: "nft".into(),
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                command: format!("nft list chains {fam}"),
+                status: out.status.code(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        String::from_utf8(out.stdout).map_err(|_| Error::Parse("nft printed invalid UTF-8".into()))
     }
 
     /// The x_tables tables that exist in the namespace (`/proc/net/ip_tables_names`), so the
@@ -387,11 +430,7 @@ mod tests {
         );
         let cmd = IptablesCommand::new().with_restore_program(&prog);
         let err = cmd
-            .restore(
-                Backend::Nft,
-                IpFamily::V4,
-                "*nat\n-A KUBE-X -j Y\nCOMMIT\n",
-            )
+            .restore(Backend::Nft, IpFamily::V4, "*nat\n-A KUBE-X -j Y\nCOMMIT\n")
             .unwrap_err();
         match &err {
             Error::Restore {
@@ -438,7 +477,14 @@ mod tests {
         let big = "-A KUBE-X -j ACCEPT\n".repeat(100_000);
         let err = cmd.restore(Backend::Nft, IpFamily::V4, &big).unwrap_err();
         assert!(
-            matches!(err, Error::Restore { status: Some(1), line: None, .. }),
+            matches!(
+                err,
+                Error::Restore {
+                    status: Some(1),
+                    line: None,
+                    ..
+                }
+            ),
             "{err:?}"
         );
     }

@@ -148,7 +148,10 @@ fn cleanup_removes_our_chains_from_both_backends_and_keeps_everyone_elses() {
             let left: Vec<&str> = all.lines().filter(|l| l.starts_with("-A ")).collect();
             assert_eq!(left.len(), expected_rules.len(), "{what}:\n{all}");
             for r in expected_rules {
-                assert!(left.iter().any(|l| l.starts_with(r)), "{what}: {r} missing:\n{all}");
+                assert!(
+                    left.iter().any(|l| l.starts_with(r)),
+                    "{what}: {r} missing:\n{all}"
+                );
             }
         }
     }
@@ -186,23 +189,41 @@ fn the_backend_follows_kubelets_hint_then_the_rule_count() {
     // Rules only in legacy: legacy.
     let legacy = Netns::new("ipt-detect2").expect("netns");
     let cmd = IptablesCommand::in_netns(legacy.name()).with_wait_seconds(60);
-    cmd.run_ok(Backend::Legacy, IpFamily::V4, &["-t", "filter", "-A", "INPUT", "-s", "10.0.0.1", "-j", "ACCEPT"])
-        .expect("legacy rule");
+    cmd.run_ok(
+        Backend::Legacy,
+        IpFamily::V4,
+        &[
+            "-t", "filter", "-A", "INPUT", "-s", "10.0.0.1", "-j", "ACCEPT",
+        ],
+    )
+    .expect("legacy rule");
     assert_eq!(detect_backend(Some(legacy.name())), Backend::Legacy);
 
     // More legacy rules, but kubelet's hint chain in nft: nft.
-    cmd.run_ok(Backend::Nft, IpFamily::V6, &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"])
-        .expect("nft hint");
+    cmd.run_ok(
+        Backend::Nft,
+        IpFamily::V6,
+        &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"],
+    )
+    .expect("nft hint");
     assert_eq!(detect_backend(Some(legacy.name())), Backend::Nft);
 
     // A hint in legacy only, with more nft rules: legacy.
     let hinted = Netns::new("ipt-detect3").expect("netns");
     let cmd = IptablesCommand::in_netns(hinted.name()).with_wait_seconds(60);
-    cmd.run_ok(Backend::Legacy, IpFamily::V4, &["-t", "mangle", "-N", "KUBE-KUBELET-CANARY"])
-        .expect("legacy hint");
+    cmd.run_ok(
+        Backend::Legacy,
+        IpFamily::V4,
+        &["-t", "mangle", "-N", "KUBE-KUBELET-CANARY"],
+    )
+    .expect("legacy hint");
     for i in 1..4 {
-        cmd.run_ok(Backend::Nft, IpFamily::V4, &["-A", "INPUT", "-s", &format!("10.0.0.{i}"), "-j", "ACCEPT"])
-            .expect("nft rule");
+        cmd.run_ok(
+            Backend::Nft,
+            IpFamily::V4,
+            &["-A", "INPUT", "-s", &format!("10.0.0.{i}"), "-j", "ACCEPT"],
+        )
+        .expect("nft rule");
     }
     assert_eq!(detect_backend(Some(hinted.name())), Backend::Legacy);
 }

@@ -141,7 +141,12 @@ fn flow_table(backend: Backend) {
             dp.last_inputs().join("\n")
         );
     }
-    assert!(report.operations <= 30, "{} operations:\n{}", report.operations, dp.last_inputs().join("\n"));
+    assert!(
+        report.operations <= 30,
+        "{} operations:\n{}",
+        report.operations,
+        dp.last_inputs().join("\n")
+    );
     assert_in_sync(&mut dp);
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2"]);
 
@@ -234,9 +239,7 @@ fn canary(backend: Backend) {
     );
 
     // The next periodic sync notices the missing canary and rebuilds; traffic flows again.
-    let report = dp
-        .sync(&state, &Changes::default(), true)
-        .expect("rebuild");
+    let report = dp.sync(&state, &Changes::default(), true).expect("rebuild");
     assert!(report.full, "a missing canary means a rebuild");
     assert_in_sync(&mut dp);
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
@@ -312,6 +315,13 @@ fn failed_restore(backend: Backend) {
     // The old rules are intact and still serving.
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
 
+    // A sync while restores still fail is a full one, and fails as a full one.
+    let err = dp.sync(&state, &Changes::default(), false).unwrap_err();
+    assert!(matches!(err, kp_iptables::Error::Restore { .. }), "{err}");
+    assert_eq!(metrics.iptables_restore_failures.get(), 2);
+    assert_eq!(metrics.iptables_partial_restore_failures.get(), 1);
+    assert_eq!(web_backends(&lab, 20), ["pod-1", "pod-2", "pod-3"]);
+
     // Once restores work again, the next sync is a full one (even if asked for a partial) and
     // brings the change.
     dp.set_command(command(lab.node()));
@@ -321,7 +331,7 @@ fn failed_restore(backend: Backend) {
     assert!(report.full, "the sync after a failed restore must be full");
     assert_in_sync(&mut dp);
     assert_eq!(web_backends(&lab, 20), ["pod-1"]);
-    assert_eq!(metrics.iptables_restore_failures.get(), 1);
+    assert_eq!(metrics.iptables_restore_failures.get(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -338,7 +348,11 @@ fn legacy_backend_a_failed_restore_keeps_the_old_rules_and_the_next_sync_is_full
 }
 
 /// Every chain in mangle, filter and nat that is not built in, and every rule, of one family.
-fn dump(cmd: &IptablesCommand, backend: Backend, family: IpFamily) -> (BTreeSet<String>, Vec<String>) {
+fn dump(
+    cmd: &IptablesCommand,
+    backend: Backend,
+    family: IpFamily,
+) -> (BTreeSet<String>, Vec<String>) {
     let mut chains = BTreeSet::new();
     let mut rules = Vec::new();
     for t in ["mangle", "filter", "nat"] {
@@ -367,8 +381,14 @@ fn cleanup(backend: Backend) {
                 .unwrap();
         }
         cmd.run_ok(backend, family, &["-N", "MY-CHAIN"]).unwrap();
-        cmd.run_ok(backend, family, &["-A", "MY-CHAIN", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"])
-            .unwrap();
+        cmd.run_ok(
+            backend,
+            family,
+            &[
+                "-A", "MY-CHAIN", "-p", "tcp", "--dport", "22", "-j", "ACCEPT",
+            ],
+        )
+        .unwrap();
         cmd.run_ok(backend, family, &["-A", "INPUT", "-j", "MY-CHAIN"])
             .unwrap();
     }
@@ -388,7 +408,10 @@ fn cleanup(backend: Backend) {
     dp.cleanup().expect("cleanup");
     for (i, family) in IpFamily::ALL.into_iter().enumerate() {
         let after = dump(&cmd, backend, family);
-        assert_eq!(after, before[i], "{backend} {family:?}: cleanup left or removed something");
+        assert_eq!(
+            after, before[i],
+            "{backend} {family:?}: cleanup left or removed something"
+        );
     }
     // Cleaning up twice is fine.
     dp.cleanup().expect("second cleanup");
@@ -430,9 +453,65 @@ fn the_first_sync_deletes_chains_an_earlier_run_left_behind() {
     dp.sync(&kp_flows::state(), &Changes::default(), true)
         .expect("sync");
     let (chains, _) = dump(&cmd, Backend::Nft, IpFamily::V4);
-    assert!(
-        !chains.iter().any(|c| c.contains("LEFTOVER")),
-        "{chains:?}"
-    );
+    assert!(!chains.iter().any(|c| c.contains("LEFTOVER")), "{chains:?}");
     assert_in_sync(&mut dp);
+}
+
+/// With `nodePortAddresses` covering 127.0.0.1 and `localhostNodePorts` (upstream's iptables
+/// defaults), the node reaches NodePorts on 127.0.0.1: `route_localnet` is set in the node's
+/// namespace, and our `KUBE-FIREWALL` guards it; cleanup removes that chain too.
+fn localhost_node_ports(backend: Backend) {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(5).expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let cfg = IptablesConfig {
+        node_ports: NodePortAddresses::AllLocal,
+        ..config(backend)
+    };
+    assert!(cfg.localhost_node_ports_effective());
+    let mut dp = IptablesDataplane::new(cfg, command(lab.node()), Arc::new(Metrics::new()));
+    assert_eq!(
+        lab.node()
+            .run(&["sysctl", "-n", "net.ipv4.conf.all.route_localnet"])
+            .unwrap()
+            .trim(),
+        "0"
+    );
+    dp.sync(&kp_flows::state(), &Changes::default(), true)
+        .expect("sync");
+    assert_in_sync(&mut dp);
+    assert_eq!(
+        lab.node()
+            .run(&["sysctl", "-n", "net.ipv4.conf.all.route_localnet"])
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    let outcomes = lab.send(
+        lab.node(),
+        &Request::new(Proto::Tcp, "127.0.0.1".parse().unwrap(), 30080).count(30),
+    );
+    let seen: Vec<String> = tally(&outcomes).into_keys().collect();
+    assert_eq!(seen, ["pod-1", "pod-2", "pod-3"], "{outcomes:?}");
+    let (chains, _) = dump(&command(lab.node()), backend, IpFamily::V4);
+    assert!(chains.contains("filter/KUBE-FIREWALL"), "{chains:?}");
+
+    dp.cleanup().expect("cleanup");
+    let (chains, rules) = dump(&command(lab.node()), backend, IpFamily::V4);
+    assert!(chains.is_empty(), "{chains:?}");
+    assert!(rules.is_empty(), "{rules:?}");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nft_backend_answers_node_ports_on_localhost_when_asked_to() {
+    localhost_node_ports(Backend::Nft);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn legacy_backend_answers_node_ports_on_localhost_when_asked_to() {
+    localhost_node_ports(Backend::Legacy);
 }
