@@ -720,14 +720,26 @@ fn ten_thousand_stale_entries_go_in_one_reconcile_and_the_rest_stay() {
 
     let ct = Conntrack::in_netns(ns.name());
     let start = std::time::Instant::now();
-    let deleted = ct.reconcile(&mut planner, &node_addrs()).expect("reconcile");
+    let deleted = ct
+        .reconcile(&mut planner, &node_addrs())
+        .expect("reconcile");
     let took = start.elapsed();
-    eprintln!("reconcile of {} UDP + {PER_KIND} TCP entries: {deleted} deleted in {took:?}", 2 * PER_KIND);
+    eprintln!(
+        "reconcile of {} UDP + {PER_KIND} TCP entries: {deleted} deleted in {took:?}",
+        2 * PER_KIND
+    );
     assert_eq!(deleted, PER_KIND);
     let udp = ct.list(IpFamily::V4, Protocol::Udp).expect("list");
     assert_eq!(udp.len(), PER_KIND);
     assert!(udp.iter().all(|e| e.reply_src == ip("10.244.1.10")));
-    assert_eq!(ct.list(IpFamily::V4, Protocol::Tcp).expect("list").len(), PER_KIND);
+    assert_eq!(
+        ct.list(IpFamily::V4, Protocol::Tcp).expect("list").len(),
+        PER_KIND
+    );
     // A second pass finds nothing more.
-    assert_eq!(ct.reconcile(&mut planner, &node_addrs()).expect("reconcile"), 0);
+    assert_eq!(
+        ct.reconcile(&mut planner, &node_addrs())
+            .expect("reconcile"),
+        0
+    );
 }
