@@ -560,14 +560,10 @@ fn respond(
             Ok(filter) => match page(&query, state.store.resource_version()) {
                 Err(e) => (400, status_response(400, &e)),
                 Ok((rv, offset, limit)) => {
-                    let mut items = state.store.list(kind, &filter);
-                    let end =
-                        limit.map_or(items.len(), |l| offset.saturating_add(l).min(items.len()));
-                    let more = end < items.len();
-                    let items: Vec<Value> = items.drain(offset.min(end)..end).collect();
+                    let (items, more) = state.store.list_page(kind, &filter, offset, limit);
                     let mut metadata = json!({"resourceVersion": rv.to_string()});
                     if more {
-                        metadata["continue"] = json!(format!("{rv}:{end}"));
+                        metadata["continue"] = json!(format!("{rv}:{}", offset + items.len()));
                     }
                     let body = json!({
                         "apiVersion": store::info(kind).api_version,

@@ -196,13 +196,31 @@ impl Store {
 
     /// The objects of `kind` that `filter` selects, ordered by namespace and name.
     pub fn list(&self, kind: Kind, filter: &Filter) -> Vec<Value> {
-        self.objects
+        self.list_page(kind, filter, 0, None).0
+    }
+
+    /// One page of [`Store::list`]: at most `limit` objects from `offset` on, and whether more
+    /// follow. Only the page is copied, so paging through a large store stays cheap.
+    pub fn list_page(
+        &self,
+        kind: Kind,
+        filter: &Filter,
+        offset: usize,
+        limit: Option<usize>,
+    ) -> (Vec<Value>, bool) {
+        let mut selected = self
+            .objects
             .range((kind, String::new(), String::new())..)
             .take_while(|((k, _, _), _)| *k == kind)
             .map(|(_, o)| o)
             .filter(|o| filter.matches(o))
-            .cloned()
-            .collect()
+            .skip(offset);
+        let page: Vec<Value> = match limit {
+            Some(l) => selected.by_ref().take(l).cloned().collect(),
+            None => selected.by_ref().cloned().collect(),
+        };
+        let more = selected.next().is_some();
+        (page, more)
     }
 
     /// Forgets the history up to now: watches must start from the current resourceVersion or
