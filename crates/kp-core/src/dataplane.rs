@@ -43,6 +43,14 @@ pub trait Dataplane: Send {
 
     /// Removes everything this mode installed.
     fn cleanup(&mut self) -> Result<(), Self::Error>;
+
+    /// What a periodic full sync acts on: [`Dataplane::verify`]'s differences, or, when the
+    /// kernel cannot be read, one difference saying so (nothing then proves the rules right,
+    /// so the caller rebuilds them).
+    fn drift(&mut self) -> Vec<String> {
+        self.verify()
+            .unwrap_or_else(|e| vec![format!("cannot read the kernel's rules back: {e}")])
+    }
 }
 
 /// Follows a packet through a mode's rendered rules, without a kernel.

@@ -56,6 +56,17 @@ pub fn service(i: usize) -> Service {
     .unwrap_or_else(|e| panic!("synthetic service {i}: {e}"))
 }
 
+/// The `k`-th of a stream of one-endpoint changes to `cluster(n, per)`: Service
+/// `(k * 7919) % n` gets its endpoint `k % per` replaced by a fresh address from `10.250.0.0/16`.
+/// Measurements use it so every mode is timed on the same changes.
+pub fn endpoint_change(k: usize, n: usize, per: usize) -> Object {
+    let mut slice = slice((k * 7919) % n, per, &[]);
+    if let Some(eps) = slice.endpoints.as_mut() {
+        eps[k % per].addresses = vec![format!("10.250.{}.{}", k / 250, k % 250 + 1)];
+    }
+    Object::EndpointSlice(Box::new(slice))
+}
+
 /// The EndpointSlice of synthetic Service `i` with endpoints `0..per`, of which `missing`
 /// are left out.
 pub fn slice(i: usize, per: usize, missing: &[usize]) -> EndpointSlice {

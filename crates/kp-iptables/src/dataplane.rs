@@ -635,9 +635,7 @@ impl Dataplane for IptablesDataplane {
             } else {
                 // A periodic full sync: prove the kernel holds what we planned; rebuild only
                 // if something changed behind our back, or if it cannot be read.
-                let diffs = self
-                    .verify()
-                    .unwrap_or_else(|e| vec![format!("cannot read the tables back: {e}")]);
+                let diffs = self.drift();
                 if !diffs.is_empty() {
                     self.metrics
                         .iptables_readback_mismatches

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kp_core::dataplane::Dataplane;
-use kp_core::track::{Changes, Object, SourceEvent};
+use kp_core::track::{Changes, SourceEvent};
 use kp_flows::synthetic;
 use kp_metrics::Metrics;
 use kp_nftables::{NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
@@ -97,13 +97,8 @@ fn main() {
 
     let mut times = Vec::new();
     for k in 0..50 {
-        let i = (k * 7919) % n;
-        let mut slice = synthetic::slice(i, per, &[]);
-        if let Some(eps) = slice.endpoints.as_mut() {
-            eps[k % per].addresses = vec![format!("10.250.{}.{}", k / 250, k % 250 + 1)];
-        }
         state
-            .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+            .apply(SourceEvent::Upsert(synthetic::endpoint_change(k, n, per)))
             .unwrap();
         let changes = state.take_changes();
         let t = Instant::now();

@@ -310,9 +310,7 @@ impl Dataplane for NftablesDataplane {
             // A periodic full sync: check the kernel still holds what we planned (a netlink
             // read, 0.4 s at 10k Services); rebuild only if something changed behind our back.
             // If the kernel cannot be read, nothing proves the table right: rebuild it.
-            let diffs = self
-                .verify()
-                .unwrap_or_else(|e| vec![format!("cannot read the table back: {e}")]);
+            let diffs = self.drift();
             if !diffs.is_empty() {
                 self.metrics
                     .nftables_readback_mismatches
