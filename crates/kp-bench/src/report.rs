@@ -9,6 +9,8 @@ use crate::results::{Results, Run};
 pub const RESULTS_DIR: &str = "bench/results";
 /// The report, relative to the repository root.
 pub const REPORT: &str = "BENCHMARKS.md";
+/// Recorded profiles (`scripts/profile.sh`), relative to the repository root.
+pub const PROFILES_DIR: &str = "bench/profiles";
 
 /// Writes `bench/results/<started>.json` and `bench/results/latest.json`; returns their paths.
 pub fn write_results(root: &Path, results: &Results) -> anyhow::Result<Vec<PathBuf>> {
@@ -58,7 +60,11 @@ pub fn write_all(
         }
     }
     let report = root.join(REPORT);
-    std::fs::write(&report, markdown(results, &plot_errors))?;
+    let (profiles, notes) = read_profiles(root);
+    std::fs::write(
+        &report,
+        markdown(results, &plot_errors, &profiles, notes.as_deref()),
+    )?;
     written.push(report);
     Ok(written)
 }
@@ -75,6 +81,8 @@ pub fn read_results(path: &Path) -> anyhow::Result<Results> {
 pub struct Target {
     /// What is promised.
     pub what: String,
+    /// The profiles (`bench/profiles/<name>.txt`) that show where the time or memory goes.
+    pub profiles: Vec<String>,
     /// What was measured (or why nothing was).
     pub measured: String,
     /// Whether it was met; `None` when not measured.
@@ -85,16 +93,98 @@ fn target(what: impl Into<String>, measured: Option<(f64, String)>, limit: f64) 
     let what = what.into();
     match measured {
         Some((v, text)) => Target {
+            profiles: profiles_for(&what),
             what,
             measured: text,
             met: Some(v <= limit),
         },
         None => Target {
+            profiles: profiles_for(&what),
             what,
             measured: "not measured".into(),
             met: None,
         },
     }
+}
+
+/// The profiles `scripts/profile.sh` records for a target, named from the target's mode, size
+/// and kind (full sync, change, memory).
+fn profiles_for(what: &str) -> Vec<String> {
+    let mode = what.split(',').next().unwrap_or_default();
+    let size = if what.contains("30k") { "30k" } else { "10k" };
+    let kind = if what.contains("full sync ≤") && !what.contains("bare") {
+        "full"
+    } else if what.contains("change p99 ≤") {
+        "change"
+    } else if what.contains("RSS") {
+        "memory"
+    } else {
+        return Vec::new();
+    };
+    vec![format!("{mode}-{kind}-{size}")]
+}
+
+/// One recorded profile: `bench/profiles/<name>.txt`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    /// The file's stem.
+    pub name: String,
+    /// Its text.
+    pub text: String,
+}
+
+/// Reads `bench/profiles/*.txt` and the analysis `bench/profiles/NOTES.md` (if any).
+pub fn read_profiles(root: &Path) -> (Vec<Profile>, Option<String>) {
+    let dir = root.join(PROFILES_DIR);
+    let mut profiles: Vec<Profile> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let path = e.path();
+            let name = path.file_name()?.to_str()?.strip_suffix(".txt")?.to_owned();
+            let text = std::fs::read_to_string(&path).ok()?;
+            Some(Profile { name, text })
+        })
+        .collect();
+    profiles.sort_by(|a, b| a.name.cmp(&b.name));
+    let notes = std::fs::read_to_string(dir.join("NOTES.md")).ok();
+    (profiles, notes)
+}
+
+/// The lines of a profile worth showing inline: its header and the first `per_section` lines
+/// of each section.
+fn profile_excerpt(text: &str, per_section: usize) -> String {
+    let mut out = String::new();
+    let mut in_section = 0usize;
+    let mut skipping_output = false;
+    for line in text.lines() {
+        if line.starts_with("# the measurement's own output") {
+            skipping_output = true;
+            continue;
+        }
+        if line.starts_with("## ") || line.starts_with("MOST ") || line.starts_with("PEAK ") {
+            skipping_output = false;
+            in_section = 0;
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        if skipping_output || line.trim().is_empty() || line.trim() == "#" {
+            continue;
+        }
+        if line.starts_with("# ") && !line.starts_with("#   ") {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        if in_section < per_section {
+            out.push_str(line);
+            out.push('\n');
+            in_section += 1;
+        }
+    }
+    out
 }
 
 /// The issue's targets, evaluated on `results`.
@@ -189,22 +279,6 @@ pub fn targets(results: &Results) -> Vec<Target> {
             1.10,
         ));
     }
-    for (q, name) in [(0, "p50"), (1, "p99")] {
-        t.push(target(
-            format!("nftables, 30k: the same against the pod before any rule was loaded ({name})"),
-            run("nftables", 30_000)
-                .and_then(|r| r.datapath.as_ref())
-                .and_then(|d| {
-                    if q == 0 {
-                        d.unloaded_ratio_p50
-                    } else {
-                        d.unloaded_ratio_p99
-                    }
-                })
-                .map(|v| (v, format!("{v:.2}×"))),
-            1.10,
-        ));
-    }
     t
 }
 
@@ -233,7 +307,12 @@ fn thousands(n: usize) -> String {
 }
 
 /// `BENCHMARKS.md`.
-pub fn markdown(r: &Results, plot_errors: &[String]) -> String {
+pub fn markdown(
+    r: &Results,
+    plot_errors: &[String],
+    profiles: &[Profile],
+    notes: Option<&str>,
+) -> String {
     let mut o = String::new();
     let m = &r.machine;
     let _ = writeln!(o, "# Benchmarks\n");
@@ -271,14 +350,27 @@ pub fn markdown(r: &Results, plot_errors: &[String]) -> String {
     let _ = writeln!(o, "## Targets\n");
     let _ = writeln!(
         o,
-        "Targets are for a 2-core machine. Missed ones are recorded as measured.\n"
+        "Targets are for a 2-core machine. Missed ones are recorded as measured, with the profile that shows \
+         where the time or memory goes ([below](#where-the-time-goes)).\n"
     );
     let _ = writeln!(o, "| target | measured | |\n|---|---|---|");
     for t in targets(r) {
         let mark = match t.met {
-            Some(true) => "met",
-            Some(false) => "**missed**",
-            None => "–",
+            Some(true) => "met".to_owned(),
+            Some(false) => {
+                let links: Vec<String> = t
+                    .profiles
+                    .iter()
+                    .filter(|p| profiles.iter().any(|q| &q.name == *p))
+                    .map(|p| format!("[profile]({PROFILES_DIR}/{p}.txt)"))
+                    .collect();
+                if links.is_empty() {
+                    "**missed**".to_owned()
+                } else {
+                    format!("**missed**: {}", links.join(", "))
+                }
+            }
+            None => "–".to_owned(),
         };
         let _ = writeln!(o, "| {} | {} | {mark} |", t.what, t.measured);
     }
@@ -451,6 +543,28 @@ pub fn markdown(r: &Results, plot_errors: &[String]) -> String {
         );
     } else {
         let _ = writeln!(o, "Not measured in this run (`--skip-datapath`).\n");
+    }
+
+    if notes.is_some() || !profiles.is_empty() {
+        let _ = writeln!(o, "## Where the time goes\n");
+        let _ = writeln!(
+            o,
+            "Profiles recorded with `bash scripts/profile.sh` (perf with the cpu-clock event over the process and \
+             every child it starts, user and kernel code; heaptrack for memory). Each file in \
+             [`{PROFILES_DIR}/`]({PROFILES_DIR}/) holds the full summary; the first lines of each are below.\n"
+        );
+        if let Some(notes) = notes {
+            let _ = writeln!(o, "{}\n", notes.trim_end());
+        }
+        for p in profiles {
+            let _ = writeln!(
+                o,
+                "### [{}]({PROFILES_DIR}/{}.txt)\n\n```text\n{}```\n",
+                p.name,
+                p.name,
+                profile_excerpt(&p.text, 8)
+            );
+        }
     }
 
     let errors: Vec<String> = r

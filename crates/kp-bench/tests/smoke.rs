@@ -168,8 +168,8 @@ fn the_report_plots_and_results_file_are_written_from_a_synthetic_result() {
     assert_eq!(read.runs.len(), results.runs.len());
     assert_eq!(read.settings, results.settings);
     assert_eq!(
-        report::markdown(&read, &[]),
-        report::markdown(&results, &[])
+        report::markdown(&read, &[], &[], None),
+        report::markdown(&results, &[], &[], None)
     );
 
     // Both plots, or (without a font) a report that says why not.
@@ -198,7 +198,6 @@ fn the_report_plots_and_results_file_are_written_from_a_synthetic_result() {
         "| iptables-nft, 10k: first full sync ≤ 3 s | not measured | – |",
         "| nftables, 10k, minSyncPeriod 0: programming latency p99 ≤ 50 ms (API server source) | 30.0 ms | met |",
         "| other-mode, 10k × 10: peak RSS of kube-proxy ≤ 64 MiB (larger of the two sources) | 66.7 MiB (apiserver) | **missed** |",
-        "| nftables, 30k: the same against the pod before any rule was loaded (p50) | 1.07× | met |",
         "| 30,000 | 33,600 | 300,000 | 3,000 | 1,500 | 1,500 | 3,000 |",
         "| other-mode | 10,000 | 1.000 s | 3.000 s | 4.000 s | 3.333 s (`nft -f`) | 1.20× | 125.0 ms | 250.0 ms |",
         "| nftables | 10,000 | apiserver | 2.000 s | 5.0 ms | 30.0 ms | 36.0 ms | 66.7 MiB | 50.0 MiB |",
@@ -208,6 +207,36 @@ fn the_report_plots_and_results_file_are_written_from_a_synthetic_result() {
         assert!(md.contains(want), "BENCHMARKS.md lacks `{want}`:\n{md}");
     }
     assert!(!md.contains("Failures in this run"));
+}
+
+#[test]
+fn missed_targets_link_their_recorded_profiles_and_the_report_excerpts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("bench/profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(
+        profiles.join("nftables-full-30k.txt"),
+        "# profile: nftables-full-30k\n# command: measure 30000 10\n#\n\
+         # the measurement's own output:\n#   full sync 3.5 s\n\n\
+         ## share of samples by program\n    61.00%  nft\n    39.00%  measure\n",
+    )
+    .unwrap();
+    std::fs::write(profiles.join("NOTES.md"), "The kernel is the floor.\n").unwrap();
+    report::write_all(dir.path(), &synthetic(), true).unwrap();
+    let md = std::fs::read_to_string(dir.path().join("BENCHMARKS.md")).unwrap();
+    // The missed 30k full sync links its profile; a missed target without one does not.
+    assert!(md.contains(
+        "| nftables, 30k × 10: first full sync ≤ 3 s | 3.50 s | **missed**: [profile](bench/profiles/nftables-full-30k.txt) |"
+    ), "{md}");
+    assert!(md.contains(
+        "| other-mode, 10k × 10: peak RSS of kube-proxy ≤ 64 MiB (larger of the two sources) | 66.7 MiB (apiserver) | **missed** |"
+    ), "{md}");
+    // The section holds the notes and the profile's header and shares, not the tool's output.
+    assert!(md.contains("## Where the time goes"));
+    assert!(md.contains("The kernel is the floor."));
+    assert!(md.contains("### [nftables-full-30k](bench/profiles/nftables-full-30k.txt)"));
+    assert!(md.contains("# command: measure 30000 10\n## share of samples by program\n    61.00%  nft\n"), "{md}");
+    assert!(!md.contains("full sync 3.5 s"));
 }
 
 #[test]
