@@ -235,7 +235,12 @@ fn missed_targets_link_their_recorded_profiles_and_the_report_excerpts_them() {
     assert!(md.contains("## Where the time goes"));
     assert!(md.contains("The kernel is the floor."));
     assert!(md.contains("### [nftables-full-30k](bench/profiles/nftables-full-30k.txt)"));
-    assert!(md.contains("# command: measure 30000 10\n## share of samples by program\n    61.00%  nft\n"), "{md}");
+    assert!(
+        md.contains(
+            "# command: measure 30000 10\n## share of samples by program\n    61.00%  nft\n"
+        ),
+        "{md}"
+    );
     assert!(!md.contains("full sync 3.5 s"));
 }
 
