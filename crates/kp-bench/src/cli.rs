@@ -39,6 +39,11 @@ pub struct RunArgs {
     /// Single-endpoint changes per measurement [default: 100; with --quick: 20].
     #[arg(long)]
     pub changes: Option<usize>,
+    /// Changes per programming-latency run of the binary [default: as --changes]. Fewer keep
+    /// runs where each change costs seconds (iptables-legacy at 30k) within reach; the count
+    /// is reported beside each latency.
+    #[arg(long)]
+    pub latency_changes: Option<usize>,
     /// First full syncs and bare loads per size, each into a fresh namespace; the median is
     /// reported [default: 3; with --quick: 1].
     #[arg(long)]
@@ -196,6 +201,11 @@ impl RunArgs {
             sizes,
             endpoints: self.endpoints,
             changes: self.changes.unwrap_or(if q { 20 } else { 100 }),
+            latency_changes: self.latency_changes.or(self.changes).unwrap_or(if q {
+                20
+            } else {
+                100
+            }),
             repeats: self.repeats.unwrap_or(if q { 1 } else { 3 }).max(1),
             skip_datapath: self.skip_datapath,
             skip_proxy: self.skip_proxy,

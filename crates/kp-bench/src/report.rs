@@ -456,19 +456,20 @@ pub fn markdown(
          the whole cluster being live in the kernel. *Latency* runs from the change at the source (the rename of the \
          rewritten manifest file; the API server storing the new EndpointSlice) to the new endpoint being read back \
          from the kernel (polled every millisecond; every 20 ms with iptables-legacy, whose listing takes the xtables lock the \
-         proxy's restores need), one change at a time, 20 ms apart. Periodic full syncs run at the \
+         proxy's restores need), one change at a time, 20 ms apart (*changes*: how many; `--latency-changes`). Periodic full syncs run at the \
          default interval (30 s) during the longer runs. Memory is the process's VmHWM (peak) and VmRSS (at the end).\n"
     );
-    let _ = writeln!(o, "| mode | Services | source | startup | latency p50 | latency p99 | latency max | peak RSS | RSS at end |\n|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| mode | Services | source | startup | changes | latency p50 | latency p99 | latency max | peak RSS | RSS at end |\n|---|---|---|---|---|---|---|---|---|---|");
     for run in &r.runs {
         for p in &run.proxy {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} MiB | {:.1} MiB |",
+                "| {} | {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} MiB | {:.1} MiB |",
                 run.mode,
                 thousands(run.services),
                 p.source,
                 fmt_s(p.startup_s),
+                p.latency_ms.n,
                 p.latency_ms.p50,
                 p.latency_ms.p99,
                 p.latency_ms.max,

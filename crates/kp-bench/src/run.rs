@@ -28,6 +28,8 @@ pub struct Options {
     pub endpoints: usize,
     /// Single-endpoint changes per measurement.
     pub changes: usize,
+    /// Changes per programming-latency run of the binary.
+    pub latency_changes: usize,
     /// Full syncs and bare loads per size (the median counts).
     pub repeats: usize,
     /// Skip the data path.
@@ -159,7 +161,7 @@ pub fn run_one(opts: &Options, p: &Progress, mode: &dyn ModeUnderTest, cluster: 
         let setup = proxy::Setup {
             binary: &opts.proxy_binary,
             cluster,
-            changes: opts.changes,
+            changes: opts.latency_changes,
             progress: p,
         };
         for source in Source::ALL {
