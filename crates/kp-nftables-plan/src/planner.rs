@@ -6,6 +6,12 @@
 //! sync replaces the table in one transaction. Both are atomic: the kernel never sees a state in
 //! which a REJECT is gone but the DNAT not yet there.
 //!
+//! Element changes are written either into the nft text ([`Planner::full`],
+//! [`Planner::partial`]) or, encoded, into an [`ElementBatch`] for netlink
+//! ([`Planner::full_split`], [`Planner::partial_split`]), never both, so a large table is held
+//! once. The split forms leave in the text only what nft must parse: the table, chains, set
+//! declarations and rules.
+//!
 //! The record is compact, because it is as large as the cluster: keys and values are packed
 //! into fixed-size byte arrays (16 and 8 bytes in an IPv4 table, 40 and 24 in an IPv6 one), an
 //! element wanted by one port (nearly all of them) costs one hash-map slot, and an entry's
@@ -24,13 +30,18 @@ use kp_core::track::{ProxyState, ServicePortState};
 use crate::element::{Atom, NoEndpointVerdict, Packed, Tuple};
 use crate::layout::{self, PlanConfig, Route, RuleDef, SetId};
 use crate::names::{self, TABLE};
+use crate::netlink::ElementBatch;
 
-/// One nft transaction, ready for `nft -f -`.
+/// One nft transaction, ready for `nft -f -`. When planned with an [`ElementBatch`]
+/// ([`Planner::full_split`], [`Planner::partial_split`]), `text` holds only the structure (table,
+/// chains, set declarations, rules) and the element changes went into the batch, to be sent
+/// after the text.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Transaction {
     /// The nft script.
     pub text: String,
-    /// Objects, rules and individual element additions/deletions it contains.
+    /// Objects, rules and individual element additions/deletions it contains (wherever the
+    /// elements went).
     pub operations: usize,
     /// Whether it removes or replaces an endpoint of some entry (remembered ClientIP affinity
     /// choices may then point at an endpoint that no longer serves).
@@ -315,10 +326,31 @@ impl Planner {
         })
     }
 
-    /// A transaction that replaces the table with one built from `state`.
+    /// A transaction that replaces the table with one built from `state`, all as nft text.
     pub fn full(&mut self, state: &ProxyState, node: &NodeContext) -> Transaction {
+        self.full_with(state, node, None)
+    }
+
+    /// Like [`Planner::full`], but the elements go into `batch` instead of the text: the text
+    /// replaces the table with one whose sets are empty, and the batch (sent after it) fills
+    /// them. For a table that does not exist yet, where nothing is lost between the two.
+    pub fn full_split(
+        &mut self,
+        state: &ProxyState,
+        node: &NodeContext,
+        batch: &mut ElementBatch,
+    ) -> Transaction {
+        self.full_with(state, node, Some(batch))
+    }
+
+    fn full_with(
+        &mut self,
+        state: &ProxyState,
+        node: &NodeContext,
+        batch: Option<&mut ElementBatch>,
+    ) -> Transaction {
         self.invalidate();
-        let mut tx = TxWriter::new(self.cfg.family);
+        let mut tx = TxWriter::new(self.cfg.family, batch);
         with_ctx!(self, ctx => {
             let mut touched = Touched::new(true);
             ctx.set_node_elements(node, &mut touched);
@@ -332,7 +364,7 @@ impl Planner {
     }
 
     /// A transaction with only what changed for `services` (and the node, if `node_changed`).
-    /// Must follow a successful [`Planner::full`].
+    /// Must follow a successful [`Planner::full`] or [`Planner::full_split`].
     pub fn partial<'a>(
         &mut self,
         state: &ProxyState,
@@ -340,9 +372,35 @@ impl Planner {
         node: &NodeContext,
         node_changed: bool,
     ) -> Transaction {
+        self.partial_with(state, services, node, node_changed, None)
+    }
+
+    /// Like [`Planner::partial`], but the element changes go into `batch`; the text holds only
+    /// the declarations and rules of new endpoint-count and affinity classes (empty sets, so
+    /// harmless until the batch fills them), and is empty when there are none. Send the text
+    /// first, then the batch.
+    pub fn partial_split<'a>(
+        &mut self,
+        state: &ProxyState,
+        services: impl IntoIterator<Item = &'a ServiceKey>,
+        node: &NodeContext,
+        node_changed: bool,
+        batch: &mut ElementBatch,
+    ) -> Transaction {
+        self.partial_with(state, services, node, node_changed, Some(batch))
+    }
+
+    fn partial_with<'a>(
+        &mut self,
+        state: &ProxyState,
+        services: impl IntoIterator<Item = &'a ServiceKey>,
+        node: &NodeContext,
+        node_changed: bool,
+        batch: Option<&mut ElementBatch>,
+    ) -> Transaction {
         let classes_before = self.meta.classes.clone();
         let affinities_before = self.meta.affinities.clone();
-        let mut tx = TxWriter::new(self.cfg.family);
+        let mut tx = TxWriter::new(self.cfg.family, batch);
         with_ctx!(self, ctx => {
             let mut touched = Touched::new(false);
             if node_changed {
@@ -824,7 +882,7 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
     }
 
     /// The whole table: objects, elements, rules.
-    fn write_full(&self, tx: &mut TxWriter) {
+    fn write_full(&self, tx: &mut TxWriter<'_>) {
         let fam = names::family(self.cfg.family);
         tx.line(format_args!("add table {fam} {TABLE}"));
         tx.line(format_args!("delete table {fam} {TABLE}"));
@@ -883,7 +941,7 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
         }
     }
 
-    fn write_element_changes(&self, touched: &Touched<K, V>, tx: &mut TxWriter) {
+    fn write_element_changes(&self, touched: &Touched<K, V>, tx: &mut TxWriter<'_>) {
         let mut deletes: BTreeMap<SetId, Vec<Elem<K>>> = BTreeMap::new();
         let mut adds: BTreeMap<SetId, Vec<(Elem<K>, Option<Packed<V>>)>> = BTreeMap::new();
         let mut change = |set: SetId,
@@ -1155,23 +1213,76 @@ fn contributions<const K: usize, const V: usize>(
     (out, facts)
 }
 
+/// The atoms of an element key or value, gathered without allocating.
+trait Atoms: Display {
+    fn with_atoms(&self, f: &mut dyn FnMut(&[Atom]));
+}
+
+/// The most atoms of a key or value (a `firewall-allow` key has four, an endpoint-map key five
+/// with its slot).
+const MAX_ATOMS: usize = 8;
+
+fn gather(atoms: impl Iterator<Item = Atom>, f: &mut dyn FnMut(&[Atom])) {
+    let mut buf = [Atom::Port(0); MAX_ATOMS];
+    let mut n = 0;
+    for a in atoms {
+        if let Some(slot) = buf.get_mut(n) {
+            *slot = a;
+            n += 1;
+        }
+    }
+    f(&buf[..n]);
+}
+
+impl<const N: usize> Atoms for Packed<N> {
+    fn with_atoms(&self, f: &mut dyn FnMut(&[Atom])) {
+        gather(self.atoms(), f);
+    }
+}
+
+impl<const K: usize> Atoms for Slotted<'_, K> {
+    fn with_atoms(&self, f: &mut dyn FnMut(&[Atom])) {
+        gather(self.0.atoms().chain([Atom::Slot(self.1)]), f);
+    }
+}
+
+impl<const K: usize> Atoms for Elem<K> {
+    fn with_atoms(&self, f: &mut dyn FnMut(&[Atom])) {
+        match self {
+            Elem::Key(k) => k.with_atoms(f),
+            Elem::Slot(k, slot) => Slotted(k, *slot).with_atoms(f),
+        }
+    }
+}
+
+impl<T: Atoms> Atoms for &T {
+    fn with_atoms(&self, f: &mut dyn FnMut(&[Atom])) {
+        (**self).with_atoms(f);
+    }
+}
+
 /// Renders statements in the order the kernel needs: objects, element deletions, element
 /// additions, rules. Callers write them in that order, straight into one buffer (a full table
-/// is megabytes of text: one copy is enough).
-struct TxWriter {
+/// is megabytes of text: one copy is enough). With a batch, element changes are encoded into it
+/// instead of the text (never both: a full table is big either way).
+struct TxWriter<'b> {
     family: &'static str,
+    ip_family: IpFamily,
     text: String,
     ops: usize,
     removes_endpoints: bool,
+    batch: Option<&'b mut ElementBatch>,
 }
 
-impl TxWriter {
-    fn new(family: IpFamily) -> Self {
+impl<'b> TxWriter<'b> {
+    fn new(family: IpFamily, batch: Option<&'b mut ElementBatch>) -> Self {
         TxWriter {
             family: names::family(family),
+            ip_family: family,
             text: String::new(),
             ops: 0,
             removes_endpoints: false,
+            batch,
         }
     }
 
@@ -1188,10 +1299,7 @@ impl TxWriter {
 
     fn declare(&mut self, id: SetId) {
         let kind = if id.is_map() { "map" } else { "set" };
-        let decl = id.declaration(match self.family {
-            "ip" => IpFamily::V4,
-            _ => IpFamily::V6,
-        });
+        let decl = id.declaration(self.ip_family);
         let family = self.family;
         self.object(format_args!(
             "add {kind} {family} {TABLE} {} {{ {decl} }}",
@@ -1199,11 +1307,22 @@ impl TxWriter {
         ));
     }
 
-    fn add_elements<A: Display, B: Display>(
+    fn add_elements<A: Atoms, B: Atoms>(
         &mut self,
         set: SetId,
         els: impl Iterator<Item = (A, Option<B>)>,
     ) {
+        if let Some(batch) = self.batch.as_deref_mut() {
+            let family = self.ip_family;
+            for (k, v) in els {
+                k.with_atoms(&mut |key| match &v {
+                    Some(v) => v.with_atoms(&mut |value| batch.add(family, set, key, Some(value))),
+                    None => batch.add(family, set, key, None),
+                });
+                self.ops += 1;
+            }
+            return;
+        }
         let mut els = els.peekable();
         if els.peek().is_none() {
             return;
@@ -1227,7 +1346,7 @@ impl TxWriter {
         self.text.push_str(" }\n");
     }
 
-    fn delete_elements<'a, A: Display + 'a>(
+    fn delete_elements<'a, A: Atoms + 'a>(
         &mut self,
         set: SetId,
         keys: impl Iterator<Item = &'a A>,
@@ -1237,6 +1356,14 @@ impl TxWriter {
             return;
         }
         self.removes_endpoints |= matches!(set, SetId::ClassEndpoints(..));
+        if let Some(batch) = self.batch.as_deref_mut() {
+            let family = self.ip_family;
+            for k in keys {
+                k.with_atoms(&mut |key| batch.delete(family, set, key));
+                self.ops += 1;
+            }
+            return;
+        }
         let _ = write!(
             self.text,
             "delete element {} {TABLE} {} {{ ",

@@ -101,3 +101,84 @@ fn deleting_a_service_removes_exactly_its_elements() {
     // The Service's endpoints no longer exist, and it is not in the no-endpoint map either.
     assert_eq!(tracer.element_count(IpFamily::V4, "no-endpoint-vips"), 0);
 }
+
+#[test]
+fn split_transactions_keep_only_structure_in_the_text_and_match_the_text_form() {
+    use kp_nftables_plan::ElementBatch;
+    // Two planners fed the same changes: one all-text, one split.
+    let (mut state, mut text_planner, full_text) = loaded(200, 3);
+    let mut split_planner = Planner::new(PlanConfig::new(IpFamily::V4));
+    let mut batch = ElementBatch::new();
+    let full_split = split_planner.full_split(&state, &NodeContext::default(), &mut batch);
+    assert!(!full_split.text.contains("element"), "{}", full_split.text);
+    assert!(full_split
+        .text
+        .contains("add map ip kube-proxy vips-3-endpoints"));
+    assert_eq!(
+        full_split
+            .text
+            .lines()
+            .filter(|l| l.starts_with("add rule"))
+            .count(),
+        full_text
+            .lines()
+            .filter(|l| l.starts_with("add rule"))
+            .count()
+    );
+    let element_lines: usize = full_text
+        .lines()
+        .filter(|l| l.starts_with("add element"))
+        .map(|l| l.matches(", ").count() + 1)
+        .sum();
+    assert_eq!(batch.elements(), element_lines);
+    assert!(batch.errors().is_empty(), "{:?}", batch.errors());
+    assert!(batch.finish().is_some());
+
+    // One endpoint replaced: no structure, only element changes.
+    state
+        .apply(SourceEvent::Upsert(synthetic::endpoint_change(3, 200, 3)))
+        .unwrap();
+    let changes = state.take_changes();
+    let text = text_planner.partial(&state, &changes.services, &NodeContext::default(), false);
+    let mut batch = ElementBatch::new();
+    let split = split_planner.partial_split(
+        &state,
+        &changes.services,
+        &NodeContext::default(),
+        false,
+        &mut batch,
+    );
+    assert_eq!(split.text, "");
+    assert!(text.operations > 0);
+    assert_eq!(split.operations, text.operations);
+    assert_eq!(batch.elements(), text.operations);
+    assert_eq!(split.removes_endpoints, text.removes_endpoints);
+
+    // A Service moving to a new endpoint count: the new class's declarations and rule are text,
+    // its elements are in the batch.
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(
+            synthetic::slice(4, 5, &[]),
+        ))))
+        .unwrap();
+    let changes = state.take_changes();
+    let text = text_planner.partial(&state, &changes.services, &NodeContext::default(), false);
+    let mut batch = ElementBatch::new();
+    let split = split_planner.partial_split(
+        &state,
+        &changes.services,
+        &NodeContext::default(),
+        false,
+        &mut batch,
+    );
+    assert!(
+        split.text.contains("add set ip kube-proxy vips-5 "),
+        "{}",
+        split.text
+    );
+    assert!(split.text.contains("add rule"), "{}", split.text);
+    assert!(!split.text.contains("element"), "{}", split.text);
+    assert_eq!(split.operations, text.operations);
+    let structure = split.text.lines().count();
+    assert_eq!(batch.elements(), split.operations - structure);
+}

@@ -11,7 +11,7 @@ use kp_core::track::{Changes, SourceEvent};
 use kp_flows::synthetic;
 use kp_metrics::Metrics;
 use kp_nftables::{NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
-use kp_nftables_plan::{NodeContext, PlanConfig, Planner};
+use kp_nftables_plan::{ElementBatch, NodeContext, PlanConfig, Planner};
 
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -60,18 +60,40 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    // Render only, to separate our cost from nft's and the kernel's.
-    let t = Instant::now();
-    let tx = Planner::new(PlanConfig::new(kp_core::model::IpFamily::V4))
-        .full(&state, &NodeContext::default());
-    println!(
-        "render full: {:.3} s, {} operations, {} bytes",
-        t.elapsed().as_secs_f64(),
-        tx.operations,
-        tx.text.len()
-    );
-    if let Ok(path) = std::env::var("KP_MEASURE_DUMP") {
-        std::fs::write(path, &tx.text).expect("dump");
+    // Render only, to separate our cost from nft's and the kernel's: all as text (the bare
+    // `nft -f` baseline's input), and split as the dataplane sends a fresh table (structure as
+    // text, elements as one netlink batch). Each is dropped before the next.
+    {
+        let t = Instant::now();
+        let tx = Planner::new(PlanConfig::new(kp_core::model::IpFamily::V4))
+            .full(&state, &NodeContext::default());
+        println!(
+            "render full as text: {:.3} s, {} operations, {} bytes",
+            t.elapsed().as_secs_f64(),
+            tx.operations,
+            tx.text.len()
+        );
+        if let Ok(path) = std::env::var("KP_MEASURE_DUMP") {
+            std::fs::write(path, &tx.text).expect("dump");
+        }
+    }
+    {
+        let t = Instant::now();
+        let mut batch = ElementBatch::new();
+        let tx = Planner::new(PlanConfig::new(kp_core::model::IpFamily::V4)).full_split(
+            &state,
+            &NodeContext::default(),
+            &mut batch,
+        );
+        let elements = batch.elements();
+        let encoded = batch.finish();
+        println!(
+            "render full split: {:.3} s, {} bytes of text, {elements} elements in {} netlink messages, {} bytes",
+            t.elapsed().as_secs_f64(),
+            tx.text.len(),
+            encoded.as_ref().map_or(0, |b| b.messages),
+            encoded.as_ref().map_or(0, |b| b.bytes.len()),
+        );
     }
 
     let cfg = NftablesConfig {
@@ -83,7 +105,7 @@ fn main() {
     dp.sync(&state, &Changes::default(), true)
         .expect("full sync");
     println!(
-        "first full sync (render + nft -f): {:.3} s",
+        "first full sync (render, nft -f of the structure, one netlink batch of elements): {:.3} s",
         t.elapsed().as_secs_f64()
     );
 
@@ -94,6 +116,9 @@ fn main() {
         t.elapsed().as_secs_f64(),
         diffs.len()
     );
+    for d in diffs.iter().take(5) {
+        println!("  {d}");
+    }
 
     let mut times = Vec::new();
     for k in 0..50 {
@@ -108,7 +133,7 @@ fn main() {
     times.sort_by(|a, b| a.0.total_cmp(&b.0));
     let p = |q: f64| times[((times.len() as f64 - 1.0) * q) as usize].0;
     println!(
-        "one-endpoint change (render + nft -f), 50 changes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, operations {}..{}",
+        "one-endpoint change (render + netlink batch), 50 changes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, operations {}..{}",
         p(0.5),
         p(0.99),
         times.last().map_or(0.0, |t| t.0),
@@ -117,6 +142,9 @@ fn main() {
     );
     let diffs = dp.verify().expect("verify");
     println!("read-back after the changes: {} differences", diffs.len());
+    for d in diffs.iter().take(5) {
+        println!("  {d}");
+    }
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     for l in status
         .lines()

@@ -1,6 +1,19 @@
-//! The nftables dataplane (`--proxy-mode nftables`): sends the planner's transactions with
-//! `nft -f -`, reads the table back to prove the kernel holds what we planned, and forgets its
-//! record after any failure so the next sync rebuilds the table.
+//! The nftables dataplane (`--proxy-mode nftables`): sends the planner's transactions, reads the
+//! table back to prove the kernel holds what we planned, and forgets its record after any failure
+//! so the next sync rebuilds the table.
+//!
+//! How a sync reaches the kernel:
+//! - a partial sync: the declarations and rules of new endpoint-count or affinity classes (if any;
+//!   their sets are empty, so they change nothing yet) with `nft -f -`, then every element change
+//!   of the sync, for both families, in one netlink batch ([`netlink::send_batch`]): atomic, so
+//!   the kernel never sees a REJECT gone before its DNAT is there;
+//! - a full sync when no `kube-proxy` table exists yet (first start on a node): the structure with
+//!   `nft -f -`, then all elements in one netlink batch (no traffic is ours to lose in between);
+//! - a full sync when the table exists (restart, repair after a failure or drift): one atomic
+//!   `nft -f -` transaction that deletes and re-creates the table with everything in it.
+//!
+//! nft's text parser is most of the cost of a large load and every `nft` is a process, so the
+//! batch is what makes a first sync and a one-endpoint change cheap at scale.
 //!
 //! Planning (what to send) is `kp-nftables-plan`'s; this crate only talks to the kernel.
 //! Mirrors upstream `pkg/proxy/nftables/proxier.go` (`syncProxyRules`, `CleanupLeftovers`).
@@ -18,7 +31,7 @@ use kp_core::track::{Changes, ProxyState};
 use kp_metrics::Metrics;
 use kp_nftables_plan::element::Tuple;
 use kp_nftables_plan::names::{self, TABLE};
-use kp_nftables_plan::{layout, NodeContext, PlanConfig, Planner, SetId};
+use kp_nftables_plan::{layout, ElementBatch, NodeContext, PlanConfig, Planner, SetId};
 
 pub use kp_core::node::{DetectLocal, NodePortAddresses};
 pub use readback::{canonical, parse_table, KernelTable};
@@ -97,6 +110,9 @@ pub struct NftablesDataplane {
     nft: NftCommand,
     metrics: Arc<Metrics>,
     last_transaction: String,
+    /// The netlink socket for element batches, opened on first use and kept (closing one after a
+    /// commit costs the kernel an RCU grace period); dropped after any error.
+    session: Option<netlink::Session>,
 }
 
 impl NftablesDataplane {
@@ -121,10 +137,12 @@ impl NftablesDataplane {
             nft,
             metrics,
             last_transaction: String::new(),
+            session: None,
         }
     }
 
-    /// The last transaction sent (for tests and debugging).
+    /// The last transaction sent (for tests and debugging): the nft text, followed, when element
+    /// changes went over netlink, by a line `# netlink: N element changes in M messages`.
     pub fn last_transaction(&self) -> &str {
         &self.last_transaction
     }
@@ -137,31 +155,115 @@ impl NftablesDataplane {
         let r = self.nft.run(&text);
         self.last_transaction = text;
         if let Err(e) = &r {
-            self.metrics.nftables_sync_failures.inc();
-            tracing::error!(error = %e, "nftables sync failed; the next sync rebuilds the tables");
-            for p in &mut self.planners {
-                p.invalidate();
-            }
+            self.failed(e);
         }
         r
     }
 
+    /// Runs `f` on the netlink session (opening it if needed); drops the session if `f` fails.
+    fn with_session<T>(
+        &mut self,
+        f: impl FnOnce(&mut netlink::Session) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut session = match self.session.take() {
+            Some(s) => s,
+            None => netlink::Session::open(self.nft.netns())?,
+        };
+        let r = f(&mut session);
+        if r.is_ok() {
+            self.session = Some(session);
+        }
+        r
+    }
+
+    fn failed(&mut self, e: &Error) {
+        self.metrics.nftables_sync_failures.inc();
+        tracing::error!(error = %e, "nftables sync failed; the next sync rebuilds the tables");
+        for p in &mut self.planners {
+            p.invalidate();
+        }
+    }
+
+    /// Sends `text` with nft (if there is any), then `batch` over netlink.
+    fn send_split(&mut self, text: String, batch: ElementBatch) -> Result<(), Error> {
+        let elements = batch.elements();
+        let errors = batch.errors().to_vec();
+        let encoded = batch.finish();
+        if text.is_empty() {
+            self.last_transaction.clear();
+        } else {
+            self.send(text)?;
+        }
+        if let Some(b) = &encoded {
+            self.last_transaction.push_str(&format!(
+                "# netlink: {elements} element changes in {} messages\n",
+                b.messages
+            ));
+        }
+        let r = match (errors.first(), &encoded) {
+            (Some(e), _) => Err(Error::Netlink {
+                op: "encode element batch".into(),
+                detail: format!("{e} ({} elements could not be encoded)", errors.len()),
+            }),
+            (None, Some(b)) => self.with_session(|s| s.send_batch(b)),
+            (None, None) => Ok(()),
+        };
+        if let Err(e) = &r {
+            self.failed(e);
+        }
+        r
+    }
+
+    /// Whether no family's table exists, so a full sync can fill fresh tables over netlink. If
+    /// the kernel cannot be asked, answers false (the all-text rebuild is right either way).
+    fn tables_absent(&mut self) -> bool {
+        let families: Vec<IpFamily> = self.planners.iter().map(|p| p.config().family).collect();
+        families.into_iter().all(|family| {
+            match self.with_session(|s| s.table_exists(family)) {
+                Ok(exists) => !exists,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot ask whether the table exists; rebuilding with nft");
+                    false
+                }
+            }
+        })
+    }
+
     /// Deletes remembered ClientIP affinity choices that point at endpoints no longer serving
-    /// their entry, so a client is not pinned to a removed pod until its timeout expires.
+    /// their entry, so a client is not pinned to a removed pod until its timeout expires. Reads
+    /// and deletes over netlink (with nft when a stand-in program replaces it).
     fn purge_stale_affinity(&mut self) -> Result<usize, Error> {
+        let netlink = self.nft.netlink_elements();
         let mut script = String::new();
+        let mut batch = ElementBatch::new();
         let mut removed = 0;
+        let mut session = match (netlink, self.session.take()) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s),
+            (true, None) => Some(netlink::Session::open(self.nft.netns())?),
+        };
         for p in &self.planners {
-            let fam = names::family(p.config().family);
+            let family = p.config().family;
+            let fam = names::family(family);
             for t in p.affinity_timeouts() {
-                let map = SetId::Affinity(t).name();
-                let json = self.nft.json(&["list", "map", fam, TABLE, &map])?;
-                let table = parse_table(&json)?;
-                let Some(els) = table.sets.get(&map) else {
-                    continue;
+                let set = SetId::Affinity(t);
+                let map = set.name();
+                let els = if let Some(session) = session.as_mut() {
+                    let schema = netlink::SetSchema::of(set);
+                    // On error the session is dropped with this function's frame.
+                    match session.read_set(family, &map, &schema)? {
+                        Some(els) => els,
+                        None => continue,
+                    }
+                } else {
+                    let json = self.nft.json(&["list", "map", fam, TABLE, &map])?;
+                    match parse_table(&json)?.sets.remove(&map) {
+                        Some(els) => els,
+                        None => continue,
+                    }
                 };
                 let mut stale = Vec::new();
-                for (k, v) in els {
+                for (k, v) in &els {
                     let Some(v) = v else { continue };
                     let (vip, nodeport) = match k.atoms() {
                         [_, daddr, proto, port] => (
@@ -177,25 +279,36 @@ impl NftablesDataplane {
                         .map(|t| canonical(&t))
                         .collect();
                     if !valid.contains(&canonical(v)) {
-                        stale.push(k.to_string());
+                        stale.push(k);
                     }
                 }
-                if !stale.is_empty() {
-                    removed += stale.len();
+                removed += stale.len();
+                if netlink {
+                    for k in stale {
+                        batch.delete(family, set, k.atoms());
+                    }
+                } else if !stale.is_empty() {
+                    let keys: Vec<String> = stale.iter().map(|k| k.to_string()).collect();
                     script.push_str(&format!(
                         "delete element {fam} {TABLE} {map} {{ {} }}\n",
-                        stale.join(", ")
+                        keys.join(", ")
                     ));
                 }
             }
         }
-        if !script.is_empty() {
-            // An entry may expire between listing and deleting; that fails this cleanup only,
-            // and the next one catches whatever is left.
-            if let Err(e) = self.nft.run(&script) {
-                tracing::debug!(error = %e, "stale affinity cleanup raced with expiry");
-                return Ok(0);
-            }
+        // An entry may expire between listing and deleting; that fails this cleanup only, and
+        // the next one catches whatever is left.
+        let r = match (batch.finish(), session.as_mut()) {
+            (Some(b), Some(s)) => s.send_batch(&b),
+            _ if !script.is_empty() => self.nft.run(&script),
+            _ => Ok(()),
+        };
+        if r.is_ok() {
+            self.session = session;
+        }
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "stale affinity cleanup raced with expiry");
+            return Ok(0);
         }
         Ok(removed)
     }
@@ -203,6 +316,16 @@ impl NftablesDataplane {
     fn rebuild(&mut self, state: &ProxyState, node: &NodeContext) -> Result<usize, Error> {
         let mut text = String::new();
         let mut ops = 0;
+        if self.nft.netlink_elements() && self.tables_absent() {
+            let mut batch = ElementBatch::new();
+            for p in &mut self.planners {
+                let tx = p.full_split(state, node, &mut batch);
+                text.push_str(&tx.text);
+                ops += tx.operations;
+            }
+            self.send_split(text, batch)?;
+            return Ok(ops);
+        }
         for p in &mut self.planners {
             let tx = p.full(state, node);
             // A full table is megabytes of text: take the first one as it is, not a copy.
@@ -327,14 +450,23 @@ impl Dataplane for NftablesDataplane {
             let mut text = String::new();
             let mut ops = 0;
             let mut removes_endpoints = false;
+            let mut batch = self.nft.netlink_elements().then(ElementBatch::new);
             for p in &mut self.planners {
-                let tx = p.partial(state, &changes.services, &node, changes.node_changed);
+                let tx = match batch.as_mut() {
+                    Some(b) => {
+                        p.partial_split(state, &changes.services, &node, changes.node_changed, b)
+                    }
+                    None => p.partial(state, &changes.services, &node, changes.node_changed),
+                };
                 text.push_str(&tx.text);
                 ops += tx.operations;
                 removes_endpoints |= tx.removes_endpoints;
             }
             if ops > 0 {
-                self.send(text)?;
+                match batch {
+                    Some(b) => self.send_split(text, b)?,
+                    None => self.send(text)?,
+                }
             }
             if removes_endpoints
                 && self

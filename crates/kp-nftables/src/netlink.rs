@@ -7,7 +7,9 @@
 //! rules, sets, then each set's elements) and nothing else, and turns the raw element bytes into
 //! atoms with a per-set [`SetSchema`], because the kernel keeps bytes, not types.
 //!
-//! Read-only: every request is a `GET`. Message layouts are the kernel UAPI's
+//! It also sends the element batches that `kp_nftables_plan::netlink` encodes ([`send_batch`],
+//! or [`Session::send_batch`] on a socket kept open), and asks whether our table exists
+//! ([`table_exists`]); everything else is a `GET`. Message layouts are the kernel UAPI's
 //! (`linux/netlink.h`, `linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`); constants
 //! keep their kernel names. The one layout that is nft's and not the kernel's is the rule
 //! comment, which nft keeps in the rule's opaque user data (a TLV record of type 0,
@@ -27,6 +29,7 @@ use ipnet::IpNet;
 use kp_core::model::{IpFamily, Protocol};
 use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
 use kp_nftables_plan::names::{REJECT_PACKET, TABLE};
+#[cfg(test)]
 use kp_nftables_plan::SetId;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::Socket;
@@ -137,95 +140,9 @@ const RECV_BUFFER: usize = 64 * 1024;
 /// keeps a sync from hanging forever on a wedged socket).
 const RECV_TIMEOUT_SECS: i64 = 10;
 
-/// One component of a set's key or value, as the planner declares it (see
-/// [`SetId::declaration`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomKind {
-    /// `ipv4_addr` or `ipv6_addr` (the table's family decides): 4 or 16 bytes, network order.
-    Addr,
-    /// `inet_proto`: 1 byte, the IP protocol number.
-    Proto,
-    /// `inet_service`: 2 bytes, network order.
-    Port,
-    /// The endpoint slot, `numgen random mod N`: an `integer` of 4 bytes in host order.
-    Slot,
-}
-
-/// How to read one set's elements back from bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SetSchema {
-    /// The key's components, in concatenation order.
-    pub key: Vec<AtomKind>,
-    /// A map's value components (`None` for sets and verdict maps).
-    pub value: Option<Vec<AtomKind>>,
-    /// Whether the values are verdicts (`drop`, `goto reject-packet`).
-    pub verdict_map: bool,
-    /// Whether the set is declared `flags interval`: a single address field holds networks,
-    /// and the last address field of a concatenation holds an address range.
-    pub interval: bool,
-}
-
-impl SetSchema {
-    /// The schema of one of the planner's sets, following [`SetId::declaration`]. Dynamic sets
-    /// (ClientIP affinity memory) get one too; callers that do not want their elements read
-    /// answer `None` for them instead.
-    pub fn of(set: SetId) -> SetSchema {
-        use AtomKind::*;
-        let plain = |key: Vec<AtomKind>| SetSchema {
-            key,
-            value: None,
-            verdict_map: false,
-            interval: false,
-        };
-        let vip = || vec![Addr, Proto, Port];
-        let nodeport = || vec![Proto, Port];
-        match set {
-            SetId::ClusterIps => plain(vec![Addr]),
-            SetId::PodCidrs | SetId::NodePortAddresses => SetSchema {
-                interval: true,
-                ..plain(vec![Addr])
-            },
-            SetId::MasqVips
-            | SetId::LocalPolicyVips
-            | SetId::FirewallVips
-            | SetId::AffinityVips(_) => plain(vip()),
-            SetId::MasqNodePorts | SetId::LocalPolicyNodePorts | SetId::AffinityNodePorts(_) => {
-                plain(nodeport())
-            }
-            SetId::NoEndpointVips => SetSchema {
-                verdict_map: true,
-                ..plain(vip())
-            },
-            SetId::NoEndpointNodePorts => SetSchema {
-                verdict_map: true,
-                ..plain(nodeport())
-            },
-            SetId::FirewallAllow => SetSchema {
-                interval: true,
-                ..plain(vec![Addr, Proto, Port, Addr])
-            },
-            SetId::Hairpin => plain(vec![Addr, Addr]),
-            SetId::Class(route, _) if route.keyed_by_address() => plain(vip()),
-            SetId::Class(..) => plain(nodeport()),
-            SetId::ClassEndpoints(route, _) => {
-                let mut key = if route.keyed_by_address() {
-                    vip()
-                } else {
-                    nodeport()
-                };
-                key.push(Slot);
-                SetSchema {
-                    value: Some(vec![Addr, Port]),
-                    ..plain(key)
-                }
-            }
-            SetId::Affinity(_) => SetSchema {
-                value: Some(vec![Addr, Port]),
-                ..plain(vec![Addr, Addr, Proto, Port])
-            },
-        }
-    }
-}
+use kp_nftables_plan::netlink::{strides, total_len};
+pub use kp_nftables_plan::netlink::{AtomKind, SetSchema};
+use kp_nftables_plan::EncodedBatch;
 
 /// Reads the `kube-proxy` table of `family` from the kernel: like
 /// `nft -j list table ip|ip6 kube-proxy` followed by [`parse_table`](crate::parse_table), and
@@ -273,6 +190,205 @@ pub fn read_table(
         format!("netlink list table {} {TABLE}", family_name(family)),
         format!("the ruleset changed during each of {ATTEMPTS} reads"),
     ))
+}
+
+/// Reads one set of our table (`None` if the table or the set does not exist): the elements as
+/// [`read_table`] reads them, with the same checks of the kernel's declaration against `schema`.
+/// A dynamic set's elements may expire or appear while it is read; the answer is a snapshot.
+pub fn read_set(
+    family: IpFamily,
+    netns: Option<&str>,
+    name: &str,
+    schema: &SetSchema,
+) -> Result<Option<BTreeMap<Tuple, Option<Tuple>>>, Error> {
+    Session::open(netns)?.read_set(family, name, schema)
+}
+
+/// A `NETLINK_NETFILTER` socket kept open for repeated requests and batches.
+///
+/// Closing a socket that committed an nf_tables batch makes the kernel wait for that commit's
+/// cleanup, an RCU grace period (10-25 ms on the test machine, more than everything else a
+/// one-endpoint change costs), so the dataplane keeps one session instead of a socket per sync.
+/// After any error, drop the session and open a new one: replies may be left unread.
+pub struct Session {
+    conn: Conn,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Opens a socket in the named network namespace (as made by `ip netns add`), or in the
+    /// current one.
+    pub fn open(netns: Option<&str>) -> Result<Session, Error> {
+        Ok(Session {
+            conn: Conn::open(netns)?,
+        })
+    }
+
+    /// See [`read_set`].
+    pub fn read_set(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+        schema: &SetSchema,
+    ) -> Result<Option<BTreeMap<Tuple, Option<Tuple>>>, Error> {
+        let conn = &mut self.conn;
+        read_set_with(conn, family, name, schema)
+    }
+
+    /// See [`table_exists`].
+    pub fn table_exists(&mut self, family: IpFamily) -> Result<bool, Error> {
+        table_exists_with(&mut self.conn, family)
+    }
+
+    /// See [`send_batch`].
+    pub fn send_batch(&mut self, batch: &EncodedBatch) -> Result<(), Error> {
+        send_batch_with(&mut self.conn, batch)
+    }
+}
+
+fn read_set_with(
+    conn: &mut Conn,
+    family: IpFamily,
+    name: &str,
+    schema: &SetSchema,
+) -> Result<Option<BTreeMap<Tuple, Option<Tuple>>>, Error> {
+    let sets = match conn.sets(family) {
+        Ok((sets, _)) => sets,
+        Err(Error::Netlink { detail, .. }) if detail.contains("ENOENT") => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Some(set) = sets.iter().find(|s| s.name == name) else {
+        return Ok(None);
+    };
+    match conn.elements(family, set, schema) {
+        Ok((elements, _)) => Ok(Some(elements)),
+        Err(Error::Netlink { detail, .. }) if detail.contains("ENOENT") => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the `kube-proxy` table of `family` exists (in the named network namespace, or the
+/// current one). Errors: [`Error::Netlink`] when the kernel cannot be asked (no permission, no
+/// socket).
+pub fn table_exists(family: IpFamily, netns: Option<&str>) -> Result<bool, Error> {
+    Session::open(netns)?.table_exists(family)
+}
+
+fn table_exists_with(conn: &mut Conn, family: IpFamily) -> Result<bool, Error> {
+    let fam_name = family_name(family);
+    let r = conn.request(
+        NFT_MSG_GETTABLE,
+        NLM_F_ACK,
+        nfproto(family),
+        &[(NFTA_TABLE_NAME, &cstr(TABLE))],
+        &format!("netlink get table {fam_name} {TABLE}"),
+        None,
+        |_| Ok(()),
+    );
+    match r {
+        Ok(_) => Ok(true),
+        Err(Error::Netlink { detail, .. }) if detail.contains("ENOENT") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The send buffer a batch of `len` bytes needs: netlink refuses a datagram larger than the
+/// socket's send buffer (less a little overhead).
+fn send_buffer_for(len: usize) -> usize {
+    len + 64 * 1024
+}
+
+/// Sends one element batch (in the named network namespace, or the current one) and waits
+/// until the kernel has processed it: the kernel applies a batch while `sendmsg` runs, then
+/// reports an error for each refused message and acknowledges the last one, or reports an error
+/// against the batch as a whole (sequence 0: no permission, a failed commit). Either all of the
+/// batch is committed or none of it.
+///
+/// Errors: [`Error::Netlink`] naming the first refused message and the kernel's errno (for
+/// example `-ENOENT` when a deleted element is missing or a set does not exist).
+///
+/// Opens a socket for this batch alone; see [`Session`] for repeated batches.
+pub fn send_batch(netns: Option<&str>, batch: &EncodedBatch) -> Result<(), Error> {
+    Session::open(netns)?.send_batch(batch)
+}
+
+fn send_batch_with(conn: &mut Conn, batch: &EncodedBatch) -> Result<(), Error> {
+    let what = format!(
+        "netlink element batch ({} messages, {} bytes)",
+        batch.messages,
+        batch.bytes.len()
+    );
+    let fail = |detail: String| list_error(what.clone(), detail);
+    let len = batch.bytes.len();
+    // The default send buffer (208 KiB) holds a partial sync's batch; a full table's needs more,
+    // which only a privileged process may force (as nft does).
+    if len + 1024 > 200 * 1024 {
+        use nix::sys::socket::{setsockopt, sockopt};
+        setsockopt(&conn.socket, sockopt::SndBufForce, &send_buffer_for(len))
+            .map_err(|e| fail(format!("cannot grow the send buffer to {len} bytes: {e}")))?;
+        // Room for error reports, each of which echoes the refused message.
+        let _ = setsockopt(&conn.socket, sockopt::RcvBufForce, &(4 * 1024 * 1024));
+    }
+    let sent = conn
+        .socket
+        .send(&batch.bytes, 0)
+        .map_err(|e| fail(format!("netlink send: {e}")))?;
+    if sent != len {
+        return Err(fail(format!("sent {sent} of {len} bytes")));
+    }
+    let mut first_error: Option<(u32, i32)> = None;
+    loop {
+        conn.buf.clear();
+        let n = conn
+            .socket
+            .recv(&mut conn.buf, nix::libc::MSG_TRUNC)
+            .map_err(|e| fail(format!("netlink receive: {e}")))?;
+        if n > conn.buf.len() {
+            return Err(fail(format!("a reply of {n} bytes did not fit the buffer")));
+        }
+        let mut done = false;
+        for m in Messages(&conn.buf[..n]) {
+            let m = m.map_err(|e| parse_error(&what, e))?;
+            if m.kind != NLMSG_ERROR {
+                continue;
+            }
+            let code = m
+                .payload
+                .get(..4)
+                .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+                .ok_or_else(|| parse_error(&what, "an NLMSG_ERROR without error code".into()))?;
+            if code != 0 && first_error.is_none() {
+                first_error = Some((m.seq, -code));
+            }
+            // The batch as a whole was refused, or the acknowledged last message was reached.
+            if (m.seq == 0 && code != 0) || m.seq == batch.ack_seq {
+                done = true;
+            }
+        }
+        if done {
+            break;
+        }
+    }
+    match first_error {
+        None => Ok(()),
+        Some((0, errno)) => Err(fail(format!(
+            "the batch was refused: {}",
+            errno_message(errno, None)
+        ))),
+        Some((seq, errno)) => Err(fail(format!(
+            "message {seq} of {} was refused, so nothing was applied: {}",
+            batch.messages,
+            errno_message(
+                errno,
+                (errno == nix::libc::ENOENT).then_some("set or element missing")
+            )
+        ))),
+    }
 }
 
 fn family_name(family: IpFamily) -> &'static str {
@@ -426,12 +542,33 @@ impl Conn {
             },
         )?;
         // Sets and maps.
+        let (sets, sets_complete) = self.sets(family)?;
+        complete &= sets_complete;
+        // Each set's elements: one dump per set, as the kernel only dumps one set at a time.
+        for set in sets {
+            if set.flags & NFT_SET_ANONYMOUS != 0 {
+                continue;
+            }
+            let Some(schema) = schema(&set.name) else {
+                t.sets.insert(set.name, BTreeMap::new());
+                continue;
+            };
+            let (elements, set_complete) = self.elements(family, &set, &schema)?;
+            complete &= set_complete;
+            t.sets.insert(set.name, elements);
+        }
+        Ok((t, complete))
+    }
+
+    /// Every set of our table in `family`; the flag is false if the dump was interrupted.
+    fn sets(&mut self, family: IpFamily) -> Result<(Vec<SetInfo>, bool), Error> {
+        let fam_name = family_name(family);
         let mut sets = Vec::new();
-        complete &= self.request(
+        let complete = self.request(
             NFT_MSG_GETSET,
             NLM_F_DUMP,
-            fam,
-            &[(NFTA_SET_TABLE, &table_attr)],
+            nfproto(family),
+            &[(NFTA_SET_TABLE, &cstr(TABLE))],
             &format!("netlink list sets {fam_name} {TABLE}"),
             Some("table missing"),
             |body| {
@@ -452,35 +589,37 @@ impl Conn {
                 Ok(())
             },
         )?;
-        // Each set's elements: one dump per set, as the kernel only dumps one set at a time.
-        for set in sets {
-            if set.flags & NFT_SET_ANONYMOUS != 0 {
-                continue;
-            }
-            let Some(schema) = schema(&set.name) else {
-                t.sets.insert(set.name, BTreeMap::new());
-                continue;
-            };
-            let what = format!("netlink list set {fam_name} {TABLE} {}", set.name);
-            let mut decoder =
-                SetDecoder::new(&set, family, &schema).map_err(|e| parse_error(&what, e))?;
-            let set_attr = cstr(&set.name);
-            complete &= self.request(
-                NFT_MSG_GETSETELEM,
-                NLM_F_DUMP,
-                fam,
-                &[
-                    (NFTA_SET_ELEM_LIST_TABLE, &table_attr),
-                    (NFTA_SET_ELEM_LIST_SET, &set_attr),
-                ],
-                &what,
-                Some("set or table missing"),
-                |body| decoder.message(body),
-            )?;
-            let elements = decoder.finish().map_err(|e| parse_error(&what, e))?;
-            t.sets.insert(set.name, elements);
-        }
-        Ok((t, complete))
+        Ok((sets, complete))
+    }
+
+    /// One set's elements; the flag is false if the dump was interrupted.
+    fn elements(
+        &mut self,
+        family: IpFamily,
+        set: &SetInfo,
+        schema: &SetSchema,
+    ) -> Result<(BTreeMap<Tuple, Option<Tuple>>, bool), Error> {
+        let what = format!(
+            "netlink list set {} {TABLE} {}",
+            family_name(family),
+            set.name
+        );
+        let mut decoder =
+            SetDecoder::new(set, family, schema).map_err(|e| parse_error(&what, e))?;
+        let complete = self.request(
+            NFT_MSG_GETSETELEM,
+            NLM_F_DUMP,
+            nfproto(family),
+            &[
+                (NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE)),
+                (NFTA_SET_ELEM_LIST_SET, &cstr(&set.name)),
+            ],
+            &what,
+            Some("set or table missing"),
+            |body| decoder.message(body),
+        )?;
+        let elements = decoder.finish().map_err(|e| parse_error(&what, e))?;
+        Ok((elements, complete))
     }
 
     /// Sends one request and hands the body (after `struct nfgenmsg`) of each nf_tables reply
@@ -804,33 +943,6 @@ fn rule_comment(udata: &[u8]) -> Option<&str> {
         rest = &tail[usize::from(*len)..];
     }
     None
-}
-
-impl AtomKind {
-    /// Bytes the kernel uses for this component alone (not padded).
-    fn width(self, family: IpFamily) -> usize {
-        match (self, family) {
-            (AtomKind::Addr, IpFamily::V4) => 4,
-            (AtomKind::Addr, IpFamily::V6) => 16,
-            (AtomKind::Proto, _) => 1,
-            (AtomKind::Port, _) => 2,
-            (AtomKind::Slot, _) => 4,
-        }
-    }
-}
-
-/// Bytes each component takes in a key or value: in a concatenation every component is padded
-/// to a 32-bit register; a single component is not.
-fn strides(kinds: &[AtomKind], family: IpFamily) -> impl Iterator<Item = (AtomKind, usize)> + '_ {
-    let concat = kinds.len() > 1;
-    kinds.iter().map(move |k| {
-        let w = k.width(family);
-        (*k, if concat { align4(w) } else { w })
-    })
-}
-
-fn total_len(kinds: &[AtomKind], family: IpFamily) -> usize {
-    strides(kinds, family).map(|(_, s)| s).sum()
 }
 
 /// Decodes the components of one key or value, appending them to `out`.

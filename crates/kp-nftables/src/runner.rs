@@ -25,10 +25,18 @@ impl NftCommand {
         self.netns.as_deref()
     }
 
-    /// Runs `program` instead of `nft` (tests use it to make nft fail).
+    /// Runs `program` instead of `nft` (tests use it to make nft fail). Everything then goes
+    /// through the program as text, element changes included (see
+    /// [`NftCommand::netlink_elements`]).
     pub fn with_program(mut self, program: impl Into<std::path::PathBuf>) -> Self {
         self.program = Some(program.into());
         self
+    }
+
+    /// Whether element changes may bypass nft and go to the kernel over netlink (in the same
+    /// namespace): true for the real nft. A stand-in program (tests) sees every change as text.
+    pub fn netlink_elements(&self) -> bool {
+        self.program.is_none()
     }
 
     /// `ip netns exec NAME nft …`.
