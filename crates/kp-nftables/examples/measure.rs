@@ -2,6 +2,11 @@
 //! then single-endpoint changes. Prints timings; it is a measurement, never a test.
 //!
 //! `cargo run --release -p kp-nftables --example measure -- 10000 10`
+//!
+//! `KP_MEASURE_DUMP=PATH` writes the full text transaction to PATH; `KP_MEASURE_ONLY_FULL=1`
+//! stops after the first full sync and its read-back; `KP_MEASURE_CHANGES=N` sets the number of
+//! one-endpoint changes (default 50); `KP_PERF_CTL=FIFO` writes `enable` to a perf control fifo
+//! just before the changes (scripts/profile.sh profiles them alone).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -120,8 +125,20 @@ fn main() {
         println!("  {d}");
     }
 
+    if std::env::var("KP_MEASURE_ONLY_FULL").is_ok_and(|v| v == "1") {
+        return;
+    }
+    // scripts/profile.sh profiles the changes alone: it starts perf with sampling off and
+    // hands us its control fifo.
+    if let Ok(fifo) = std::env::var("KP_PERF_CTL") {
+        std::fs::write(&fifo, "enable\n").expect("perf control fifo");
+    }
+    let changes: usize = std::env::var("KP_MEASURE_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
     let mut times = Vec::new();
-    for k in 0..50 {
+    for k in 0..changes {
         state
             .apply(SourceEvent::Upsert(synthetic::endpoint_change(k, n, per)))
             .unwrap();
@@ -133,7 +150,7 @@ fn main() {
     times.sort_by(|a, b| a.0.total_cmp(&b.0));
     let p = |q: f64| times[((times.len() as f64 - 1.0) * q) as usize].0;
     println!(
-        "one-endpoint change (render + netlink batch), 50 changes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, operations {}..{}",
+        "one-endpoint change (render + netlink batch), {changes} changes: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, operations {}..{}",
         p(0.5),
         p(0.99),
         times.last().map_or(0.0, |t| t.0),
