@@ -4,7 +4,8 @@
 //! `tokio::sync::mpsc` channel:
 //!
 //! - [`run_kubernetes`] watches Services, EndpointSlices and this node's Node on the API server
-//!   (one kube-runtime `watcher` each, with the label and field selectors upstream uses);
+//!   (one kube-runtime `watcher` each, with the label and field selectors upstream uses, all
+//!   three on a thread of their own that keeps their list pages' memory apart);
 //! - [`run_manifests`] reads Service, EndpointSlice and Node manifests from a directory and
 //!   follows changes to it with inotify (standalone mode, no API server).
 //!

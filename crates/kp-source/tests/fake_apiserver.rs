@@ -422,6 +422,15 @@ async fn the_initial_list_is_reported_with_upstreams_selectors_then_synced() {
         node_list.query.get("fieldSelector").map(String::as_str),
         Some("metadata.name=node-1")
     );
+    // Every list is paged, in pages smaller than client-go's (see `LIST_PAGE_SIZE`).
+    for list in [&svc_list, &slice_list, &node_list] {
+        assert_eq!(
+            list.query.get("limit").map(String::as_str),
+            Some(kp_source::kubernetes::LIST_PAGE_SIZE.to_string().as_str()),
+            "{:?}",
+            list.res
+        );
+    }
 
     // Each watch starts from its list's resourceVersion, with bookmarks.
     for res in Res::ALL {

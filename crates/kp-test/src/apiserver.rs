@@ -8,7 +8,9 @@
 //!
 //! - `GET /api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`, `/api/v1/nodes`, and
 //!   the namespaced forms of the first two. A list answers every object at once with the
-//!   store's current `metadata.resourceVersion`, paged by `limit` and `continue` as kube-rs asks.
+//!   store's current `metadata.resourceVersion`, paged by `limit` and `continue` as kube-rs asks
+//!   (a continue token names the last object sent, so a page costs the same however deep into
+//!   the list it is).
 //! - `?watch=true&resourceVersion=N` streams newline-delimited `{"type", "object"}` events of
 //!   every change after N, then follows new changes. Without a resourceVersion, or with `0`,
 //!   it starts with an `ADDED` event per object. `sendInitialEvents=true` is answered the same
@@ -559,11 +561,14 @@ fn respond(
             Ok(filter) if watch => start_watch(shared, &mut state, kind, filter, &query),
             Ok(filter) => match page(&query, state.store.resource_version()) {
                 Err(e) => (400, status_response(400, &e)),
-                Ok((rv, offset, limit)) => {
-                    let (items, more) = state.store.list_page(kind, &filter, offset, limit);
+                Ok(Page { rv, after, limit }) => {
+                    let after = after
+                        .as_ref()
+                        .map(|(ns, name)| (ns.as_str(), name.as_str()));
+                    let (items, next) = state.store.list_page(kind, &filter, after.as_ref(), limit);
                     let mut metadata = json!({"resourceVersion": rv.to_string()});
-                    if more {
-                        metadata["continue"] = json!(format!("{rv}:{}", offset + items.len()));
+                    if let Some((namespace, name)) = next {
+                        metadata["continue"] = json!(format!("{rv}:{namespace}/{name}"));
                     }
                     let body = json!({
                         "apiVersion": store::info(kind).api_version,
@@ -599,14 +604,23 @@ fn respond(
     response
 }
 
-/// Paging of a list: `(resourceVersion, offset, limit)` from `limit` and `continue`. A continue
-/// token is `RV:OFFSET`: later pages report the first page's resourceVersion, so a watch started
+/// What one list request asks for.
+#[derive(Debug, PartialEq, Eq)]
+struct Page {
+    /// The resourceVersion the list reports.
+    rv: u64,
+    /// The (namespace, name) the page starts after; `None` for the first page.
+    after: Option<(String, String)>,
+    /// At most this many objects; `None` for all.
+    limit: Option<usize>,
+}
+
+/// Paging of a list, from `limit` and `continue`. A continue token is `RV:NAMESPACE/NAME`: the
+/// next page starts after that object (the real API server's tokens also carry the key to start
+/// after, encoded), and later pages report the first page's resourceVersion, so a watch started
 /// from it replays every change made while the pages were read (the real API server serves the
 /// pages from a snapshot; the end state is the same).
-fn page(
-    query: &BTreeMap<String, String>,
-    current_rv: u64,
-) -> Result<(u64, usize, Option<usize>), String> {
+fn page(query: &BTreeMap<String, String>, current_rv: u64) -> Result<Page, String> {
     let limit = match query.get("limit").map(String::as_str) {
         None | Some("") | Some("0") => None,
         Some(l) => Some(
@@ -615,15 +629,23 @@ fn page(
         ),
     };
     match query.get("continue").map(String::as_str) {
-        None | Some("") => Ok((current_rv, 0, limit)),
+        None | Some("") => Ok(Page {
+            rv: current_rv,
+            after: None,
+            limit,
+        }),
         Some(token) => {
             let bad = || format!("continue token {token:?} is not valid");
-            let (rv, offset) = token.split_once(':').ok_or_else(bad)?;
-            Ok((
-                rv.parse().map_err(|_| bad())?,
-                offset.parse().map_err(|_| bad())?,
+            let (rv, key) = token.split_once(':').ok_or_else(bad)?;
+            let (namespace, name) = key.split_once('/').ok_or_else(bad)?;
+            if name.is_empty() {
+                return Err(bad());
+            }
+            Ok(Page {
+                rv: rv.parse().map_err(|_| bad())?,
+                after: Some((namespace.to_string(), name.to_string())),
                 limit,
-            ))
+            })
         }
     }
 }

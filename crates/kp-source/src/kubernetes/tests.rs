@@ -153,6 +153,45 @@ fn a_relist_that_fails_half_way_deletes_nothing() {
 }
 
 #[test]
+fn a_first_list_that_starts_over_deletes_what_the_new_attempt_no_longer_lists() {
+    let mut t = RelistTracker::new(Kind::Service);
+    // The first list reports "a" and "b" from its first page, then fails; "b" is deleted before
+    // kube-runtime lists again from the start.
+    let out = feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("b", "2")),
+            Event::Init,
+            Event::InitApply(svc("a", "1")),
+            Event::InitApply(svc("c", "4")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            "upsert Service ns/a",
+            "upsert Service ns/b",
+            "upsert Service ns/c",
+            "delete Service ns/b",
+            "synced Service"
+        ]
+    );
+    // A later re-list still compares with everything known.
+    let out = feed(
+        &mut t,
+        vec![
+            Event::Init,
+            Event::InitApply(svc("c", "4")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(out, ["delete Service ns/a", "synced Service"]);
+}
+
+#[test]
 fn deleting_an_unknown_object_reports_nothing() {
     let mut t = RelistTracker::new(Kind::Service);
     assert!(t.handle(Event::Delete(svc("x", "1"))).is_empty());

@@ -16,8 +16,20 @@ pub(crate) struct RelistTracker {
     /// Every object reported present (and not since deleted), with its resourceVersion as
     /// reported (empty if it had none).
     known: HashMap<ObjectKey, String>,
-    /// Keys seen in the list in progress; `None` when no list is in progress.
-    listing: Option<HashSet<ObjectKey>>,
+    /// The list in progress, if any.
+    listing: Listing,
+}
+
+/// Where a list stands.
+#[derive(Debug)]
+enum Listing {
+    /// No list in progress.
+    Idle,
+    /// A list started while nothing was known: nothing can have vanished, so the keys it
+    /// lists are not collected (at 10k Services, a copy of 10k keys per kind saved).
+    First,
+    /// A re-list, with the keys seen so far.
+    Relist(HashSet<ObjectKey>),
 }
 
 impl RelistTracker {
@@ -26,13 +38,14 @@ impl RelistTracker {
         RelistTracker {
             kind,
             known: HashMap::new(),
-            listing: None,
+            listing: Listing::Idle,
         }
     }
 
     /// Handles one watcher event, returning what to report.
     ///
     /// - `Init` starts a list: nothing is reported yet, not even for objects about to vanish.
+    ///   (A half-listed first list that starts over is a re-list: its objects are known.)
     /// - `InitApply` and `Apply` report the object unless the same resourceVersion was already
     ///   reported.
     /// - `InitDone` reports every previously known object the list did not contain as deleted,
@@ -42,13 +55,17 @@ impl RelistTracker {
     pub(crate) fn handle(&mut self, event: Event<Object>) -> Vec<SourceEvent> {
         match event {
             Event::Init => {
-                self.listing = Some(HashSet::new());
+                self.listing = if self.known.is_empty() {
+                    Listing::First
+                } else {
+                    Listing::Relist(HashSet::new())
+                };
                 Vec::new()
             }
             Event::InitApply(obj) | Event::Apply(obj) => {
                 let key = obj.key();
-                if let Some(listing) = &mut self.listing {
-                    listing.insert(key.clone());
+                if let Listing::Relist(listed) = &mut self.listing {
+                    listed.insert(key.clone());
                 }
                 let version = resource_version(&obj);
                 if !version.is_empty() && self.known.get(&key).map(String::as_str) == Some(version)
@@ -60,8 +77,8 @@ impl RelistTracker {
             }
             Event::Delete(obj) => {
                 let key = obj.key();
-                if let Some(listing) = &mut self.listing {
-                    listing.remove(&key);
+                if let Listing::Relist(listed) = &mut self.listing {
+                    listed.remove(&key);
                 }
                 match self.known.remove(&key) {
                     Some(_) => vec![SourceEvent::Delete(self.kind, key)],
@@ -69,13 +86,19 @@ impl RelistTracker {
                 }
             }
             Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
-                let mut gone: Vec<ObjectKey> = self
-                    .known
-                    .keys()
-                    .filter(|key| !listed.contains(*key))
-                    .cloned()
-                    .collect();
+                let mut gone: Vec<ObjectKey> =
+                    match std::mem::replace(&mut self.listing, Listing::Idle) {
+                        // Everything known was listed.
+                        Listing::First => Vec::new(),
+                        // A list that never started (kube-runtime always starts one) lists nothing.
+                        Listing::Idle => self.known.keys().cloned().collect(),
+                        Listing::Relist(listed) => self
+                            .known
+                            .keys()
+                            .filter(|key| !listed.contains(*key))
+                            .cloned()
+                            .collect(),
+                    };
                 // Sorted so that what is reported does not depend on hash order.
                 gone.sort();
                 let mut out = Vec::with_capacity(gone.len() + 1);

@@ -5,9 +5,13 @@
 //! server (`tests.rs`).
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use kp_core::track::Kind;
 use serde_json::{json, Value};
+
+/// A namespace (empty for cluster-scoped kinds) and a name, borrowed.
+pub(super) type ObjectKeyRef<'a> = (&'a str, &'a str);
 
 /// Where a kind lives in the API: its group version, its list kind and its URL segment.
 pub(super) struct KindInfo {
@@ -196,31 +200,44 @@ impl Store {
 
     /// The objects of `kind` that `filter` selects, ordered by namespace and name.
     pub fn list(&self, kind: Kind, filter: &Filter) -> Vec<Value> {
-        self.list_page(kind, filter, 0, None).0
+        self.list_page(kind, filter, None, None).0
     }
 
-    /// One page of [`Store::list`]: at most `limit` objects from `offset` on, and whether more
-    /// follow. Only the page is copied, so paging through a large store stays cheap.
+    /// One page of [`Store::list`]: at most `limit` objects whose (namespace, name) sorts after
+    /// `after` (from the first, without it), and the key of the page's last object if more
+    /// follow. The next page starts after that key, as the real API server's continue tokens
+    /// do: where a page starts is found at once, however deep into the list, and an object
+    /// deleted or created between two pages never shifts the rest out of sight.
     pub fn list_page(
         &self,
         kind: Kind,
         filter: &Filter,
-        offset: usize,
+        after: Option<&ObjectKeyRef<'_>>,
         limit: Option<usize>,
-    ) -> (Vec<Value>, bool) {
-        let mut selected = self
-            .objects
-            .range((kind, String::new(), String::new())..)
-            .take_while(|((k, _, _), _)| *k == kind)
-            .map(|(_, o)| o)
-            .filter(|o| filter.matches(o))
-            .skip(offset);
-        let page: Vec<Value> = match limit {
-            Some(l) => selected.by_ref().take(l).cloned().collect(),
-            None => selected.by_ref().cloned().collect(),
+    ) -> (Vec<Value>, Option<(String, String)>) {
+        let start = match after {
+            Some((namespace, name)) => {
+                Bound::Excluded((kind, namespace.to_string(), name.to_string()))
+            }
+            None => Bound::Included((kind, String::new(), String::new())),
         };
-        let more = selected.next().is_some();
-        (page, more)
+        let selected = self
+            .objects
+            .range((start, Bound::Unbounded))
+            .take_while(|((k, _, _), _)| *k == kind)
+            .filter(|(_, o)| filter.matches(o));
+        let mut page = Vec::new();
+        let mut last: Option<(&String, &String)> = None;
+        for ((_, namespace, name), object) in selected {
+            if limit.is_some_and(|l| page.len() >= l) {
+                // Another object follows the full page.
+                let next = last.map(|(namespace, name)| (namespace.clone(), name.clone()));
+                return (page, next);
+            }
+            page.push(object.clone());
+            last = Some((namespace, name));
+        }
+        (page, None)
     }
 
     /// Forgets the history up to now: watches must start from the current resourceVersion or

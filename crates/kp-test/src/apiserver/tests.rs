@@ -175,6 +175,50 @@ fn after_compaction_only_watches_from_the_current_resource_version_may_start() {
     assert_eq!(store.check_start(7), Ok(()));
 }
 
+fn names(page: &[Value]) -> Vec<&str> {
+    page.iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap_or("?"))
+        .collect()
+}
+
+#[test]
+fn a_page_starts_after_the_last_object_of_the_one_before_whatever_changed_meanwhile() {
+    let mut store = Store::default();
+    for i in 0..5 {
+        store
+            .upsert(Kind::Service, service(&format!("s{i}"), json!({})))
+            .expect("upsert");
+    }
+    store
+        .upsert(Kind::Service, service("skip", json!({"proxy": "other"})))
+        .expect("upsert");
+    let all = Filter::new(None, Some("!proxy"), None).expect("selector");
+    let (page, next) = store.list_page(Kind::Service, &all, None, Some(2));
+    assert_eq!(names(&page), ["s0", "s1"]);
+    assert_eq!(next, Some(("ns".to_string(), "s1".to_string())));
+
+    // Between two pages, an object already sent is deleted and one that sorts before the
+    // cursor is created: neither shifts what the next page holds (an offset would skip s2).
+    store.delete(Kind::Service, "ns", "s0").expect("s0 existed");
+    store
+        .upsert(Kind::Service, service("a", json!({})))
+        .expect("upsert");
+    let (page, next) = store.list_page(Kind::Service, &all, Some(&("ns", "s1")), Some(2));
+    assert_eq!(names(&page), ["s2", "s3"]);
+    assert_eq!(next, Some(("ns".to_string(), "s3".to_string())));
+    // The last page is not followed by another, although an unselected object comes after it.
+    let (page, next) = store.list_page(Kind::Service, &all, Some(&("ns", "s3")), Some(2));
+    assert_eq!(names(&page), ["s4"]);
+    assert_eq!(next, None);
+    // Without a limit, everything selected; other kinds never leak in.
+    store.upsert(Kind::Node, node("n")).expect("upsert");
+    let (page, next) = store.list_page(Kind::Service, &all, None, None);
+    assert_eq!(names(&page), ["a", "s1", "s2", "s3", "s4"]);
+    assert_eq!(next, None);
+    let (page, _) = store.list_page(Kind::Node, &Filter::default(), Some(&("", "m")), Some(1));
+    assert_eq!(names(&page), ["n"]);
+}
+
 fn client(server: &FakeApiServer) -> kube::Client {
     let url = server.url().parse().expect("url");
     kube::Client::try_from(kube::Config::new(url)).expect("client")
@@ -442,6 +486,44 @@ fn json_lines(answer: &str) -> Vec<Value> {
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect()
+}
+
+#[test]
+fn continue_tokens_page_through_a_list_at_the_first_pages_resource_version() {
+    let server = FakeApiServer::start().expect("server");
+    for i in 0..3 {
+        server
+            .upsert(Kind::Node, node(&format!("n{i}")))
+            .expect("upsert");
+    }
+    let body = |answer: &str| -> Value { json_lines(answer).pop().expect("a JSON body") };
+    let first = body(&http_get(&server, "/api/v1/nodes?limit=2"));
+    assert_eq!(
+        names(first["items"].as_array().expect("items")),
+        ["n0", "n1"]
+    );
+    assert_eq!(first["metadata"]["resourceVersion"], "3");
+    let token = first["metadata"]["continue"]
+        .as_str()
+        .expect("a continue token");
+    // A change between the pages: the next page still reports the first one's version.
+    server.upsert(Kind::Node, node("n3")).expect("upsert");
+    let second = body(&http_get(
+        &server,
+        &format!("/api/v1/nodes?limit=2&continue={token}"),
+    ));
+    assert_eq!(
+        names(second["items"].as_array().expect("items")),
+        ["n2", "n3"]
+    );
+    assert_eq!(second["metadata"]["resourceVersion"], "3");
+    assert!(second["metadata"].get("continue").is_none(), "{second}");
+
+    for bad in ["x", "3:n1", "3:/", "three:/n1"] {
+        let answer = http_get(&server, &format!("/api/v1/nodes?limit=2&continue={bad}"));
+        assert!(answer.starts_with("HTTP/1.1 400"), "{bad}: {answer}");
+        assert_eq!(body(&answer)["reason"], "BadRequest", "{bad}");
+    }
 }
 
 #[test]
