@@ -457,7 +457,7 @@ impl<D: Dataplane> SyncLoop<D> {
                         "synced"
                     );
                 }
-                self.reconcile_conntrack();
+                self.reconcile_conntrack(&changes, report.full);
                 self.sync_health_checks(&changes, report.full).await;
             }
             Err(e) => {
@@ -470,13 +470,18 @@ impl<D: Dataplane> SyncLoop<D> {
     /// Deletes UDP and SCTP conntrack entries that still point at endpoints the rules no longer
     /// use (or that never met an endpoint), so a client such as a DNS resolver reusing its
     /// source port reaches a live endpoint with its next datagram. Failures are logged and
-    /// counted; the next sync tries again.
-    fn reconcile_conntrack(&mut self) {
+    /// counted; the next sync tries again. After a partial sync only the changed Services are
+    /// re-indexed.
+    fn reconcile_conntrack(&mut self, changes: &Changes, full: bool) {
         let start = Instant::now();
         let (state, planner, conntrack) =
             (&self.state, &mut self.conntrack_planner, &self.conntrack);
         let result = tokio::task::block_in_place(|| {
-            planner.update(state, &IpFamily::ALL);
+            if full || changes.node_changed {
+                planner.update(state, &IpFamily::ALL);
+            } else {
+                planner.update_services(state, &changes.services, &IpFamily::ALL);
+            }
             conntrack.reconcile(planner, &local_addresses())
         });
         self.metrics

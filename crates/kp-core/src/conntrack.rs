@@ -51,7 +51,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{Endpoint, IpFamily, Protocol, ServicePort};
+use crate::model::{Endpoint, IpFamily, Protocol, ServiceKey, ServicePort};
 use crate::track::ProxyState;
 
 /// How many [`ConntrackPlanner::update`]s a forgotten frontend is remembered for when no
@@ -226,14 +226,32 @@ impl Allowed {
     }
 }
 
+/// An IP frontend's key: (protocol, address, port).
+type IpKey = (Protocol, IpAddr, u16);
+/// A NodePort's key: (protocol, family, port).
+type NodePortKey = (Protocol, IpFamily, u16);
+
+/// What one Service contributes to the index: its UDP and SCTP frontends, each with the reply
+/// sources its port allows.
+#[derive(Debug, Default)]
+struct Contribution {
+    ips: Vec<(IpKey, Arc<Allowed>)>,
+    node_ports: Vec<(NodePortKey, Arc<Allowed>)>,
+}
+
 /// Indexes Service frontends and their allowed endpoints, and judges conntrack entries against
 /// them. Holds the memory of forgotten frontends between syncs; see the module docs.
 #[derive(Debug, Default)]
 pub struct ConntrackPlanner {
-    /// Current IP frontends: (protocol, address, port).
-    ips: HashMap<(Protocol, IpAddr, u16), Arc<Allowed>>,
-    /// Current NodePorts: (protocol, family, port).
-    node_ports: HashMap<(Protocol, IpFamily, u16), Arc<Allowed>>,
+    /// Current IP frontends, with what every Service port using them allows.
+    ips: HashMap<IpKey, Arc<Allowed>>,
+    /// Current NodePorts, likewise.
+    node_ports: HashMap<NodePortKey, Arc<Allowed>>,
+    /// Each indexed Service's contribution, so that a change re-indexes that Service alone.
+    by_service: HashMap<ServiceKey, Contribution>,
+    /// The Services contributing to each frontend (nearly always one).
+    ip_owners: HashMap<IpKey, Vec<ServiceKey>>,
+    node_port_owners: HashMap<NodePortKey, Vec<ServiceKey>>,
     /// Frontends indexed before and missing now, with the number of updates since.
     forgotten: HashMap<Frontend, u32>,
 }
@@ -251,74 +269,84 @@ impl ConntrackPlanner {
     /// Call it only with a state the dataplane has programmed (after a successful sync): a
     /// state that is still empty at start-up would make every frontend look deleted.
     pub fn update(&mut self, state: &ProxyState, families: &[IpFamily]) {
-        let mut ips: HashMap<(Protocol, IpAddr, u16), Arc<Allowed>> = HashMap::new();
-        let mut node_ports: HashMap<(Protocol, IpFamily, u16), Arc<Allowed>> = HashMap::new();
-        for key in state.service_keys() {
-            let ports = state.service_ports(key);
-            if ports.iter().all(|p| p.name.protocol == Protocol::Tcp) {
-                continue;
-            }
-            for sps in state.service_state(key) {
-                let port = &sps.port;
-                if port.name.protocol == Protocol::Tcp {
-                    continue;
-                }
-                let mut allowed = Allowed::default();
-                let all = state.endpoints(&port.name);
-                for ep in all.iter().filter(|e| e.serving) {
-                    allowed.insert(ep);
-                }
-                for ep in sps.endpoints.cluster.iter().chain(&sps.endpoints.local) {
-                    allowed.insert(ep);
-                }
-                let allowed = Arc::new(allowed);
-                let protocol = port.name.protocol;
-                for ip in frontend_ips(port) {
-                    if families.contains(&IpFamily::of(&ip)) {
-                        add(&mut ips, (protocol, ip, port.port), &allowed);
-                    }
-                }
-                if let Some(np) = port.node_port {
-                    for family in families {
-                        add(&mut node_ports, (protocol, *family, np), &allowed);
-                    }
-                }
-            }
-        }
+        let all: HashSet<ServiceKey> = state
+            .service_keys()
+            .chain(self.by_service.keys())
+            .cloned()
+            .collect();
+        self.update_services(state, &all, families);
+    }
 
-        // Age the forgotten, forget the vanished, and bring back the reappeared.
+    /// Re-indexes the given Services only (changed, added or deleted since the last update),
+    /// as [`update`](Self::update) does for all of them: the cost follows the change, not the
+    /// cluster. A change that can alter any Service's endpoint selection (the Node's) needs a
+    /// full [`update`](Self::update).
+    pub fn update_services<'a>(
+        &mut self,
+        state: &ProxyState,
+        services: impl IntoIterator<Item = &'a ServiceKey>,
+        families: &[IpFamily],
+    ) {
+        // Age the forgotten (an update is an update, whatever it touches).
         self.forgotten.retain(|_, age| {
             *age += 1;
             *age <= FORGOTTEN_UPDATES
         });
-        for &(protocol, ip, port) in self.ips.keys() {
-            if !ips.contains_key(&(protocol, ip, port)) {
-                self.forgotten
-                    .insert(Frontend::Ip { protocol, ip, port }, 0);
+        let mut touched_ips: HashSet<IpKey> = HashSet::new();
+        let mut touched_node_ports: HashSet<NodePortKey> = HashSet::new();
+        for key in services {
+            if let Some(old) = self.by_service.remove(key) {
+                for (k, _) in old.ips {
+                    disown(&mut self.ip_owners, k, key);
+                    touched_ips.insert(k);
+                }
+                for (k, _) in old.node_ports {
+                    disown(&mut self.node_port_owners, k, key);
+                    touched_node_ports.insert(k);
+                }
             }
-        }
-        for &(protocol, family, port) in self.node_ports.keys() {
-            if !node_ports.contains_key(&(protocol, family, port)) {
-                self.forgotten.insert(
-                    Frontend::NodePort {
-                        protocol,
-                        family,
-                        port,
-                    },
-                    0,
-                );
+            let new = contribution(state, key, families);
+            if new.ips.is_empty() && new.node_ports.is_empty() {
+                continue;
             }
+            for (k, _) in &new.ips {
+                own(&mut self.ip_owners, *k, key);
+                touched_ips.insert(*k);
+            }
+            for (k, _) in &new.node_ports {
+                own(&mut self.node_port_owners, *k, key);
+                touched_node_ports.insert(*k);
+            }
+            self.by_service.insert(key.clone(), new);
         }
-        self.forgotten.retain(|f, _| match *f {
-            Frontend::Ip { protocol, ip, port } => !ips.contains_key(&(protocol, ip, port)),
-            Frontend::NodePort {
-                protocol,
-                family,
-                port,
-            } => !node_ports.contains_key(&(protocol, family, port)),
-        });
-        self.ips = ips;
-        self.node_ports = node_ports;
+        for k in touched_ips {
+            let (protocol, ip, port) = k;
+            let merged = merged(&self.ip_owners, &self.by_service, &k, |c| &c.ips);
+            reindex(
+                &mut self.ips,
+                &mut self.forgotten,
+                k,
+                merged,
+                Frontend::Ip { protocol, ip, port },
+            );
+        }
+        for k in touched_node_ports {
+            let (protocol, family, port) = k;
+            let merged = merged(&self.node_port_owners, &self.by_service, &k, |c| {
+                &c.node_ports
+            });
+            reindex(
+                &mut self.node_ports,
+                &mut self.forgotten,
+                k,
+                merged,
+                Frontend::NodePort {
+                    protocol,
+                    family,
+                    port,
+                },
+            );
+        }
     }
 
     /// Tells the planner that a reconcile run after the last [`update`](Self::update)
@@ -420,20 +448,107 @@ fn frontend_ips(port: &ServicePort) -> impl Iterator<Item = IpAddr> + '_ {
         .copied()
 }
 
-/// Adds a frontend; two Service ports sharing one frontend allow the endpoints of both, since
-/// the dataplane may have sent a flow to either.
-fn add<K: std::hash::Hash + Eq>(
-    map: &mut HashMap<K, Arc<Allowed>>,
-    key: K,
-    allowed: &Arc<Allowed>,
-) {
-    match map.get_mut(&key) {
-        Some(existing) if !Arc::ptr_eq(existing, allowed) => {
-            Arc::make_mut(existing).merge(allowed);
+/// The UDP and SCTP frontends of one Service in `state` (none if it is gone or TCP only). Two
+/// ports of the Service sharing one frontend allow the endpoints of both.
+fn contribution(state: &ProxyState, key: &ServiceKey, families: &[IpFamily]) -> Contribution {
+    let mut c = Contribution::default();
+    let ports = state.service_ports(key);
+    if ports.iter().all(|p| p.name.protocol == Protocol::Tcp) {
+        return c;
+    }
+    for sps in state.service_state(key) {
+        let port = &sps.port;
+        if port.name.protocol == Protocol::Tcp {
+            continue;
         }
-        Some(_) => {}
+        let mut allowed = Allowed::default();
+        for ep in state.endpoints(&port.name).iter().filter(|e| e.serving) {
+            allowed.insert(ep);
+        }
+        for ep in sps.endpoints.cluster.iter().chain(&sps.endpoints.local) {
+            allowed.insert(ep);
+        }
+        let allowed = Arc::new(allowed);
+        let protocol = port.name.protocol;
+        for ip in frontend_ips(port) {
+            if families.contains(&IpFamily::of(&ip)) {
+                add(&mut c.ips, (protocol, ip, port.port), &allowed);
+            }
+        }
+        if let Some(np) = port.node_port {
+            for family in families {
+                add(&mut c.node_ports, (protocol, *family, np), &allowed);
+            }
+        }
+    }
+    c
+}
+
+/// Adds a frontend to a Service's list, merging with an entry of the same key.
+fn add<K: PartialEq>(list: &mut Vec<(K, Arc<Allowed>)>, key: K, allowed: &Arc<Allowed>) {
+    match list.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, existing)) => Arc::make_mut(existing).merge(allowed),
+        None => list.push((key, allowed.clone())),
+    }
+}
+
+fn own<K: std::hash::Hash + Eq>(owners: &mut HashMap<K, Vec<ServiceKey>>, k: K, svc: &ServiceKey) {
+    owners.entry(k).or_default().push(svc.clone());
+}
+
+fn disown<K: std::hash::Hash + Eq>(
+    owners: &mut HashMap<K, Vec<ServiceKey>>,
+    k: K,
+    svc: &ServiceKey,
+) {
+    if let Some(v) = owners.get_mut(&k) {
+        v.retain(|s| s != svc);
+        if v.is_empty() {
+            owners.remove(&k);
+        }
+    }
+}
+
+/// What every Service owning frontend `k` allows, together (`None` when no Service owns it).
+fn merged<K: std::hash::Hash + Eq>(
+    owners: &HashMap<K, Vec<ServiceKey>>,
+    by_service: &HashMap<ServiceKey, Contribution>,
+    k: &K,
+    list: impl Fn(&Contribution) -> &Vec<(K, Arc<Allowed>)>,
+) -> Option<Arc<Allowed>> {
+    let mut out: Option<Arc<Allowed>> = None;
+    for svc in owners.get(k)? {
+        let Some(c) = by_service.get(svc) else {
+            continue;
+        };
+        for (_, allowed) in list(c).iter().filter(|(key, _)| key == k) {
+            match &mut out {
+                None => out = Some(allowed.clone()),
+                Some(acc) => Arc::make_mut(acc).merge(allowed),
+            }
+        }
+    }
+    out
+}
+
+/// Sets frontend `k` to `allowed`, or, when nothing allows it any more, forgets it (if it was
+/// indexed); a frontend indexed again is no longer forgotten.
+fn reindex<K: std::hash::Hash + Eq>(
+    index: &mut HashMap<K, Arc<Allowed>>,
+    forgotten: &mut HashMap<Frontend, u32>,
+    k: K,
+    allowed: Option<Arc<Allowed>>,
+    frontend: Frontend,
+) {
+    match allowed {
+        Some(a) => {
+            index.insert(k, a);
+            forgotten.remove(&frontend);
+        }
         None => {
-            map.insert(key, allowed.clone());
+            if index.remove(&k).is_some() {
+                forgotten.insert(frontend, 0);
+            }
         }
     }
 }

@@ -784,3 +784,99 @@ fn entries_display_as_conntrack_tuples() {
     );
     assert_eq!(cip("10.96.0.10").to_string(), "UDP 10.96.0.10:53");
 }
+
+/// A Service `web/<name>` with external IP 198.51.100.99 (shared by several Services in the
+/// test below), a ClusterIP and optionally a NodePort, one UDP port `dns` 53.
+fn shared_ip_service(name: &str, cluster_ip: &str, node_port: Option<u16>) -> Object {
+    let mut port = json!({"name": "dns", "port": 53, "protocol": "UDP"});
+    let kind = if let Some(np) = node_port {
+        port["nodePort"] = json!(np);
+        "NodePort"
+    } else {
+        "ClusterIP"
+    };
+    service(
+        name,
+        json!({"type": kind, "clusterIP": cluster_ip, "externalIPs": ["198.51.100.99"], "ports": [port]}),
+        json!({}),
+    )
+}
+
+#[test]
+fn re_indexing_only_the_changed_services_gives_the_same_index_as_re_indexing_all() {
+    let mut state = new_state();
+    upsert(&mut state, shared_ip_service("a", "10.96.0.1", Some(30053)));
+    upsert(
+        &mut state,
+        slice("a", "IPv4", "UDP", vec![ready("10.244.1.1")]),
+    );
+    upsert(&mut state, shared_ip_service("b", "10.96.0.2", None));
+    upsert(
+        &mut state,
+        slice("b", "IPv4", "UDP", vec![ready("10.244.2.1")]),
+    );
+    upsert(&mut state, udp_service("tcp", "10.96.0.3", "TCP"));
+    state.take_changes();
+    let mut incremental = planner(&state, BOTH);
+    let mut full = planner(&state, BOTH);
+
+    type Step = Box<dyn Fn(&mut ProxyState)>;
+    let steps: Vec<(&str, Step)> = vec![
+        (
+            "endpoint of a replaced",
+            Box::new(|s| upsert(s, slice("a", "IPv4", "UDP", vec![ready("10.244.1.2")]))),
+        ),
+        (
+            "b loses its endpoints",
+            Box::new(|s| upsert(s, slice("b", "IPv4", "UDP", vec![]))),
+        ),
+        (
+            "a third Service shares the external IP",
+            Box::new(|s| {
+                upsert(s, shared_ip_service("c", "10.96.0.4", Some(30054)));
+                upsert(s, slice("c", "IPv4", "UDP", vec![ready("10.244.3.1")]));
+            }),
+        ),
+        (
+            "a is deleted: the shared IP stays, its ClusterIP and NodePort are forgotten",
+            Box::new(|s| delete_service(s, "a")),
+        ),
+        (
+            "b turns TCP",
+            Box::new(|s| upsert(s, udp_service("b", "10.96.0.2", "TCP"))),
+        ),
+        (
+            "a comes back on its old ClusterIP",
+            Box::new(|s| {
+                upsert(s, shared_ip_service("a", "10.96.0.1", None));
+                upsert(s, slice("a", "IPv4", "UDP", vec![ready("10.244.1.3")]));
+            }),
+        ),
+        (
+            "c is deleted: the external IP is a's alone",
+            Box::new(|s| delete_service(s, "c")),
+        ),
+        ("nothing changes", Box::new(|_| {})),
+    ];
+    for (what, step) in steps {
+        step(&mut state);
+        let changes = state.take_changes();
+        incremental.update_services(&state, &changes.services, BOTH);
+        full.update(&state, BOTH);
+        assert_eq!(incremental.ips, full.ips, "{what}");
+        assert_eq!(incremental.node_ports, full.node_ports, "{what}");
+        assert_eq!(incremental.forgotten, full.forgotten, "{what}");
+    }
+    // The shared external IP allows a's endpoint alone now; c's NodePort is forgotten.
+    let shared = udp("198.51.100.99", 53, "10.244.3.1", 5353);
+    assert_eq!(
+        incremental.check(&shared, &node_addrs()),
+        Check::Stale(cip("198.51.100.99"), Staleness::EndpointGone)
+    );
+    assert!(incremental.forgotten().any(|f| f
+        == Frontend::NodePort {
+            protocol: Protocol::Udp,
+            family: IpFamily::V4,
+            port: 30054
+        }));
+}
