@@ -154,47 +154,10 @@ impl SetSchema {
     }
 }
 
-// linux/netlink.h
-const NLMSG_HDRLEN: usize = 16;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_CREATE: u16 = 0x400;
-const NLA_HDRLEN: usize = 4;
-const NLA_F_NESTED: u16 = 0x8000;
-// linux/netfilter/nfnetlink.h
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-const NFNL_MSG_BATCH_END: u16 = 0x11;
-const NFNETLINK_V0: u8 = 0;
-// linux/netfilter.h
-const NFPROTO_UNSPEC: u8 = 0;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
-// enum nf_tables_msg_types
-const NFT_MSG_NEWSETELEM: u16 = 12;
-const NFT_MSG_DELSETELEM: u16 = 14;
-// enum nft_set_elem_list_attributes
-const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-// enum nft_list_attributes
-const NFTA_LIST_ELEM: u16 = 1;
-// enum nft_set_elem_attributes
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const NFTA_SET_ELEM_USERDATA: u16 = 6;
-const NFTA_SET_ELEM_KEY_END: u16 = 10;
-// enum nft_set_elem_flags
-const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
-// enum nft_data_attributes, enum nft_verdict_attributes
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-// linux/netfilter.h NF_DROP, enum nft_verdicts NFT_GOTO
-const NF_DROP: i32 = 0;
-const NFT_GOTO: i32 = -4;
+pub mod abi;
+
+use abi::*;
+
 /// nft's (libnftnl's) element user data marking an interval open at the top of the address
 /// space: record `NFTNL_UDATA_SET_ELEM_FLAGS` (1), length 4, value
 /// `NFTNL_SET_ELEM_F_INTERVAL_OPEN` (1, host order). nft reads it to list such an interval.
@@ -205,13 +168,6 @@ const MESSAGE_ELEMENTS_LIMIT: usize = 60 * 1024;
 
 fn align4(n: usize) -> usize {
     (n + 3) & !3
-}
-
-fn nfproto(family: IpFamily) -> u8 {
-    match family {
-        IpFamily::V4 => NFPROTO_IPV4,
-        IpFamily::V6 => NFPROTO_IPV6,
-    }
 }
 
 /// Why an element could not be encoded (the planner never makes such an element; the sender

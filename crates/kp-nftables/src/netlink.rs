@@ -40,84 +40,7 @@ use crate::{Error, KernelTable};
 #[cfg(test)]
 mod tests;
 
-// linux/netlink.h
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_NOOP: u16 = 1;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x100 | 0x200; // NLM_F_ROOT | NLM_F_MATCH
-const NLM_F_DUMP_INTR: u16 = 0x10;
-const NLA_HDRLEN: usize = 4;
-const NLA_TYPE_MASK: u16 = !(0x8000 | 0x4000); // NLA_F_NESTED | NLA_F_NET_BYTEORDER
-
-// linux/netfilter/nfnetlink.h
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFNETLINK_V0: u8 = 0;
-/// `struct nfgenmsg`: family, version, resource id.
-const NFGENMSG_LEN: usize = 4;
-
-// linux/netfilter.h
-const NFPROTO_UNSPEC: u8 = 0;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
-
-// linux/netfilter/nf_tables.h: enum nf_tables_msg_types
-const NFT_MSG_GETTABLE: u8 = 1;
-const NFT_MSG_GETCHAIN: u8 = 4;
-const NFT_MSG_GETRULE: u8 = 7;
-const NFT_MSG_GETSET: u8 = 10;
-const NFT_MSG_GETSETELEM: u8 = 13;
-const NFT_MSG_GETGEN: u8 = 16;
-
-// enum nft_table_attributes
-const NFTA_TABLE_NAME: u16 = 1;
-// enum nft_chain_attributes
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-// enum nft_rule_attributes
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_USERDATA: u16 = 7;
-// enum nft_set_attributes
-const NFTA_SET_TABLE: u16 = 1;
-const NFTA_SET_NAME: u16 = 2;
-const NFTA_SET_FLAGS: u16 = 3;
-const NFTA_SET_KEY_LEN: u16 = 5;
-const NFTA_SET_DATA_TYPE: u16 = 6;
-const NFTA_SET_DATA_LEN: u16 = 7;
-// enum nft_set_flags
-const NFT_SET_ANONYMOUS: u32 = 0x1;
-const NFT_SET_INTERVAL: u32 = 0x4;
-const NFT_SET_MAP: u32 = 0x8;
-// enum nft_set_elem_list_attributes
-const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-// enum nft_list_attributes
-const NFTA_LIST_ELEM: u16 = 1;
-// enum nft_set_elem_attributes
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const NFTA_SET_ELEM_KEY_END: u16 = 10;
-// enum nft_set_elem_flags
-const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
-const NFT_SET_ELEM_CATCHALL: u32 = 0x2;
-// enum nft_data_types
-const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
-// enum nft_data_attributes
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-// enum nft_verdict_attributes
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-// linux/netfilter.h and enum nft_verdicts
-const NF_DROP: i32 = 0;
-const NFT_GOTO: i32 = -4;
-// enum nft_gen_attributes
-const NFTA_GEN_ID: u16 = 1;
+use kp_nftables_plan::netlink::abi::*;
 
 /// nft's (libnftnl's) user-data record type for a rule comment: `type u8, len u8, value`, the
 /// value NUL-terminated. A userspace convention: the kernel stores the bytes without reading them.
@@ -395,13 +318,6 @@ fn family_name(family: IpFamily) -> &'static str {
     kp_nftables_plan::names::family(family)
 }
 
-fn nfproto(family: IpFamily) -> u8 {
-    match family {
-        IpFamily::V4 => NFPROTO_IPV4,
-        IpFamily::V6 => NFPROTO_IPV6,
-    }
-}
-
 fn list_error(op: String, detail: String) -> Error {
     Error::Netlink { op, detail }
 }
@@ -630,7 +546,7 @@ impl Conn {
     #[allow(clippy::too_many_arguments)] // Private; each argument is one part of the request.
     fn request(
         &mut self,
-        msg: u8,
+        msg: u16,
         flags: u16,
         family: u8,
         attrs: &[(u16, &[u8])],
@@ -795,10 +711,10 @@ fn socket_in_netns(name: &str) -> Result<Socket, Error> {
 }
 
 /// Encodes `nlmsghdr`, `nfgenmsg` and the attributes of one nf_tables request.
-fn encode_request(msg: u8, flags: u16, seq: u32, family: u8, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+fn encode_request(msg: u16, flags: u16, seq: u32, family: u8, attrs: &[(u16, &[u8])]) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&[0; 4]); // nlmsg_len, set below
-    out.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | u16::from(msg)).to_ne_bytes());
+    out.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
     out.extend_from_slice(&flags.to_ne_bytes());
     out.extend_from_slice(&seq.to_ne_bytes());
     out.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid: the kernel fills in ours

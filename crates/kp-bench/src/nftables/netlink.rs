@@ -5,7 +5,8 @@
 //! millisecond.
 //!
 //! Read-only. Message layouts are the kernel UAPI's (`linux/netlink.h`,
-//! `linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`); constants keep their names.
+//! `linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`), with the constants of
+//! `kp_nftables_plan::netlink::abi`.
 
 use std::fs::File;
 use std::path::Path;
@@ -13,33 +14,8 @@ use std::path::Path;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::Socket;
 
-// linux/netlink.h
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLA_HDRLEN: usize = 4;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = !(0x8000 | 0x4000);
-
-// linux/netfilter/nfnetlink.h
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFGENMSG_LEN: usize = 4;
-
-// linux/netfilter.h
-/// `NFPROTO_IPV4`: the `ip` family.
-pub const NFPROTO_IPV4: u8 = 2;
-
-// linux/netfilter/nf_tables.h
-const NFT_MSG_GETSETELEM: u16 = 13;
-const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_DATA_VALUE: u16 = 1;
+pub use kp_nftables_plan::netlink::abi::NFPROTO_IPV4;
+use kp_nftables_plan::netlink::abi::*;
 
 const ENOENT: i32 = 2;
 
