@@ -58,14 +58,7 @@ impl SyncTarget for Dp {
 
 /// Chains written or deleted plus rules written, as the dataplane counts a restore.
 fn operations(r: &Restore) -> usize {
-    r.base_chains.len()
-        + r.service_chains
-            .iter()
-            .map(|g| g.chains.len())
-            .sum::<usize>()
-        + r.dispatch_chains.len()
-        + r.deleted_chains.len()
-        + r.rule_count()
+    r.chain_count() + r.rule_count()
 }
 
 /// Asks the backend whether the Service port's `KUBE-SVC-…` chain jumps to the endpoint's

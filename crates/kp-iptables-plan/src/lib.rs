@@ -12,6 +12,7 @@ pub mod restore;
 pub mod tracer;
 
 pub use kp_core::node::NodeContext;
-pub use planner::{JumpRule, PlanConfig, Planner};
-pub use restore::{ChainWrite, Restore, ServiceChains, Table};
+pub use names::ChainId;
+pub use planner::{digest, ChainIndex, JumpRule, PlanConfig, Planner};
+pub use restore::{ChainWrite, Extra, Input, Restore, ServiceChains, Table};
 pub use tracer::{IptablesTracer, TraceError};

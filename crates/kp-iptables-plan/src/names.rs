@@ -85,6 +85,48 @@ pub fn endpoint_chain(name: &ServicePortName, endpoint: &Endpoint) -> String {
     )
 }
 
+/// A per-Service-port or per-endpoint chain name in 11 bytes: which prefix, and the 10 bytes
+/// the 16 base32 characters of its hash encode (the planner keeps 128k of them at 10k Services).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChainId {
+    kind: u8,
+    hash: [u8; 10],
+}
+
+const PREFIXES: [&str; 5] = [SVC_PREFIX, SVL_PREFIX, EXT_PREFIX, FW_PREFIX, SEP_PREFIX];
+
+impl ChainId {
+    /// The id of a chain named by [`service_chains`] or [`endpoint_chain`]; `None` for any
+    /// other name.
+    pub fn parse(chain: &str) -> Option<ChainId> {
+        let (kind, rest) = PREFIXES
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| chain.strip_prefix(p).map(|r| (i as u8, r)))?;
+        if rest.len() != 16 {
+            return None;
+        }
+        let bytes = BASE32.decode(rest.as_bytes()).ok()?;
+        let hash: [u8; 10] = bytes.try_into().ok()?;
+        Some(ChainId { kind, hash })
+    }
+
+    /// The chain's name.
+    pub fn name(&self) -> String {
+        let prefix = PREFIXES
+            .get(self.kind as usize)
+            .copied()
+            .unwrap_or(SEP_PREFIX);
+        format!("{prefix}{}", BASE32.encode(&self.hash))
+    }
+}
+
+impl std::fmt::Display for ChainId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
 /// Whether `chain` is a per-Service-port or per-endpoint chain (upstream's
 /// `isServiceChainName`): the ones a full sync deletes when nothing plans them any more.
 pub fn is_service_chain(chain: &str) -> bool {
@@ -176,5 +218,24 @@ mod tests {
         }
         assert!(!is_service_chain(KUBE_SERVICES));
         assert!(!is_service_chain(KUBE_MARK_MASQ));
+    }
+
+    #[test]
+    fn chain_ids_round_trip_every_service_chain_name() {
+        let name = spn("ns1", "svc1", "p80", Protocol::Tcp);
+        let n = service_chains(&name);
+        for c in [&n.svc, &n.svl, &n.ext, &n.fw] {
+            let id = ChainId::parse(c).expect("parses");
+            assert_eq!(&id.name(), c);
+        }
+        assert_ne!(ChainId::parse(&n.svc), ChainId::parse(&n.svl));
+        for bad in [
+            "KUBE-SERVICES",
+            "KUBE-SVC-SHORT",
+            "KUBE-SEP-0000000000000000",
+            "X",
+        ] {
+            assert_eq!(ChainId::parse(bad), None, "{bad}");
+        }
     }
 }

@@ -1,31 +1,35 @@
 //! From the proxy's state to [`Restore`]s: full rebuilds and partial restores that rewrite only
 //! what changed.
 //!
-//! The planner caches, per Service, what each of its ports contributes: its own nat chains
-//! (`KUBE-SVC`, `KUBE-SVL`, `KUBE-EXT`, `KUBE-FW`, `KUBE-SEP`) and its rules in the shared
-//! chains (`KUBE-SERVICES`, `KUBE-NODEPORTS`, `KUBE-EXTERNAL-SERVICES`, `KUBE-PROXY-FIREWALL`).
+//! The planner records, per Service, what each of its ports contributes, as digests rather
+//! than text (the text of 10k Services × 10 endpoints is 40 MB): the name and a 64-bit digest
+//! of each of its own nat chains (`KUBE-SVC`, `KUBE-SVL`, `KUBE-EXT`, `KUBE-FW`, `KUBE-SEP`),
+//! and a digest of its rules in the shared chains (`KUBE-SERVICES`, `KUBE-NODEPORTS`,
+//! `KUBE-EXTERNAL-SERVICES`, `KUBE-PROXY-FIREWALL`); per shared chain, a digest too.
 //! A partial restore re-renders only the changed Services and sends:
-//! - each of their chains whose content changed (a `KUBE-SEP` chain of an unchanged endpoint is
+//! - each of their chains whose digest changed (a `KUBE-SEP` chain of an unchanged endpoint is
 //!   left alone), and deletes the chains they no longer have;
-//! - the shared chains, re-assembled from the cached contributions, only if their content
-//!   differs from what was last planned. Upstream rewrites `KUBE-SERVICES`, `KUBE-NODEPORTS` and
+//! - the shared chains, re-rendered from the state (their rules only) when a changed Service's
+//!   contribution changed, and sent only if their digest differs from what was last planned. Upstream rewrites `KUBE-SERVICES`, `KUBE-NODEPORTS` and
 //!   `KUBE-EXTERNAL-SERVICES` on every sync; with iptables-nft a 10k-rule `KUBE-SERVICES` full
 //!   of jumps costs about 0.6 s per restore, so an endpoint change (which never touches them)
 //!   does not send them.
 //!
-//! Planning cost is proportional to the changed Services, plus one pass over the cached
-//! contributions when a shared chain may have changed.
+//! Planning cost is proportional to the changed Services, plus one pass over every Service's
+//! shared-chain rules when a shared chain may have changed. A full plan renders every Service
+//! to record it, and its [`Restore`] renders the Service chains again while they are written.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
 use kp_core::model::{IpFamily, ServiceKey, ServicePortName};
 use kp_core::node::NodeContext;
 use kp_core::track::ProxyState;
 
-use crate::names;
+use crate::names::{self, ChainId};
 use crate::render::{self, Dispatch, PortRules, RenderContext};
-use crate::restore::{ChainWrite, Restore, ServiceChains, Table};
+use crate::restore::{ChainWrite, LazyGroup, LazyGroups, Restore, ServiceChains, Table};
 
 /// How the planner renders rules (upstream's `iptables` configuration for one family).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,11 +76,42 @@ pub struct JumpRule {
     pub args: String,
 }
 
-/// One Service's cached plan.
+/// A 64-bit digest of a chain's rules (SipHash over each rule and its end, and the count): two
+/// rule lists with the same digest are taken to be the same.
+pub fn digest<S: AsRef<str>>(rules: &[S]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in rules {
+        r.as_ref().hash(&mut h);
+    }
+    h.write_usize(rules.len());
+    h.finish()
+}
+
+/// One chain of a Service port as planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ChainRec {
+    digest: u64,
+    id: ChainId,
+}
+
+/// One Service port as planned.
+#[derive(Clone, Debug, Default)]
+struct PortRec {
+    /// Its nat chains, in the order they are written.
+    chains: Vec<ChainRec>,
+    /// Rules in those chains.
+    rules: u32,
+    /// Digest of its rules in the shared chains.
+    dispatch: u64,
+    no_local_internal: bool,
+    no_local_external: bool,
+}
+
+/// One Service's recorded plan.
 #[derive(Clone, Debug, Default)]
 struct ServicePlan {
     /// Its ports that have a ClusterIP of this family, by name.
-    ports: Vec<(ServicePortName, PortRules)>,
+    ports: Vec<PortRec>,
     /// Its endpoints of this family (every one, usable or not), for large-cluster mode.
     endpoints: usize,
     /// Its ClusterIP of this family: traffic to it on other ports is rejected.
@@ -84,12 +119,12 @@ struct ServicePlan {
 }
 
 impl ServicePlan {
-    fn chains(&self) -> impl Iterator<Item = &ChainWrite> {
-        self.ports.iter().flat_map(|(_, p)| p.chains.iter())
+    fn chains(&self) -> impl Iterator<Item = &ChainRec> {
+        self.ports.iter().flat_map(|p| p.chains.iter())
     }
 
     fn no_local(&self) -> (u64, u64) {
-        self.ports.iter().fold((0, 0), |(i, e), (_, p)| {
+        self.ports.iter().fold((0, 0), |(i, e), p| {
             (
                 i + u64::from(p.no_local_internal),
                 e + u64::from(p.no_local_external),
@@ -98,8 +133,142 @@ impl ServicePlan {
     }
 }
 
-/// The shared chains, in the order a restore writes them.
+fn dispatch_digest(p: &PortRules) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for rules in &p.dispatch {
+        h.write_u64(digest(rules));
+    }
+    h.finish()
+}
+
+fn record_port(p: &PortRules) -> PortRec {
+    PortRec {
+        chains: p
+            .chains
+            .iter()
+            .filter_map(|c| {
+                // Every Service chain is named by `names`, so it has an id.
+                ChainId::parse(&c.chain).map(|id| ChainRec {
+                    digest: digest(&c.rules),
+                    id,
+                })
+            })
+            .collect(),
+        rules: p.chains.iter().map(|c| c.rules.len() as u32).sum(),
+        dispatch: dispatch_digest(p),
+        no_local_internal: p.no_local_internal,
+        no_local_external: p.no_local_external,
+    }
+}
+
+/// A Service's ports with a ClusterIP of `ctx`'s family, rendered, by port name.
+fn render_service(
+    ctx: &RenderContext,
+    state: &ProxyState,
+    key: &ServiceKey,
+    with_chains: bool,
+) -> Vec<(ServicePortName, PortRules)> {
+    let mut ports: Vec<(ServicePortName, PortRules)> = state
+        .service_state(key)
+        .iter()
+        .filter_map(|ps| {
+            let r = if with_chains {
+                render::render_port(ctx, &ps.port, &ps.endpoints)
+            } else {
+                render::render_dispatch(ctx, &ps.port, &ps.endpoints)
+            };
+            r.map(|r| (ps.port.name.clone(), r))
+        })
+        .collect();
+    ports.sort_by(|a, b| a.0.cmp(&b.0));
+    ports
+}
+
+/// A Service's chain groups as a full plan writes them: its ports with chains, by name.
+pub(crate) fn service_groups(
+    ctx: &RenderContext,
+    state: &ProxyState,
+    key: &ServiceKey,
+) -> Vec<ServiceChains> {
+    render_service(ctx, state, key, true)
+        .into_iter()
+        .filter(|(_, p)| !p.chains.is_empty())
+        .map(|(name, p)| ServiceChains {
+            service_port: name.to_string(),
+            chains: p.chains,
+        })
+        .collect()
+}
+
+fn service_vip(ctx: &RenderContext, state: &ProxyState, key: &ServiceKey) -> Option<IpAddr> {
+    state
+        .service_ports(key)
+        .iter()
+        .flat_map(|p| p.cluster_ips.iter())
+        .find(|ip| IpFamily::of(ip) == ctx.family)
+        .copied()
+}
+
+/// The shared chains' rules, in the order a restore writes them.
 type Shared = BTreeMap<(Table, &'static str), Vec<String>>;
+
+/// What the planner recorded of each shared chain: digest and rule count.
+type SharedRec = BTreeMap<(Table, &'static str), (u64, usize)>;
+
+/// Every chain a planner planned, with its digest, to compare what the kernel holds with
+/// ([`Planner::index`]).
+#[derive(Clone, Debug, Default)]
+pub struct ChainIndex {
+    /// The Service chains (all in nat) with their digests, sorted by id (a sorted vector: 24
+    /// bytes a chain, where a hash map would take 50 and twice that while it grows).
+    pub service: Vec<(ChainId, u64)>,
+    /// The fixed and shared chains.
+    pub shared: BTreeMap<(Table, &'static str), u64>,
+}
+
+impl ChainIndex {
+    /// The digest of `chain`'s planned rules ([`digest`]), if it is planned.
+    pub fn get(&self, table: Table, chain: &str) -> Option<u64> {
+        if let Some(d) = self.shared.get(&(table, chain)) {
+            return Some(*d);
+        }
+        if table != Table::Nat {
+            return None;
+        }
+        let id = ChainId::parse(chain)?;
+        self.position(&id).map(|i| self.service[i].1)
+    }
+
+    /// Where Service chain `id` is in [`ChainIndex::service`].
+    pub fn position(&self, id: &ChainId) -> Option<usize> {
+        self.service.binary_search_by(|(c, _)| c.cmp(id)).ok()
+    }
+
+    /// Number of chains planned in `table`.
+    pub fn count(&self, table: Table) -> usize {
+        self.shared.keys().filter(|(t, _)| *t == table).count()
+            + if table == Table::Nat {
+                self.service.len()
+            } else {
+                0
+            }
+    }
+
+    /// The chains planned in `table`, fixed and shared ones first.
+    pub fn names(&self, table: Table) -> impl Iterator<Item = String> + '_ {
+        let shared = self
+            .shared
+            .keys()
+            .filter(move |(t, _)| *t == table)
+            .map(|(_, c)| c.to_string());
+        let service = self
+            .service
+            .iter()
+            .filter(move |_| table == Table::Nat)
+            .map(|(id, _)| id.name());
+        shared.chain(service)
+    }
+}
 
 /// The planner of one family's `filter` and `nat` chains.
 #[derive(Debug)]
@@ -111,9 +280,7 @@ pub struct Planner {
     /// What the last plan rendered with; `None` before the first full plan.
     ctx: Option<RenderContext>,
     /// The fixed and shared chains as last planned.
-    shared: Shared,
-    /// Chains planned and not deleted since: what the kernel may hold.
-    known: BTreeSet<(Table, String)>,
+    shared: SharedRec,
     /// Chains the last plan deleted; if that restore failed they may still exist, so the next
     /// full plan deletes them again. A partial plan confirms the previous restore succeeded.
     maybe_stale: BTreeSet<(Table, String)>,
@@ -129,8 +296,7 @@ impl Planner {
             services: BTreeMap::new(),
             total_endpoints: 0,
             ctx: None,
-            shared: Shared::new(),
-            known: BTreeSet::new(),
+            shared: SharedRec::new(),
             maybe_stale: BTreeSet::new(),
             no_local: (0, 0),
             programmed: false,
@@ -171,17 +337,131 @@ impl Planner {
             .collect()
     }
 
-    /// Every chain this planner owns with its rules (each the arguments after `-A CHAIN `, in
-    /// `iptables-save` form), as last planned.
-    pub fn expected(&self) -> BTreeMap<(Table, String), Vec<String>> {
-        let mut out: BTreeMap<(Table, String), Vec<String>> = self
+    /// Rules in the chains planned, per table (filter, nat), as of the last plan.
+    pub fn rule_counts(&self) -> [(Table, usize); 2] {
+        Table::ALL.map(|t| {
+            let shared: usize = self
+                .shared
+                .iter()
+                .filter(|((st, _), _)| *st == t)
+                .map(|(_, (_, n))| *n)
+                .sum();
+            let service: usize = if t == Table::Nat {
+                self.services
+                    .values()
+                    .flat_map(|s| s.ports.iter())
+                    .map(|p| p.rules as usize)
+                    .sum()
+            } else {
+                0
+            };
+            (t, shared + service)
+        })
+    }
+
+    /// Every chain planned, with the digest of its rules, as last planned.
+    pub fn index(&self) -> ChainIndex {
+        let mut service: Vec<(ChainId, u64)> = Vec::with_capacity(self.service_chain_count());
+        service.extend(
+            self.services
+                .values()
+                .flat_map(|s| s.chains())
+                .map(|c| (c.id, c.digest)),
+        );
+        service.sort_unstable_by_key(|(id, _)| *id);
+        ChainIndex {
+            service,
+            shared: self.shared.iter().map(|(k, (d, _))| (*k, *d)).collect(),
+        }
+    }
+
+    /// The planned Service chains of nat, in the planner's order (by Service, then port), from
+    /// the `skip`th on: for sampling.
+    pub fn service_chain_names(&self, skip: usize) -> impl Iterator<Item = String> + '_ {
+        self.services
+            .values()
+            .flat_map(|s| s.chains())
+            .skip(skip)
+            .map(|c| c.id.name())
+    }
+
+    /// Number of planned Service chains.
+    pub fn service_chain_count(&self) -> usize {
+        self.services.values().map(|s| s.chains().count()).sum()
+    }
+
+    /// The rules of one planned chain, rendered again from `state`, if what that renders is
+    /// what was last planned (same digest). The planner keeps digests only: `state` must hold
+    /// what the last plan saw for the chain's Service (the shared chains: for every Service).
+    pub fn planned_rules(
+        &self,
+        state: &ProxyState,
+        table: Table,
+        chain: &str,
+    ) -> Option<Vec<String>> {
+        let ctx = self.ctx.as_ref()?;
+        let (want, rules) = if let Some((d, _)) = self
             .shared
             .iter()
-            .map(|((t, c), rules)| ((*t, c.to_string()), rules.clone()))
-            .collect();
-        for plan in self.services.values() {
+            .find_map(|((t, c), v)| (*t == table && *c == chain).then_some(v))
+        {
+            let shared = self.assemble(ctx, &self.render_dispatch(ctx, state));
+            (
+                *d,
+                shared
+                    .into_iter()
+                    .find(|((t, c), _)| *t == table && *c == chain)?
+                    .1,
+            )
+        } else {
+            let id = ChainId::parse(chain).filter(|_| table == Table::Nat)?;
+            let (key, rec) = self
+                .services
+                .iter()
+                .find_map(|(k, s)| s.chains().find(|c| c.id == id).map(|c| (k, *c)))?;
+            let rules = render_service(ctx, state, key, true)
+                .into_iter()
+                .flat_map(|(_, p)| p.chains)
+                .find(|c| c.chain == chain)?
+                .rules;
+            (rec.digest, rules)
+        };
+        (digest(&rules) == want).then_some(rules)
+    }
+
+    /// Every chain this planner owns with its rules (each the arguments after `-A CHAIN `, in
+    /// `iptables-save` form), rendered again from `state`, which must be what the last plan
+    /// saw. A chain whose rendering differs from what was planned (another state) is listed
+    /// with the single rule `<not as planned>`.
+    pub fn expected(&self, state: &ProxyState) -> BTreeMap<(Table, String), Vec<String>> {
+        let mut out = BTreeMap::new();
+        let Some(ctx) = &self.ctx else {
+            return out;
+        };
+        let mismatch = || vec!["<not as planned>".to_string()];
+        let shared = self.assemble(ctx, &self.render_dispatch(ctx, state));
+        for ((t, c), (d, _)) in &self.shared {
+            let rules = shared
+                .get(&(*t, *c))
+                .filter(|r| digest(r) == *d)
+                .cloned()
+                .unwrap_or_else(mismatch);
+            out.insert((*t, c.to_string()), rules);
+        }
+        for (key, plan) in &self.services {
+            let rendered: HashMap<String, Vec<String>> = render_service(ctx, state, key, true)
+                .into_iter()
+                .flat_map(|(_, p)| p.chains)
+                .map(|c| (c.chain, c.rules))
+                .collect();
             for c in plan.chains() {
-                out.insert((c.table, c.chain.clone()), c.rules.clone());
+                let name = c.id.name();
+                let rules = rendered
+                    .get(&name)
+                    .filter(|r| digest(r) == c.digest)
+                    .cloned()
+                    .unwrap_or_else(mismatch);
+                out.insert((Table::Nat, name), rules);
             }
         }
         out
@@ -218,45 +498,26 @@ impl Planner {
             .sum()
     }
 
-    fn plan_service(
-        ctx: &RenderContext,
-        state: &ProxyState,
-        key: &ServiceKey,
-        endpoints: usize,
-    ) -> ServicePlan {
-        let mut ports: Vec<(ServicePortName, PortRules)> = state
-            .service_state(key)
-            .iter()
-            .filter_map(|ps| {
-                render::render_port(ctx, &ps.port, &ps.endpoints).map(|r| (ps.port.name.clone(), r))
-            })
-            .collect();
-        ports.sort_by(|a, b| a.0.cmp(&b.0));
-        let vip = state
-            .service_ports(key)
-            .iter()
-            .flat_map(|p| p.cluster_ips.iter())
-            .find(|ip| IpFamily::of(ip) == ctx.family)
-            .copied()
-            .filter(|_| !ports.is_empty());
-        ServicePlan {
-            ports,
-            endpoints,
-            vip,
+    /// Every recorded Service's rules in the shared chains, rendered from `state`, indexed like
+    /// [`Dispatch::ALL`].
+    fn render_dispatch(&self, ctx: &RenderContext, state: &ProxyState) -> [Vec<String>; 6] {
+        let mut out: [Vec<String>; 6] = Default::default();
+        for key in self.services.keys() {
+            for (_, p) in render_service(ctx, state, key, false) {
+                for (i, rules) in p.dispatch.into_iter().enumerate() {
+                    out[i].extend(rules);
+                }
+            }
         }
+        out
     }
 
-    /// The fixed and shared chains, assembled from the cached contributions.
-    fn assemble(&self, ctx: &RenderContext) -> Shared {
+    /// The fixed and shared chains, from every Service's shared-chain rules (`dispatch`) and
+    /// the recorded ClusterIPs.
+    fn assemble(&self, ctx: &RenderContext, dispatch: &[Vec<String>; 6]) -> Shared {
         let mut shared = Shared::new();
         for d in Dispatch::ALL {
-            let rules: Vec<String> = self
-                .services
-                .values()
-                .flat_map(|s| s.ports.iter())
-                .flat_map(|(_, p)| p.dispatch[d as usize].iter().cloned())
-                .collect();
-            shared.insert((d.table(), d.chain()), rules);
+            shared.insert((d.table(), d.chain()), dispatch[d as usize].clone());
         }
         if let Some(rules) = shared.get_mut(&(Table::Nat, names::KUBE_SERVICES)) {
             rules.extend(render::nodeports_jump(ctx));
@@ -293,18 +554,18 @@ impl Planner {
     /// Splits the shared chains into the restore's base chains (what Service chains jump to)
     /// and dispatch chains, keeping those `keep` accepts.
     fn shared_writes(
-        shared: &Shared,
+        shared: Shared,
         keep: impl Fn(&(Table, &'static str), &Vec<String>) -> bool,
     ) -> (Vec<ChainWrite>, Vec<ChainWrite>) {
         let (mut base, mut dispatch) = (Vec::new(), Vec::new());
         for (key, rules) in shared {
-            if !keep(key, rules) {
+            if !keep(&key, &rules) {
                 continue;
             }
             let write = ChainWrite {
                 table: key.0,
                 chain: key.1.to_string(),
-                rules: rules.clone(),
+                rules,
             };
             if key.1 == names::KUBE_MARK_MASQ {
                 base.push(write);
@@ -315,76 +576,126 @@ impl Planner {
         (base, dispatch)
     }
 
+    fn record_shared(shared: &Shared) -> SharedRec {
+        shared
+            .iter()
+            .map(|(k, rules)| (*k, (digest(rules), rules.len())))
+            .collect()
+    }
+
     /// A restore that writes every chain this planner owns, built from `state`, and deletes the
-    /// chains it planned before and no longer needs.
-    pub fn full(&mut self, state: &ProxyState, node: &NodeContext) -> Restore {
+    /// chains it planned before and no longer needs. The Service chains are rendered to be
+    /// recorded, then again from `state` while the restore is written: the restore borrows it.
+    pub fn full<'a>(&mut self, state: &'a ProxyState, node: &NodeContext) -> Restore<'a> {
         let counts: Vec<(ServiceKey, usize)> = state
             .service_keys()
             .map(|k| (k.clone(), self.count_endpoints(state, k)))
             .collect();
         let total: usize = counts.iter().map(|(_, n)| n).sum();
         let ctx = self.context(state, node, total);
-        self.services.clear();
+        let old = std::mem::take(&mut self.services);
+        let mut dispatch: [Vec<String>; 6] = Default::default();
+        let mut lazy = LazyGroups {
+            state,
+            ctx: ctx.clone(),
+            services: Vec::new(),
+            groups: Vec::new(),
+            ids: Vec::new(),
+            rules: 0,
+        };
         for (key, n) in counts {
-            let plan = Self::plan_service(&ctx, state, &key, n);
-            if !plan.ports.is_empty() {
-                self.services.insert(key, plan);
+            let ports = render_service(&ctx, state, &key, true);
+            if ports.is_empty() {
+                continue;
             }
+            let service = lazy.services.len() as u32;
+            let mut nth = 0;
+            let mut plan = ServicePlan {
+                ports: Vec::with_capacity(ports.len()),
+                endpoints: n,
+                vip: service_vip(&ctx, state, &key),
+            };
+            for (_, p) in ports {
+                let rec = record_port(&p);
+                if !rec.chains.is_empty() {
+                    lazy.groups.push(LazyGroup {
+                        service,
+                        nth,
+                        first: lazy.ids.len() as u32,
+                        len: rec.chains.len() as u32,
+                    });
+                    nth += 1;
+                    lazy.ids.extend(rec.chains.iter().map(|c| c.id));
+                    lazy.rules += rec.rules as usize;
+                }
+                for (i, rules) in p.dispatch.into_iter().enumerate() {
+                    dispatch[i].extend(rules);
+                }
+                plan.ports.push(rec);
+            }
+            lazy.services.push(key.clone());
+            self.services.insert(key, plan);
         }
         self.total_endpoints = self.services.values().map(|s| s.endpoints).sum();
         self.no_local = self.services.values().fold((0, 0), |acc, s| {
             let (i, e) = s.no_local();
             (acc.0 + i, acc.1 + e)
         });
-        self.shared = self.assemble(&ctx);
+        let shared = self.assemble(&ctx, &dispatch);
+        drop(dispatch);
+        let old_shared = std::mem::replace(&mut self.shared, Self::record_shared(&shared));
         self.ctx = Some(ctx);
 
-        let (base_chains, dispatch_chains) = Self::shared_writes(&self.shared, |_, _| true);
-        let service_chains: Vec<ServiceChains> = self
-            .services
-            .values()
-            .flat_map(|s| s.ports.iter())
-            .filter(|(_, p)| !p.chains.is_empty())
-            .map(|(name, p)| ServiceChains {
-                service_port: name.to_string(),
-                chains: p.chains.clone(),
-            })
-            .collect();
-        let mut restore = Restore {
+        // Deleted: what was planned before, or deleted by a restore that may have failed, and
+        // is not planned now.
+        // Sorted ids (11 bytes a chain; a hash set would take several times that).
+        let mut planned: Vec<ChainId> = lazy.ids.clone();
+        planned.sort_unstable();
+        let has = |id: &ChainId| planned.binary_search(id).is_ok();
+        let is_planned = |t: Table, c: &str| -> bool {
+            self.shared.contains_key(&(t, c))
+                || (t == Table::Nat && ChainId::parse(c).is_some_and(|id| has(&id)))
+        };
+        let mut deleted: BTreeSet<(Table, String)> = BTreeSet::new();
+        for s in old.values() {
+            for c in s.chains().filter(|c| !has(&c.id)) {
+                deleted.insert((Table::Nat, c.id.name()));
+            }
+        }
+        for (t, c) in old_shared.keys() {
+            if !is_planned(*t, c) {
+                deleted.insert((*t, c.to_string()));
+            }
+        }
+        for (t, c) in &self.maybe_stale {
+            if !is_planned(*t, c) {
+                deleted.insert((*t, c.clone()));
+            }
+        }
+        drop(planned);
+        let (base_chains, dispatch_chains) = Self::shared_writes(shared, |_, _| true);
+        self.maybe_stale = deleted.clone();
+        self.programmed = true;
+        Restore {
             full: true,
             base_chains,
-            service_chains,
+            service_chains: Vec::new(),
             dispatch_chains,
-            deleted_chains: Vec::new(),
-        };
-        let planned: BTreeSet<(Table, String)> = restore
-            .chain_names()
-            .into_iter()
-            .map(|(t, c)| (t, c.to_string()))
-            .collect();
-        let deleted: BTreeSet<(Table, String)> = self
-            .known
-            .union(&self.maybe_stale)
-            .filter(|k| !planned.contains(*k))
-            .cloned()
-            .collect();
-        restore.deleted_chains = deleted.iter().cloned().collect();
-        self.known = planned;
-        self.maybe_stale = deleted;
-        self.programmed = true;
-        restore
+            deleted_chains: deleted.into_iter().collect(),
+            lazy: Some(lazy).filter(|l| !l.groups.is_empty()),
+        }
     }
 
     /// A restore with only what changed for `changed` Services (and for every Service if
     /// `node_changed`, or if the node context or large-cluster mode changed). Without a
     /// previous full plan (see [`Planner::programmed`]) this plans a full restore.
-    pub fn partial(
+    pub fn partial<'a>(
         &mut self,
-        state: &ProxyState,
+        state: &'a ProxyState,
         changed: &BTreeSet<ServiceKey>,
         node: &NodeContext,
         node_changed: bool,
-    ) -> Restore {
+    ) -> Restore<'a> {
         if !self.programmed || self.ctx.is_none() {
             return self.full(state, node);
         }
@@ -418,19 +729,29 @@ impl Planner {
                 Some(n) => *n,
                 None => self.services.get(key).map_or(0, |s| s.endpoints),
             };
-            let new = Self::plan_service(&ctx, state, key, n);
+            let ports = render_service(&ctx, state, key, true);
+            let new = ServicePlan {
+                ports: ports.iter().map(|(_, p)| record_port(p)).collect(),
+                endpoints: n,
+                vip: service_vip(&ctx, state, key).filter(|_| !ports.is_empty()),
+            };
             let old = self.services.remove(key).unwrap_or_default();
-            let old_chains: HashMap<&str, &ChainWrite> =
-                old.chains().map(|c| (c.chain.as_str(), c)).collect();
-            let new_names: BTreeSet<&str> = new.chains().map(|c| c.chain.as_str()).collect();
-            for (name, port) in &new.ports {
+            let old_chains: HashMap<ChainId, u64> =
+                old.chains().map(|c| (c.id, c.digest)).collect();
+            let new_ids: HashSet<ChainId> = new.chains().map(|c| c.id).collect();
+            for ((name, port), rec) in ports.into_iter().zip(&new.ports) {
                 let chains: Vec<ChainWrite> = port
                     .chains
-                    .iter()
+                    .into_iter()
                     .filter(|c| {
-                        old_chains.get(c.chain.as_str()).map(|o| &o.rules) != Some(&c.rules)
+                        let d = ChainId::parse(&c.chain).and_then(|id| old_chains.get(&id));
+                        let now = rec
+                            .chains
+                            .iter()
+                            .find(|r| Some(r.id) == ChainId::parse(&c.chain))
+                            .map(|r| r.digest);
+                        d.is_none() || d.copied() != now
                     })
-                    .cloned()
                     .collect();
                 if !chains.is_empty() {
                     restore.service_chains.push(ServiceChains {
@@ -440,13 +761,12 @@ impl Planner {
                 }
             }
             for c in old.chains() {
-                if !new_names.contains(c.chain.as_str()) {
-                    deleted.push((c.table, c.chain.clone()));
+                if !new_ids.contains(&c.id) {
+                    deleted.push((Table::Nat, c.id.name()));
                 }
             }
-            let dispatch_of = |p: &ServicePlan| -> Vec<[Vec<String>; 6]> {
-                p.ports.iter().map(|(_, r)| r.dispatch.clone()).collect()
-            };
+            let dispatch_of =
+                |p: &ServicePlan| -> Vec<u64> { p.ports.iter().map(|r| r.dispatch).collect() };
             dispatch_changed |= old.vip != new.vip || dispatch_of(&old) != dispatch_of(&new);
             let (oi, oe) = old.no_local();
             let (ni, ne) = new.no_local();
@@ -458,36 +778,26 @@ impl Planner {
         }
 
         if dispatch_changed {
-            let shared = self.assemble(&ctx);
-            let previous = &self.shared;
-            let (base, dispatch) =
-                Self::shared_writes(&shared, |k, rules| previous.get(k) != Some(rules));
-            restore.base_chains = base;
-            restore.dispatch_chains = dispatch;
+            let shared = self.assemble(&ctx, &self.render_dispatch(&ctx, state));
+            let recorded = Self::record_shared(&shared);
             // A shared chain that is no longer planned (none today) would be deleted.
             for key in self.shared.keys() {
-                if !shared.contains_key(key) {
+                if !recorded.contains_key(key) {
                     deleted.push((key.0, key.1.to_string()));
                 }
             }
-            self.shared = shared;
+            let previous = std::mem::replace(&mut self.shared, recorded);
+            let (base, dispatch) = Self::shared_writes(shared, |k, rules| {
+                previous.get(k).map(|(d, _)| *d) != Some(digest(rules))
+            });
+            restore.base_chains = base;
+            restore.dispatch_chains = dispatch;
         }
         self.ctx = Some(ctx);
 
         deleted.sort();
         deleted.dedup();
-        for (t, c) in restore
-            .service_chains
-            .iter()
-            .flat_map(|g| g.chains.iter())
-            .chain(restore.base_chains.iter())
-            .chain(restore.dispatch_chains.iter())
-            .map(|c| (c.table, c.chain.clone()))
-        {
-            self.known.insert((t, c));
-        }
         for d in &deleted {
-            self.known.remove(d);
             self.maybe_stale.insert(d.clone());
         }
         restore.deleted_chains = deleted;

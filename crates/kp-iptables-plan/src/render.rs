@@ -362,6 +362,25 @@ pub(crate) fn render_port(
     port: &ServicePort,
     endpoints: &SelectedEndpoints,
 ) -> Option<PortRules> {
+    render_port_parts(ctx, port, endpoints, true)
+}
+
+/// Like [`render_port`], but only its rules in the shared chains (and the no-local flags):
+/// `chains` empty. Re-assembling the shared chains needs nothing more.
+pub(crate) fn render_dispatch(
+    ctx: &RenderContext,
+    port: &ServicePort,
+    endpoints: &SelectedEndpoints,
+) -> Option<PortRules> {
+    render_port_parts(ctx, port, endpoints, false)
+}
+
+fn render_port_parts(
+    ctx: &RenderContext,
+    port: &ServicePort,
+    endpoints: &SelectedEndpoints,
+    with_chains: bool,
+) -> Option<PortRules> {
     let family = ctx.family;
     let vip = *of_family(&port.cluster_ips, family).next()?;
     let spn = port.name.to_string();
@@ -517,6 +536,9 @@ pub(crate) fn render_port(
         out.push(Dispatch::FilterNodePorts, rule.build());
     }
 
+    if !with_chains {
+        return Some(out);
+    }
     // The Service port's own chains: endpoints first, then the chains that jump to them.
     let mut reachable: Vec<&Endpoint> = cluster_eps.iter().collect();
     for ep in &local_eps {

@@ -11,7 +11,14 @@
 //! filter) lands in the last step, in one input.
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
+use std::io::{self, Write};
+use std::ops::Range;
+
+use kp_core::model::ServiceKey;
+use kp_core::track::ProxyState;
+
+use crate::names::ChainId;
+use crate::render::RenderContext;
 
 /// An iptables table kube-proxy writes with `iptables-restore`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -65,44 +72,171 @@ pub struct ServiceChains {
     pub chains: Vec<ChainWrite>,
 }
 
+/// Groups of Service chains a full plan renders from the state only when they are written, so
+/// a full restore never holds the text of every chain (tens of megabytes at 10k Services).
+/// Group `i` is the `nth` Service port with chains of `services[service]`; its chain names are
+/// known up front (`ids[first..first + len]`), as restore inputs declare every chain before
+/// any rule.
+#[derive(Clone)]
+pub(crate) struct LazyGroups<'a> {
+    pub state: &'a ProxyState,
+    pub ctx: RenderContext,
+    pub services: Vec<ServiceKey>,
+    pub groups: Vec<LazyGroup>,
+    pub ids: Vec<ChainId>,
+    pub rules: usize,
+}
+
+/// One lazily rendered group (see [`LazyGroups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LazyGroup {
+    pub service: u32,
+    pub nth: u32,
+    pub first: u32,
+    pub len: u32,
+}
+
+impl LazyGroups<'_> {
+    fn names(&self, g: &LazyGroup) -> impl Iterator<Item = String> + '_ {
+        let (a, n) = (g.first as usize, g.len as usize);
+        self.ids[a..a + n].iter().map(ChainId::name)
+    }
+
+    /// Renders the groups in `range`, in order, one Service at a time.
+    fn render(
+        &self,
+        range: Range<usize>,
+        mut each: impl FnMut(&ServiceChains) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut cached: Option<(u32, Vec<ServiceChains>)> = None;
+        for g in &self.groups[range] {
+            if cached.as_ref().map(|(s, _)| *s) != Some(g.service) {
+                let key = &self.services[g.service as usize];
+                let groups = crate::planner::service_groups(&self.ctx, self.state, key);
+                cached = Some((g.service, groups));
+            }
+            if let Some(group) = cached.as_ref().and_then(|(_, v)| v.get(g.nth as usize)) {
+                each(group)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for LazyGroups<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyGroups")
+            .field("services", &self.services.len())
+            .field("groups", &self.groups.len())
+            .field("chains", &self.ids.len())
+            .field("rules", &self.rules)
+            .finish()
+    }
+}
+
+impl PartialEq for LazyGroups<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.state, other.state)
+            && self.ctx == other.ctx
+            && self.services == other.services
+            && self.groups == other.groups
+            && self.ids == other.ids
+    }
+}
+
+impl Eq for LazyGroups<'_> {}
+
 /// Everything one sync changes.
+///
+/// A partial plan holds its chains; a full plan ([`crate::Planner::full`]) renders most of its
+/// Service chains from the state it borrows while they are written ([`Restore::write_input`]),
+/// after the groups in `service_chains`. [`Restore::materialize`] renders them all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Restore {
+pub struct Restore<'a> {
     /// Whether this rewrites every chain kube-proxy owns.
     pub full: bool,
     /// Fixed chains the Service chains jump to (`KUBE-MARK-MASQ`, ...), written first.
     pub base_chains: Vec<ChainWrite>,
-    /// Per-Service-port chains, created or rewritten.
+    /// Per-Service-port chains, created or rewritten (of a full plan: see above).
     pub service_chains: Vec<ServiceChains>,
     /// Dispatch chains (`KUBE-SERVICES`, `KUBE-NODEPORTS`, `KUBE-EXTERNAL-SERVICES`,
     /// `KUBE-PROXY-FIREWALL`, ...), written in the last step.
     pub dispatch_chains: Vec<ChainWrite>,
     /// Chains to delete, in the last step, after nothing jumps to them any more.
     pub deleted_chains: Vec<(Table, String)>,
+    pub(crate) lazy: Option<LazyGroups<'a>>,
 }
 
-impl Restore {
+/// One restore input of a [`Restore`] ([`Restore::inputs`]): the fixed chains or not, a range
+/// of Service chain groups, and the dispatch chains with the deletions or not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Input {
+    base: bool,
+    groups: Range<usize>,
+    last: bool,
+    chains: usize,
+}
+
+impl Input {
+    /// Chains it writes or deletes.
+    pub fn chains(&self) -> usize {
+        self.chains
+    }
+
+    /// Whether it is the last input of its restore (the dispatch chains and deletions).
+    pub fn is_last(&self) -> bool {
+        self.last
+    }
+}
+
+/// Lines the applier adds to one table's section of an input: `decls` right after `*table`,
+/// `rules` right before its `COMMIT`. A section the input lacks is added at its end.
+#[derive(Clone, Copy, Debug)]
+pub struct Extra<'e> {
+    /// The table.
+    pub table: Table,
+    /// Lines such as `:KUBE-PROXY-CANARY - [0:0]`.
+    pub decls: &'e [String],
+    /// Lines such as `-I PREROUTING …`.
+    pub rules: &'e [String],
+}
+
+impl<'a> Restore<'a> {
     /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
         self.base_chains.is_empty()
-            && self.service_chains.is_empty()
+            && self.group_count() == 0
             && self.dispatch_chains.is_empty()
             && self.deleted_chains.is_empty()
     }
 
-    /// Every chain written or deleted.
-    pub fn chain_names(&self) -> BTreeSet<(Table, &str)> {
-        self.writes()
-            .map(|c| (c.table, c.chain.as_str()))
-            .chain(self.deleted_chains.iter().map(|(t, c)| (*t, c.as_str())))
-            .collect()
+    /// Every chain written or deleted (renders nothing, but allocates every name).
+    pub fn chain_names(&self) -> BTreeSet<(Table, String)> {
+        let mut out: BTreeSet<(Table, String)> = self
+            .writes()
+            .map(|c| (c.table, c.chain.clone()))
+            .chain(self.deleted_chains.iter().cloned())
+            .collect();
+        if let Some(l) = &self.lazy {
+            out.extend(l.ids.iter().map(|id| (Table::Nat, id.name())));
+        }
+        out
+    }
+
+    /// Number of chains written or deleted.
+    pub fn chain_count(&self) -> usize {
+        self.writes().count()
+            + self.deleted_chains.len()
+            + self.lazy.as_ref().map_or(0, |l| l.ids.len())
     }
 
     /// Number of rules written.
     pub fn rule_count(&self) -> usize {
-        self.writes().map(|c| c.rules.len()).sum()
+        self.writes().map(|c| c.rules.len()).sum::<usize>()
+            + self.lazy.as_ref().map_or(0, |l| l.rules)
     }
 
+    /// The held chains: fixed, the groups in `service_chains`, dispatch.
     fn writes(&self) -> impl Iterator<Item = &ChainWrite> {
         self.base_chains
             .iter()
@@ -110,79 +244,218 @@ impl Restore {
             .chain(self.dispatch_chains.iter())
     }
 
+    fn group_count(&self) -> usize {
+        self.service_chains.len() + self.lazy.as_ref().map_or(0, |l| l.groups.len())
+    }
+
+    fn group_len(&self, i: usize) -> usize {
+        match self.service_chains.get(i) {
+            Some(g) => g.chains.len(),
+            None => self.lazy.as_ref().map_or(0, |l| {
+                l.groups
+                    .get(i - self.service_chains.len())
+                    .map_or(0, |g| g.len as usize)
+            }),
+        }
+    }
+
+    /// Renders every group: the restore then holds all its text.
+    pub fn materialize(mut self) -> Restore<'static> {
+        if let Some(l) = self.lazy.take() {
+            let n = l.groups.len();
+            let _ = l.render(0..n, |g| {
+                self.service_chains.push(g.clone());
+                Ok(())
+            });
+        }
+        Restore {
+            full: self.full,
+            base_chains: self.base_chains,
+            service_chains: self.service_chains,
+            dispatch_chains: self.dispatch_chains,
+            deleted_chains: self.deleted_chains,
+            lazy: None,
+        }
+    }
+
+    /// The whole change as one input: what [`Restore::text`] holds.
+    pub fn whole(&self) -> Input {
+        Input {
+            base: true,
+            groups: 0..self.group_count(),
+            last: true,
+            chains: self.chain_count(),
+        }
+    }
+
     /// The whole change as one restore input (one commit per table, nat first, with either
     /// backend).
     pub fn text(&self) -> String {
-        render(&self.writes().collect::<Vec<_>>(), &self.deleted_chains)
+        self.input_text(&self.whole(), &[])
     }
 
     /// The change cut into restore inputs of at most about `max_chains` chains each, to be sent
     /// in order. Fixed chains come first, then groups of Service chains (a group is never
     /// split), and the dispatch chains with every deletion come last, together. A change that
-    /// fits in `max_chains` is one input, the same as [`Restore::text`].
-    pub fn steps(&self, max_chains: usize) -> Vec<String> {
-        let total = self.writes().count() + self.deleted_chains.len();
-        if total <= max_chains.max(1) {
-            return if self.is_empty() {
-                Vec::new()
-            } else {
-                vec![self.text()]
-            };
+    /// fits in `max_chains` is one input, the same as [`Restore::whole`].
+    pub fn inputs(&self, max_chains: usize) -> Vec<Input> {
+        if self.is_empty() {
+            return Vec::new();
         }
-        let mut steps = Vec::new();
-        let mut current: Vec<&ChainWrite> = self.base_chains.iter().collect();
-        for group in &self.service_chains {
-            if !current.is_empty() && current.len() + group.chains.len() > max_chains {
-                steps.push(render(&current, &[]));
-                current.clear();
+        if self.chain_count() <= max_chains.max(1) {
+            return vec![self.whole()];
+        }
+        let mut out = Vec::new();
+        let (mut base, mut start, mut current) = (true, 0, self.base_chains.len());
+        for i in 0..self.group_count() {
+            let len = self.group_len(i);
+            if current > 0 && current + len > max_chains {
+                out.push(Input {
+                    base,
+                    groups: start..i,
+                    last: false,
+                    chains: current,
+                });
+                (base, start, current) = (false, i, 0);
             }
-            current.extend(group.chains.iter());
+            current += len;
         }
-        if !current.is_empty() {
-            steps.push(render(&current, &[]));
+        if current > 0 {
+            out.push(Input {
+                base,
+                groups: start..self.group_count(),
+                last: false,
+                chains: current,
+            });
         }
-        let last: Vec<&ChainWrite> = self.dispatch_chains.iter().collect();
-        if !last.is_empty() || !self.deleted_chains.is_empty() {
-            steps.push(render(&last, &self.deleted_chains));
+        if !self.dispatch_chains.is_empty() || !self.deleted_chains.is_empty() {
+            out.push(Input {
+                base: false,
+                groups: 0..0,
+                last: true,
+                chains: self.dispatch_chains.len() + self.deleted_chains.len(),
+            });
         }
-        steps
+        out
     }
-}
 
-/// Renders one restore input: per table (in [`Table::COMMIT_ORDER`]), the chain lines, then
-/// the rules, then the deletions.
-/// A deleted chain is flushed by its chain line first, so chains that jump to each other can be
-/// deleted together.
-fn render(writes: &[&ChainWrite], deleted: &[(Table, String)]) -> String {
-    let mut out = String::new();
-    for table in Table::COMMIT_ORDER {
-        let w: Vec<&&ChainWrite> = writes.iter().filter(|c| c.table == table).collect();
-        let d: Vec<&String> = deleted
+    /// [`Restore::inputs`], each rendered.
+    pub fn steps(&self, max_chains: usize) -> Vec<String> {
+        self.inputs(max_chains)
             .iter()
-            .filter(|(t, _)| *t == table)
-            .map(|(_, c)| c)
-            .collect();
-        if w.is_empty() && d.is_empty() {
-            continue;
-        }
-        let _ = writeln!(out, "*{}", table.as_str());
-        for c in &w {
-            let _ = writeln!(out, ":{} - [0:0]", c.chain);
-        }
-        for c in &d {
-            let _ = writeln!(out, ":{c} - [0:0]");
-        }
-        for c in &w {
-            for r in &c.rules {
-                let _ = writeln!(out, "-A {} {r}", c.chain);
+            .map(|i| self.input_text(i, &[]))
+            .collect()
+    }
+
+    /// One input as text, with `extra` lines added.
+    pub fn input_text(&self, input: &Input, extra: &[Extra<'_>]) -> String {
+        let mut out = Vec::new();
+        // Writing to a Vec cannot fail.
+        let _ = self.write_input(input, extra, &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Writes one input, rendering lazily planned chains as it goes: per table (in
+    /// [`Table::COMMIT_ORDER`]), `*table`, the extra declarations, the chain lines, the rules,
+    /// the deletions, the extra rules and `COMMIT`; then a section for each table that has
+    /// extra lines only (nat, then filter). A deleted chain is flushed by its chain line first,
+    /// so chains that jump to each other can be deleted together.
+    pub fn write_input(
+        &self,
+        input: &Input,
+        extra: &[Extra<'_>],
+        w: &mut dyn Write,
+    ) -> io::Result<()> {
+        let held = self.service_chains.len();
+        let held_range = input.groups.start.min(held)..input.groups.end.min(held);
+        let lazy_range = input.groups.start.max(held) - held..input.groups.end.max(held) - held;
+        let lazy = self.lazy.as_ref().filter(|_| !lazy_range.is_empty());
+        let base: &[ChainWrite] = if input.base { &self.base_chains } else { &[] };
+        let dispatch: &[ChainWrite] = if input.last {
+            &self.dispatch_chains
+        } else {
+            &[]
+        };
+        let deleted: &[(Table, String)] = if input.last {
+            &self.deleted_chains
+        } else {
+            &[]
+        };
+        let held_groups = &self.service_chains[held_range];
+        let held_writes = || {
+            base.iter()
+                .chain(held_groups.iter().flat_map(|g| g.chains.iter()))
+        };
+        let mut sections = Vec::new();
+        for table in Table::COMMIT_ORDER {
+            let writes = held_writes()
+                .chain(dispatch.iter())
+                .any(|c| c.table == table)
+                || (table == Table::Nat && lazy.is_some());
+            if writes || deleted.iter().any(|(t, _)| *t == table) {
+                sections.push(table);
             }
         }
-        for c in &d {
-            let _ = writeln!(out, "-X {c}");
+        for table in [Table::Nat, Table::Filter] {
+            let wanted = extra
+                .iter()
+                .any(|e| e.table == table && !(e.decls.is_empty() && e.rules.is_empty()));
+            if wanted && !sections.contains(&table) {
+                sections.push(table);
+            }
         }
-        out.push_str("COMMIT\n");
+        for table in sections {
+            let extras = || extra.iter().filter(move |e| e.table == table);
+            writeln!(w, "*{}", table.as_str())?;
+            for l in extras().flat_map(|e| e.decls.iter()) {
+                writeln!(w, "{l}")?;
+            }
+            for c in held_writes().filter(|c| c.table == table) {
+                writeln!(w, ":{} - [0:0]", c.chain)?;
+            }
+            if let (Some(l), Table::Nat) = (lazy, table) {
+                for g in &l.groups[lazy_range.clone()] {
+                    for name in l.names(g) {
+                        writeln!(w, ":{name} - [0:0]")?;
+                    }
+                }
+            }
+            for c in dispatch.iter().filter(|c| c.table == table) {
+                writeln!(w, ":{} - [0:0]", c.chain)?;
+            }
+            for (_, c) in deleted.iter().filter(|(t, _)| *t == table) {
+                writeln!(w, ":{c} - [0:0]")?;
+            }
+            let rules = |w: &mut dyn Write, c: &ChainWrite| -> io::Result<()> {
+                for r in &c.rules {
+                    writeln!(w, "-A {} {r}", c.chain)?;
+                }
+                Ok(())
+            };
+            for c in held_writes().filter(|c| c.table == table) {
+                rules(w, c)?;
+            }
+            if let (Some(l), Table::Nat) = (lazy, table) {
+                l.render(lazy_range.clone(), |g| {
+                    for c in g.chains.iter().filter(|c| c.table == table) {
+                        rules(w, c)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            for c in dispatch.iter().filter(|c| c.table == table) {
+                rules(w, c)?;
+            }
+            for (_, c) in deleted.iter().filter(|(t, _)| *t == table) {
+                writeln!(w, "-X {c}")?;
+            }
+            for l in extras().flat_map(|e| e.rules.iter()) {
+                writeln!(w, "{l}")?;
+            }
+            writeln!(w, "COMMIT")?;
+        }
+        Ok(())
     }
-    out
 }
 
 #[cfg(test)]
@@ -197,7 +470,7 @@ mod tests {
         }
     }
 
-    fn sample() -> Restore {
+    fn sample() -> Restore<'static> {
         Restore {
             full: true,
             base_chains: vec![chain(
@@ -231,6 +504,7 @@ mod tests {
                 ),
             ],
             deleted_chains: vec![(Table::Nat, "KUBE-SVC-OLD".into())],
+            lazy: None,
         }
     }
 

@@ -107,7 +107,7 @@ fn rows_still_pass_when_the_tables_were_built_by_partial_syncs_in_steps() {
     // The tracer's tables hold exactly what the planners say they wrote.
     for p in &ps {
         let family = p.config().family;
-        for ((table, chain), rules) in p.expected() {
+        for ((table, chain), rules) in p.expected(&grown) {
             assert_eq!(
                 tracer.chain(family, table, &chain),
                 Some(rules.as_slice()),
@@ -115,7 +115,11 @@ fn rows_still_pass_when_the_tables_were_built_by_partial_syncs_in_steps() {
             );
         }
         for table in Table::ALL {
-            let owned = p.expected().keys().filter(|(t, _)| *t == table).count();
+            let owned = p
+                .expected(&grown)
+                .keys()
+                .filter(|(t, _)| *t == table)
+                .count();
             let builtin = match table {
                 Table::Filter => 3,
                 Table::Nat => 4,

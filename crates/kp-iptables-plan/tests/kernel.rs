@@ -70,9 +70,16 @@ const BUILT_IN: [&str; 5] = ["INPUT", "FORWARD", "OUTPUT", "PREROUTING", "POSTRO
 
 /// The saved tables equal what the planner expects: our chains rule for rule, no other chains
 /// but the built-in ones, and the built-in chains holding exactly the jump rules.
-fn assert_read_back(ns: &Netns, family: IpFamily, backend: &str, planner: &Planner, what: &str) {
+fn assert_read_back(
+    ns: &Netns,
+    family: IpFamily,
+    backend: &str,
+    planner: &Planner,
+    state: &ProxyState,
+    what: &str,
+) {
     let saved = save(ns, family, backend);
-    let expected = planner.expected();
+    let expected = planner.expected(state);
     for (key, rules) in &expected {
         match saved.get(key) {
             Some(got) if got == rules => {}
@@ -161,7 +168,7 @@ fn the_fixture_reads_back_exactly_as_planned_full_and_partial() {
             let full = planner.full(&state, &node);
             restore(&ns, family, backend, &full.text());
             restore(&ns, family, backend, &jump_input(&planner));
-            assert_read_back(&ns, family, backend, &planner, "full");
+            assert_read_back(&ns, family, backend, &planner, &state, "full");
 
             // An endpoint goes, a Service goes: partial restores, cut into small steps.
             let mut changed = upsert(
@@ -181,7 +188,7 @@ fn the_fixture_reads_back_exactly_as_planned_full_and_partial() {
             let r = planner.partial(&state, &changed, &node, false);
             assert!(!r.deleted_chains.is_empty() || family == IpFamily::V6);
             apply(&ns, family, backend, &r, 2);
-            assert_read_back(&ns, family, backend, &planner, "partial");
+            assert_read_back(&ns, family, backend, &planner, &state, "partial");
 
             // The last endpoint goes: the Service moves to filter REJECTs.
             let changed = upsert(
@@ -190,7 +197,7 @@ fn the_fixture_reads_back_exactly_as_planned_full_and_partial() {
             );
             let r = planner.partial(&state, &changed, &node, false);
             apply(&ns, family, backend, &r, 1000);
-            assert_read_back(&ns, family, backend, &planner, "no endpoints");
+            assert_read_back(&ns, family, backend, &planner, &state, "no endpoints");
 
             // A failed restore, then a full plan over what the kernel still holds.
             let changed = upsert(
@@ -201,7 +208,14 @@ fn the_fixture_reads_back_exactly_as_planned_full_and_partial() {
             planner.invalidate();
             let r = planner.full(&state, &node);
             apply(&ns, family, backend, &r, 1000);
-            assert_read_back(&ns, family, backend, &planner, "full after a failure");
+            assert_read_back(
+                &ns,
+                family,
+                backend,
+                &planner,
+                &state,
+                "full after a failure",
+            );
         }
     }
 }
@@ -237,9 +251,9 @@ fn every_option_reads_back_exactly_as_planned() {
             }
             apply(&ns, family, backend, &r, 500);
             restore(&ns, family, backend, &jump_input(&planner));
-            assert_read_back(&ns, family, backend, &planner, "options");
+            assert_read_back(&ns, family, backend, &planner, &state, "options");
             let svc = planner
-                .expected()
+                .expected(&state)
                 .keys()
                 .filter(|(_, c)| names::is_service_chain(c))
                 .count();
@@ -260,6 +274,6 @@ fn detect_local_off_and_all_local_nodeports_read_back_exactly() {
         let r = planner.full(&state, &NodeContext::default());
         apply(&ns, family, "nft", &r, 1000);
         restore(&ns, family, "nft", &jump_input(&planner));
-        assert_read_back(&ns, family, "nft", &planner, "defaults");
+        assert_read_back(&ns, family, "nft", &planner, &state, "defaults");
     }
 }

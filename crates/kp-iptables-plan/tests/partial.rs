@@ -15,6 +15,7 @@ type Tables = BTreeMap<(Table, String), Vec<String>>;
 
 /// What the kernel holds after `r` (as `iptables-restore --noflush` applies it).
 fn apply(kernel: &mut Tables, r: &Restore) {
+    let r = r.clone().materialize();
     let groups = r.service_chains.iter().flat_map(|g| g.chains.iter());
     for c in r
         .base_chains
@@ -32,6 +33,7 @@ fn apply(kernel: &mut Tables, r: &Restore) {
 /// Only the first `groups` Service groups of `r` (a restore cut into steps that failed part
 /// way: the dispatch chains and deletions come last, so they are lost).
 fn apply_prefix(kernel: &mut Tables, r: &Restore, groups: usize) {
+    let r = r.clone().materialize();
     let chains = r
         .service_chains
         .iter()
@@ -45,7 +47,7 @@ fn apply_prefix(kernel: &mut Tables, r: &Restore, groups: usize) {
 fn fresh(state: &ProxyState, node: &NodeContext) -> Tables {
     let mut p = Planner::new(PlanConfig::new(IpFamily::V4));
     p.full(state, node);
-    p.expected()
+    p.expected(state)
 }
 
 /// Every chain a restore input names: chain lines, rule chains, deletions, and the jump
@@ -179,7 +181,7 @@ fn changes_among_5000_services_touch_only_the_changed_service() {
     // Three chain lines, the deletion, and 3 + 2 rules: the size of the change, not the table.
     assert!(r.text().lines().count() < 20, "{}", r.text());
     apply(&mut kernel, &r);
-    assert_eq!(kernel, planner.expected());
+    assert_eq!(kernel, planner.expected(&state));
 
     // Service 4325 (a LoadBalancer with source ranges) is deleted.
     let mut owned: BTreeSet<String> = service_chain_names(&[&state], &key(4325));
@@ -217,7 +219,7 @@ fn changes_among_5000_services_touch_only_the_changed_service() {
     );
     assert_only(&r, &states_before, &key(4325));
     apply(&mut kernel, &r);
-    assert_eq!(kernel, planner.expected());
+    assert_eq!(kernel, planner.expected(&state));
 
     // A new Service: its chains are created and the dispatch chains rewritten.
     state
@@ -231,7 +233,12 @@ fn changes_among_5000_services_touch_only_the_changed_service() {
         ))))
         .unwrap();
     let changes = state.take_changes();
+    let start = Instant::now();
     let r = planner.partial(&state, &changes.services, &node, false);
+    eprintln!(
+        "Service-added partial plan (shared chains rendered again): {:?}",
+        start.elapsed()
+    );
     assert_eq!(r.service_chains.len(), 1);
     assert_eq!(
         r.service_chains[0].chains.len(),
@@ -253,7 +260,7 @@ fn changes_among_5000_services_touch_only_the_changed_service() {
     assert!(r.deleted_chains.is_empty());
     assert_only(&r, &service_chain_names(&[&state], &key(5000)), &key(5000));
     apply(&mut kernel, &r);
-    assert_eq!(kernel, planner.expected());
+    assert_eq!(kernel, planner.expected(&state));
     assert_eq!(kernel, fresh(&state, &node));
 }
 
@@ -355,7 +362,7 @@ proptest! {
                 None => {
                     apply(&mut kernel, &r);
                     let want = fresh(&state, &node);
-                    prop_assert_eq!(&planner.expected(), &want);
+                    prop_assert_eq!(&planner.expected(&state), &want);
                     prop_assert_eq!(&kernel, &want);
                 }
             }
@@ -365,7 +372,115 @@ proptest! {
         let r = planner.partial(&state, &BTreeSet::new(), &node, false);
         apply(&mut kernel, &r);
         let want = fresh(&state, &node);
-        prop_assert_eq!(&planner.expected(), &want);
+        prop_assert_eq!(&planner.expected(&state), &want);
         prop_assert_eq!(&kernel, &want);
     }
+}
+
+/// The chains a restore writes, with their rules.
+fn written(r: &Restore) -> Tables {
+    let mut out = Tables::new();
+    apply(&mut out, r);
+    out
+}
+
+/// Each change makes a partial plan write exactly the chains whose text a fresh full plan
+/// renders differently (the planner compares digests, not text), and delete exactly those a
+/// fresh plan no longer has: an endpoint's probability only, an affinity timeout only (the
+/// `KUBE-SVC` chain's `--seconds`, not the `KUBE-SEP` chains), comments only (large-cluster
+/// mode), nothing at all (the same objects again), a new Service.
+#[test]
+fn partial_plans_rewrite_exactly_the_chains_whose_text_changed() {
+    let node = NodeContext::default();
+    let mut state = kp_flows::load("node-0", synthetic::cluster(60, 4));
+    let mut planner = Planner::new(PlanConfig::new(IpFamily::V4));
+    planner.full(&state, &node);
+    let affinity = |timeout: i32| {
+        let mut s = synthetic::service(12);
+        let spec = s.spec.as_mut().unwrap();
+        assert_eq!(spec.session_affinity.as_deref(), Some("ClientIP"));
+        spec.session_affinity_config = Some(k8s_openapi::api::core::v1::SessionAffinityConfig {
+            client_ip: Some(k8s_openapi::api::core::v1::ClientIPConfig {
+                timeout_seconds: Some(timeout),
+            }),
+        });
+        Object::Service(Box::new(s))
+    };
+    let slice = |i: usize, per: usize, missing: &[usize]| {
+        Object::EndpointSlice(Box::new(synthetic::slice(i, per, missing)))
+    };
+    let steps: Vec<(&str, Vec<Object>)> = vec![
+        ("one endpoint fewer: probabilities", vec![slice(4, 4, &[1])]),
+        ("the endpoint back", vec![slice(4, 4, &[])]),
+        ("affinity timeout", vec![affinity(600)]),
+        ("same objects again", vec![affinity(600), slice(4, 4, &[])]),
+        (
+            "a new Service",
+            vec![
+                Object::Service(Box::new(synthetic::service(60))),
+                slice(60, 3, &[]),
+            ],
+        ),
+        (
+            "large-cluster mode: comments only",
+            vec![
+                Object::Service(Box::new(synthetic::service(61))),
+                slice(61, 900, &[]),
+            ],
+        ),
+        ("affinity timeout in large-cluster mode", vec![affinity(30)]),
+    ];
+    let mut saw_probability_only = false;
+    for (what, objects) in steps {
+        let before = fresh(&state, &node);
+        for o in objects {
+            state.apply(SourceEvent::Upsert(o)).unwrap();
+        }
+        let changes = state.take_changes();
+        let after = fresh(&state, &node);
+        let r = planner.partial(&state, &changes.services, &node, changes.node_changed);
+        let wrote = written(&r);
+        let differs: Tables = after
+            .iter()
+            .filter(|(k, v)| before.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(
+            wrote.keys().collect::<Vec<_>>(),
+            differs.keys().collect::<Vec<_>>(),
+            "{what}"
+        );
+        assert_eq!(wrote, differs, "{what}");
+        let gone: Vec<(Table, String)> = before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .cloned()
+            .collect();
+        assert_eq!(r.deleted_chains, gone, "{what}");
+        assert_eq!(planner.expected(&state), after, "{what}");
+        match what {
+            "the endpoint back" => {
+                // The SVC chain (probabilities) and the returning SEP chain; the other SEP
+                // chains are unchanged and not written.
+                let svc = names::service_chains(&http(4)).svc;
+                assert!(wrote.contains_key(&(Table::Nat, svc)), "{what}");
+                assert_eq!(wrote.len(), 2, "{what}: {:#?}", wrote.keys());
+                saw_probability_only = true;
+            }
+            "affinity timeout" => {
+                let svc = names::service_chains(&http(12)).svc;
+                assert_eq!(
+                    wrote.keys().collect::<Vec<_>>(),
+                    [&(Table::Nat, svc)],
+                    "{what}"
+                );
+            }
+            "same objects again" => assert!(r.is_empty(), "{what}: {}", r.text()),
+            "large-cluster mode: comments only" => {
+                assert!(wrote.len() > 200, "{what}: every per-endpoint comment goes");
+            }
+            _ => {}
+        }
+    }
+    assert!(saw_probability_only);
 }

@@ -58,6 +58,27 @@ fn rss(what: &str) {
     }
 }
 
+/// Counts bytes written.
+struct Bytes(usize);
+
+impl std::io::Write for Bytes {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Resets VmHWM (`/proc/self/clear_refs`, Linux 4.0+), so the next peak is of what follows.
+fn reset_peak() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        eprintln!("cannot reset the peak RSS: {e}");
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -87,6 +108,7 @@ fn main() {
     let verify = std::env::var("KP_MEASURE_VERIFY").map_or(true, |v| v != "0");
 
     eprintln!("building {n} services x {per} endpoints");
+    rss("start");
     let state0 = kp_flows::load("node-0", synthetic::cluster(n, per));
     rss("after loading the state");
 
@@ -95,25 +117,34 @@ fn main() {
     let restore =
         Planner::new(PlanConfig::new(IpFamily::V4)).full(&state0, &NodeContext::default());
     let render = t.elapsed().as_secs_f64();
-    let text = restore.text();
+    // Streamed into a byte counter, as the dataplane streams it into iptables-restore.
+    let t = Instant::now();
+    let mut bytes = Bytes(0);
+    restore
+        .write_input(&restore.whole(), &[], &mut bytes)
+        .expect("counting");
+    let write = t.elapsed().as_secs_f64();
     println!(
-        "render full: {render:.3} s; {} chains, {} rules, {} bytes; {} inputs of <= {step_chains} chains with nft",
-        restore.chain_names().len(),
+        "render full: plan (render, record digests) {render:.3} s, input (render again, streamed) {write:.3} s; {} chains, {} rules, {} bytes; {} inputs of <= {step_chains} chains with nft",
+        restore.chain_count(),
         restore.rule_count(),
-        text.len(),
-        restore.steps(step_chains).len(),
+        bytes.0,
+        restore.inputs(step_chains).len(),
     );
     if let Ok(path) = std::env::var("KP_MEASURE_DUMP") {
-        std::fs::write(&path, &text).expect("dump");
+        std::fs::write(&path, restore.text()).expect("dump");
         for (i, step) in restore.steps(step_chains).iter().enumerate() {
             std::fs::write(format!("{path}.{i:04}"), step).expect("dump");
         }
     }
-    drop(text);
     drop(restore);
+    // Only one state from here on, as in the proxy; the peak from here on is the dataplane's.
+    drop(state0);
+    reset_peak();
 
     for backend in backends {
         let mut state = kp_flows::load("node-0", synthetic::cluster(n, per));
+        rss(&format!("[{backend}] state loaded"));
         let ns = Netns::new(backend.as_str());
         let cfg = IptablesConfig {
             families: vec![IpFamily::V4],
@@ -133,6 +164,7 @@ fn main() {
             t.elapsed().as_secs_f64(),
             r.operations
         );
+        rss(&format!("[{backend}] after the first full sync"));
         if std::env::var("KP_MEASURE_ONLY_FULL").is_ok_and(|v| v == "1") {
             continue;
         }
@@ -211,6 +243,7 @@ fn main() {
             t.elapsed().as_secs_f64(),
             r.full
         );
+        rss(&format!("[{backend}] after the rebuild"));
         let t = Instant::now();
         dp.cleanup().expect("cleanup");
         println!("[{backend}] cleanup: {:.3} s", t.elapsed().as_secs_f64());

@@ -5,13 +5,13 @@
 //! works without a planner: the nftables mode calls it at start to remove an iptables-mode
 //! leftover, and `--cleanup` calls it before exiting.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::model::IpFamily;
 
 use crate::readback::split_args;
 use crate::runner::{Backend, IptablesCommand};
-use crate::view::{deletion_inputs, read_tables, ChainList, ReadRules};
+use crate::view::{chain_rules, deletion_inputs, scan_tables, ChainList, ReadRules, Seen};
 use crate::Error;
 
 /// The canary chain kube-proxy keeps in mangle, nat and filter: if it vanishes, someone flushed
@@ -134,7 +134,51 @@ pub fn cleanup_tables(
     family: IpFamily,
     batch: usize,
 ) -> Result<usize, Error> {
-    let views = match read_tables(cmd, backend, family, &CANARY_TABLES, false) {
+    // Read as a stream: chain names, and of the rules only those that could stop a deletion
+    // (a jump to a chain we may delete, from a chain we do not delete) and kubelet's shared
+    // `KUBE-FIREWALL`, never a whole table's text.
+    let mut lists: BTreeMap<&'static str, ChainList> = BTreeMap::new();
+    let mut kept: BTreeMap<(&'static str, String), Vec<String>> = BTreeMap::new();
+    let scanned = scan_tables(
+        cmd,
+        backend,
+        family,
+        &CANARY_TABLES,
+        false,
+        &mut |table, seen| match seen {
+            Seen::Chain { name, builtin } => {
+                let list = lists.entry(table).or_default();
+                if builtin {
+                    list.builtin.insert(name.to_string());
+                } else {
+                    list.user.insert(name.to_string());
+                }
+            }
+            Seen::Rules { chain, rules } => {
+                let keep: Vec<String> = if table != "mangle" && chain == LOCALNET_CHAIN {
+                    rules.to_vec()
+                } else if (table == "mangle" && chain == CANARY_CHAIN)
+                    || (table != "mangle" && is_owned_chain(chain))
+                {
+                    Vec::new()
+                } else {
+                    rules
+                        .iter()
+                        .filter(|r| {
+                            rule_target(r).is_some_and(|t| {
+                                is_owned_chain(&t) || t == LOCALNET_CHAIN || t == CANARY_CHAIN
+                            })
+                        })
+                        .cloned()
+                        .collect()
+                };
+                if !keep.is_empty() {
+                    kept.insert((table, chain.to_string()), keep);
+                }
+            }
+        },
+    );
+    let views = match scanned {
         Ok(v) => v,
         Err(Error::Spawn { program, source }) if source.kind() == std::io::ErrorKind::NotFound => {
             tracing::debug!(%program, "not installed; nothing to clean up");
@@ -144,8 +188,25 @@ pub fn cleanup_tables(
     };
     let mut removed = 0;
     for view in &views {
-        let rules = |chain: &str| view.rules(cmd, backend, family, chain);
-        let (pre, doomed) = plan_cleanup(view.table, &view.chains, &rules)?;
+        let chains = lists.remove(view.table).unwrap_or_default();
+        let rules = |chain: &str| -> Result<Option<Vec<String>>, Error> {
+            if !chains.contains(chain) {
+                return Ok(None);
+            }
+            if chains.builtin.contains(chain) {
+                return view.builtin_rules(cmd, backend, family, chain);
+            }
+            if !view.whole {
+                return chain_rules(cmd, backend, family, view.table, chain);
+            }
+            // Read whole: what was kept is every rule that matters here.
+            Ok(Some(
+                kept.get(&(view.table, chain.to_string()))
+                    .cloned()
+                    .unwrap_or_default(),
+            ))
+        };
+        let (pre, doomed) = plan_cleanup(view.table, &chains, &rules)?;
         tracing::debug!(
             backend = %backend,
             family = ?family,

@@ -1,20 +1,21 @@
 //! The dataplane: one planner per family, restores, canaries, jumps, read-back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::Write;
 use std::sync::Arc;
 
 use kp_core::dataplane::{Dataplane, SyncReport};
 use kp_core::model::IpFamily;
 use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::{Changes, ProxyState};
-use kp_iptables_plan::{JumpRule, PlanConfig, Planner};
+use kp_iptables_plan::{digest, ChainId, ChainIndex, Extra, Input, JumpRule, PlanConfig, Planner};
 use kp_iptables_plan::{Restore, Table};
 use kp_metrics::{Metrics, TableLabel};
 
 use crate::cleanup::{cleanup_with, is_owned_chain, is_service_chain, CANARY_CHAIN, CANARY_TABLES};
-use crate::readback::{canonical, compare};
+use crate::readback::{canonical, compare_rules};
 use crate::runner::{Backend, IptablesCommand};
-use crate::view::{chain_rules, deletion_inputs, read_tables, TableView};
+use crate::view::{chain_rules, deletion_inputs, scan_tables, Seen, TableScan};
 use crate::Error;
 
 /// Chains per restore input with the nft backend (see [`IptablesConfig::step_chains`]).
@@ -105,8 +106,9 @@ pub const READBACK_SAMPLE_CHAINS: usize = 256;
 /// One family's planner and what we believe its tables hold.
 struct FamilyPlane {
     planner: Planner,
-    /// Rules per chain we wrote, for `kubeproxy_sync_proxy_rules_iptables_total`.
-    rules: BTreeMap<(Table, String), usize>,
+    /// Whether the planner's last plan is in the kernel (for
+    /// `kubeproxy_sync_proxy_rules_iptables_total`; false after cleanup).
+    applied: bool,
     /// Where the next sampled read-back starts in the list of Service chains.
     sample_cursor: usize,
 }
@@ -115,76 +117,23 @@ impl FamilyPlane {
     fn family(&self) -> IpFamily {
         self.planner.config().family
     }
-
-    /// Records what a successful restore wrote and deleted.
-    fn record(&mut self, restore: &Restore) {
-        if restore.full {
-            self.rules.clear();
-        }
-        let writes = restore
-            .base_chains
-            .iter()
-            .chain(restore.service_chains.iter().flat_map(|g| g.chains.iter()))
-            .chain(restore.dispatch_chains.iter());
-        for c in writes {
-            self.rules.insert((c.table, c.chain.clone()), c.rules.len());
-        }
-        for (t, c) in &restore.deleted_chains {
-            self.rules.remove(&(*t, c.clone()));
-        }
-    }
 }
 
+/// How many chains with differing rules a read-back renders again from the state, to show the
+/// rule that differs and to let a difference of spelling only pass; beyond that a difference
+/// in digest is reported as it is.
+const READBACK_DETAILS: usize = 100;
+
 /// Restore inputs kept for [`IptablesDataplane::last_inputs`] only up to this size, so a full
-/// sync at scale does not hold tens of megabytes.
-const KEEP_INPUTS_BYTES: usize = 4 << 20;
+/// sync at scale does not hold tens of megabytes (the copy is dropped once it outgrows this;
+/// a one-endpoint change is about 2 KB, a Service added at 10k Services about 2 MB).
+const KEEP_INPUTS_BYTES: usize = 1 << 20;
 
 /// The nat and filter tables, as [`Table`]s and by name.
 const TABLES: [(Table, &str); 2] = [(Table::Nat, "nat"), (Table::Filter, "filter")];
 
 fn table_of(name: &str) -> Option<Table> {
     TABLES.iter().find(|(_, n)| *n == name).map(|(t, _)| *t)
-}
-
-/// Adds `decls` after the `*table` line and `rules` before that section's `COMMIT` (or a new
-/// section at the end if the input has none).
-fn splice(input: &str, table: &str, decls: &[String], rules: &[String]) -> String {
-    if decls.is_empty() && rules.is_empty() {
-        return input.to_string();
-    }
-    let header = format!("*{table}");
-    let mut out = String::with_capacity(input.len() + 256);
-    let mut inside = false;
-    let mut done = false;
-    for line in input.lines() {
-        if line == "COMMIT" && inside {
-            for r in rules {
-                out.push_str(r);
-                out.push('\n');
-            }
-            inside = false;
-            done = true;
-        }
-        out.push_str(line);
-        out.push('\n');
-        if line == header && !done {
-            inside = true;
-            for d in decls {
-                out.push_str(d);
-                out.push('\n');
-            }
-        }
-    }
-    if !done {
-        out.push_str(&header);
-        out.push('\n');
-        for l in decls.iter().chain(rules) {
-            out.push_str(l);
-            out.push('\n');
-        }
-        out.push_str("COMMIT\n");
-    }
-    out
 }
 
 /// The iptables dataplane.
@@ -194,6 +143,8 @@ pub struct IptablesDataplane {
     cmd: IptablesCommand,
     metrics: Arc<Metrics>,
     last_inputs: Vec<String>,
+    /// This sync's inputs outgrew [`KEEP_INPUTS_BYTES`]: none are kept.
+    inputs_overflowed: bool,
     route_localnet_set: bool,
 }
 
@@ -219,7 +170,7 @@ impl IptablesDataplane {
                 pc.localhost_node_ports = localhost && *f == IpFamily::V4;
                 FamilyPlane {
                     planner: Planner::new(pc),
-                    rules: BTreeMap::new(),
+                    applied: false,
                     sample_cursor: 0,
                 }
             })
@@ -230,6 +181,7 @@ impl IptablesDataplane {
             cmd,
             metrics,
             last_inputs: Vec::new(),
+            inputs_overflowed: false,
             route_localnet_set: false,
         }
     }
@@ -240,7 +192,7 @@ impl IptablesDataplane {
     }
 
     /// The restore inputs the last sync sent, in order, across families (empty if it sent
-    /// nothing, or if they were larger than a few megabytes together).
+    /// nothing, or if they were larger than 1 MiB together).
     pub fn last_inputs(&self) -> &[String] {
         &self.last_inputs
     }
@@ -259,52 +211,111 @@ impl IptablesDataplane {
     /// One restore as inputs: one with the legacy backend, ordered steps with nft.
     /// `live`: the tables already hold our jumps, so every nft commit re-validates everything
     /// they reach, and fewer, larger inputs cost less (see [`LIVE_STEP_FACTOR`]).
-    fn inputs(&self, restore: &Restore, live: bool) -> Vec<String> {
+    fn inputs(&self, restore: &Restore, live: bool) -> Vec<Input> {
         match self.cfg.backend {
-            Backend::Legacy => vec![restore.text()],
+            Backend::Legacy => {
+                if restore.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![restore.whole()]
+                }
+            }
             Backend::Nft => {
                 let factor = if live { LIVE_STEP_FACTOR } else { 1 };
-                restore.steps(self.cfg.step_chains.max(1).saturating_mul(factor))
+                restore.inputs(self.cfg.step_chains.max(1).saturating_mul(factor))
             }
         }
+    }
+
+    /// Sends a restore's inputs in order, each rendered straight into the tool's standard
+    /// input; `extra` goes into the last one. On failure: as [`IptablesDataplane::send`].
+    fn send_restore(
+        &mut self,
+        family: IpFamily,
+        restore: &Restore,
+        inputs: &[Input],
+        extra: &[Extra<'_>],
+        partial: bool,
+    ) -> Result<(), Error> {
+        for (i, input) in inputs.iter().enumerate() {
+            let extra = if i + 1 == inputs.len() { extra } else { &[] };
+            self.send_one(family, partial, &mut |w| {
+                restore.write_input(input, extra, w)
+            })?;
+        }
+        Ok(())
     }
 
     /// Sends inputs in order. On failure: counted, logged with the failing line, every
     /// planner invalidated (the next sync is full).
     fn send(&mut self, family: IpFamily, inputs: Vec<String>, partial: bool) -> Result<(), Error> {
-        let backend = self.cfg.backend;
-        let mut kept = self.last_inputs.iter().map(String::len).sum::<usize>();
         for input in inputs {
-            let r = self.cmd.restore(backend, family, &input);
-            kept += input.len();
-            if kept <= KEEP_INPUTS_BYTES {
-                self.last_inputs.push(input);
-            } else {
-                self.last_inputs.clear();
-            }
-            if let Err(e) = r {
-                self.metrics.iptables_restore_failures.inc();
-                if partial {
-                    self.metrics.iptables_partial_restore_failures.inc();
-                }
-                let (line, text) = match &e {
-                    Error::Restore {
-                        line, failing_line, ..
-                    } => (*line, failing_line.clone()),
-                    _ => (None, None),
+            self.send_one(family, partial, &mut |w| w.write_all(input.as_bytes()))?;
+        }
+        Ok(())
+    }
+
+    /// Sends one input, keeping a copy for [`IptablesDataplane::last_inputs`] while the inputs
+    /// of this sync stay under [`KEEP_INPUTS_BYTES`].
+    fn send_one(
+        &mut self,
+        family: IpFamily,
+        partial: bool,
+        write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), Error> {
+        let backend = self.cfg.backend;
+        let kept: usize = self.last_inputs.iter().map(String::len).sum();
+        let room = if self.inputs_overflowed {
+            0
+        } else {
+            KEEP_INPUTS_BYTES.saturating_sub(kept)
+        };
+        let mut copy = Keep {
+            buf: Vec::new(),
+            room,
+            overflow: false,
+        };
+        let mut first = true;
+        let r = self.cmd.restore_with(backend, family, &mut |w| {
+            if std::mem::take(&mut first) {
+                let mut tee = Tee {
+                    out: w,
+                    keep: &mut copy,
                 };
-                tracing::error!(
-                    error = %e,
-                    family = family_label(family),
-                    backend = %backend,
-                    partial,
-                    line,
-                    failing_line = text.as_deref().unwrap_or(""),
-                    "iptables-restore failed; the next sync rebuilds everything"
-                );
-                self.invalidate();
-                return Err(e);
+                write(&mut tee)
+            } else {
+                write(w)
             }
+        });
+        if copy.overflow || self.inputs_overflowed {
+            self.inputs_overflowed = true;
+            self.last_inputs.clear();
+        } else {
+            self.last_inputs
+                .push(String::from_utf8_lossy(&copy.buf).into_owned());
+        }
+        if let Err(e) = r {
+            self.metrics.iptables_restore_failures.inc();
+            if partial {
+                self.metrics.iptables_partial_restore_failures.inc();
+            }
+            let (line, text) = match &e {
+                Error::Restore {
+                    line, failing_line, ..
+                } => (*line, failing_line.clone()),
+                _ => (None, None),
+            };
+            tracing::error!(
+                error = %e,
+                family = family_label(family),
+                backend = %backend,
+                partial,
+                line,
+                failing_line = text.as_deref().unwrap_or(""),
+                "iptables-restore failed; the next sync rebuilds everything"
+            );
+            self.invalidate();
+            return Err(e);
         }
         Ok(())
     }
@@ -366,43 +377,66 @@ impl IptablesDataplane {
         let mut ops = 0;
         for idx in 0..self.planes.len() {
             let family = self.planes[idx].family();
-            let views = match read_tables(&self.cmd, backend, family, &["nat", "filter"], false) {
+            let mut restore = self.planes[idx].planner.full(state, node);
+            // Chains of ours the kernel holds and this restore neither writes nor deletes:
+            // left by an earlier run.
+            let index = self.planes[idx].planner.index();
+            let deleting: HashSet<(Table, &str)> = restore
+                .deleted_chains
+                .iter()
+                .map(|(t, c)| (*t, c.as_str()))
+                .collect();
+            let mut leftovers: Vec<(Table, String)> = Vec::new();
+            let scanned = scan_tables(
+                &self.cmd,
+                backend,
+                family,
+                &["nat", "filter"],
+                false,
+                &mut |table, seen| {
+                    let (
+                        Seen::Chain {
+                            name,
+                            builtin: false,
+                        },
+                        Some(t),
+                    ) = (seen, table_of(table))
+                    else {
+                        return;
+                    };
+                    if is_owned_chain(name)
+                        && name != CANARY_CHAIN
+                        && index.get(t, name).is_none()
+                        && !deleting.contains(&(t, name))
+                    {
+                        leftovers.push((t, name.to_string()));
+                    }
+                },
+            );
+            drop(deleting);
+            drop(index);
+            // A listing that failed part way and was read again reports chains twice.
+            leftovers.sort();
+            leftovers.dedup();
+            let scans = match scanned {
                 Ok(v) => v,
                 Err(e) => {
                     self.invalidate();
                     return Err(e);
                 }
             };
-            let mut restore = self.planes[idx].planner.full(state, node);
-            let written: BTreeSet<(Table, String)> = restore
-                .chain_names()
-                .into_iter()
-                .map(|(t, c)| (t, c.to_string()))
-                .collect();
-            let mut leftovers: Vec<(Table, String)> = Vec::new();
             let mut decls: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-            for view in &views {
-                let Some(table) = table_of(view.table) else {
-                    continue;
-                };
-                leftovers.extend(
-                    view.chains
-                        .user
-                        .iter()
-                        .filter(|c| is_owned_chain(c) && *c != CANARY_CHAIN)
-                        .filter(|c| !written.contains(&(table, c.to_string())))
-                        .map(|c| (table, c.clone())),
-                );
-                if !view.chains.user.contains(CANARY_CHAIN) {
+            for scan in &scans {
+                if !scan.canary {
                     decls
-                        .entry(view.table)
+                        .entry(scan.table)
                         .or_default()
                         .push(format!(":{CANARY_CHAIN} - [0:0]"));
                 }
             }
             let mut inserts: BTreeMap<&str, Vec<String>> = BTreeMap::new();
             let jumps = self.planes[idx].planner.jump_rules().len();
-            let missing = match self.missing_jumps(idx, &views) {
+            let missing = match self.missing_jumps(idx, &scans) {
                 Ok(m) => m,
                 Err(e) => {
                     self.invalidate();
@@ -433,16 +467,18 @@ impl IptablesDataplane {
                 Vec::new()
             };
             ops += operations(&restore);
-            let mut inputs = self.inputs(&restore, live);
-            if let Some(last) = inputs.last_mut() {
-                for (_, name) in TABLES {
-                    let d = decls.remove(name).unwrap_or_default();
-                    let i = inserts.remove(name).unwrap_or_default();
-                    *last = splice(last, name, &d, &i);
-                }
-            }
-            self.send(family, inputs, false)?;
-            self.planes[idx].record(&restore);
+            let inputs = self.inputs(&restore, live);
+            let empty = Vec::new();
+            let extra: Vec<Extra<'_>> = TABLES
+                .iter()
+                .map(|(table, name)| Extra {
+                    table: *table,
+                    decls: decls.get(name).unwrap_or(&empty),
+                    rules: inserts.get(name).unwrap_or(&empty),
+                })
+                .collect();
+            self.send_restore(family, &restore, &inputs, &extra, false)?;
+            drop(restore);
             for (table, name) in TABLES {
                 let doomed: Vec<String> = later
                     .iter()
@@ -453,6 +489,7 @@ impl IptablesDataplane {
                 let inputs = deletion_inputs(name, &[], &doomed, backend, self.cfg.step_chains);
                 self.send(family, inputs, false)?;
             }
+            self.planes[idx].applied = true;
             if let Err(e) = self.ensure_mangle_canary(family) {
                 tracing::error!(error = %e, family = family_label(family), "cannot create the mangle canary");
                 self.invalidate();
@@ -467,9 +504,10 @@ impl IptablesDataplane {
             let n: usize = self
                 .planes
                 .iter()
-                .flat_map(|p| p.rules.iter())
-                .filter(|((t, _), _)| *t == table)
-                .map(|(_, n)| *n)
+                .filter(|p| p.applied)
+                .flat_map(|p| p.planner.rule_counts())
+                .filter(|(t, _)| *t == table)
+                .map(|(_, n)| n)
                 .sum();
             self.metrics
                 .iptables_rules
@@ -499,7 +537,7 @@ impl IptablesDataplane {
 
     /// The planner's jumps from the built-in chains that the kernel lacks, in the planner's
     /// order (compared in canonical form; each built-in chain is read once).
-    fn missing_jumps(&self, idx: usize, views: &[TableView]) -> Result<Vec<JumpRule>, Error> {
+    fn missing_jumps(&self, idx: usize, views: &[TableScan]) -> Result<Vec<JumpRule>, Error> {
         let family = self.planes[idx].family();
         let mut builtin: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
         let mut missing = Vec::new();
@@ -508,7 +546,7 @@ impl IptablesDataplane {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
                     let rules = match views.iter().find(|v| v.table == j.table) {
-                        Some(v) => v.rules(&self.cmd, self.cfg.backend, family, j.chain)?,
+                        Some(v) => v.builtin_rules(&self.cmd, self.cfg.backend, family, j.chain)?,
                         None => None,
                     };
                     e.insert(rules.unwrap_or_default())
@@ -524,70 +562,178 @@ impl IptablesDataplane {
 
     /// Compares one family's tables with its planner: whole tables when that is cheap (always
     /// with legacy), else chain names, every fixed chain, and the next sample of Service chains.
-    fn verify_family(&mut self, idx: usize) -> Result<Vec<String>, Error> {
+    /// The planner keeps a digest of each chain: a chain whose rules hash differently is
+    /// rendered again from `state` (when given, and only if that reproduces the planned digest)
+    /// to name the rule that differs and to let a difference of spelling only pass.
+    fn verify_family(
+        &mut self,
+        idx: usize,
+        state: Option<&ProxyState>,
+    ) -> Result<Vec<String>, Error> {
         let backend = self.cfg.backend;
         let family = self.planes[idx].family();
         let fam = family_label(family);
-        let mut expected: BTreeMap<Table, BTreeMap<String, Vec<String>>> = BTreeMap::new();
-        let (mut chains, mut rules) = (0u64, 0u64);
-        for ((t, c), r) in self.planes[idx].planner.expected() {
-            chains += 1;
-            rules += r.len() as u64;
-            expected.entry(t).or_default().insert(c, r);
-        }
+        let planner = &self.planes[idx].planner;
+        let ChainIndex { service, shared } = planner.index();
+        let chains = (service.len() + shared.len()) as u64;
+        let rules: u64 = planner.rule_counts().iter().map(|(_, n)| *n as u64).sum();
         let whole = backend == Backend::Legacy || chains * rules <= self.cfg.full_readback_limit;
         let sample: BTreeSet<String> = if whole {
             BTreeSet::new()
         } else {
-            let service: Vec<&String> = expected
-                .values()
-                .flat_map(|m| m.keys())
-                .filter(|c| is_service_chain(c))
-                .collect();
-            let n = service.len();
+            let n = planner.service_chain_count();
             let start = self.planes[idx].sample_cursor % n.max(1);
             self.planes[idx].sample_cursor = start + READBACK_SAMPLE_CHAINS;
-            (0..READBACK_SAMPLE_CHAINS.min(n))
-                .map(|i| service[(start + i) % n].clone())
+            let take = READBACK_SAMPLE_CHAINS.min(n);
+            let planner = &self.planes[idx].planner;
+            planner
+                .service_chain_names(start)
+                .take(take)
+                .chain(
+                    planner
+                        .service_chain_names(0)
+                        .take(take.saturating_sub(n - start)),
+                )
                 .collect()
         };
-        let views = read_tables(&self.cmd, backend, family, &["nat", "filter"], whole)?;
-        let mut diffs = Vec::new();
-        for view in &views {
-            let Some(table) = table_of(view.table) else {
-                continue;
+        let planner = &self.planes[idx].planner;
+        let mut service = ServiceMarks {
+            marks: vec![Mark::default(); service.len()],
+            chains: service,
+        };
+        let mut shared: SharedMarks = shared
+            .into_iter()
+            .map(|(k, d)| (k, (d, Mark::default())))
+            .collect();
+        let mut details = 0usize;
+        // (chain, difference) for planned chains; leftovers apart.
+        let mut found: Vec<(Table, String, String)> = Vec::new();
+        let mut leftovers: Vec<(Table, String)> = Vec::new();
+        let mut check = |table: Table,
+                         chain: &str,
+                         want: u64,
+                         have: &[String],
+                         found: &mut Vec<(Table, String, String)>| {
+            if digest(have) == want {
+                return;
+            }
+            let planned = match state {
+                Some(state) if details < READBACK_DETAILS => {
+                    details += 1;
+                    planner.planned_rules(state, table, chain)
+                }
+                _ => None,
             };
-            let want = expected.remove(&table).unwrap_or_default();
-            let present: BTreeSet<String> = view
-                .chains
-                .user
-                .iter()
-                .filter(|c| want.contains_key(*c) || is_service_chain(c))
-                .cloned()
-                .collect();
-            let mut kernel = BTreeMap::new();
-            for c in present.iter().filter(|c| want.contains_key(*c)) {
-                if whole || !is_service_chain(c) || sample.contains(c) {
-                    if let Some(r) = view.rules(&self.cmd, backend, family, c)? {
-                        kernel.insert(c.clone(), r);
+            let d = match planned {
+                Some(want) => compare_rules(&want, have, family),
+                None => Some(format!(
+                    "rules differ from the plan ({} in the kernel; the plan is kept as a digest)",
+                    have.len()
+                )),
+            };
+            if let Some(d) = d {
+                found.push((table, chain.to_string(), d));
+            }
+        };
+        let scans = scan_tables(
+            &self.cmd,
+            backend,
+            family,
+            &["nat", "filter"],
+            whole,
+            &mut |table, seen| {
+                let Some(t) = table_of(table) else {
+                    return;
+                };
+                match seen {
+                    Seen::Chain { builtin: true, .. } => {}
+                    Seen::Chain { name, .. } => {
+                        if let Some((_, mark)) = lookup(t, name, &mut service, &mut shared) {
+                            mark.present = true;
+                        } else if is_service_chain(name) {
+                            leftovers.push((t, name.to_string()));
+                        }
+                    }
+                    Seen::Rules { chain, rules } => {
+                        if let Some((want, mark)) = lookup(t, chain, &mut service, &mut shared) {
+                            if mark.present {
+                                mark.compared = true;
+                                check(t, chain, want, rules, &mut found);
+                            }
+                        }
+                    }
+                }
+            },
+        )?;
+        // Present chains not compared yet: with whole tables, they have no rules; else read
+        // the fixed ones and the sample.
+        let mut to_read: Vec<(Table, String, u64)> = Vec::new();
+        for ((t, c), (d, seen)) in &shared {
+            if seen.present && !seen.compared {
+                to_read.push((*t, c.to_string(), *d));
+            }
+        }
+        if whole {
+            for ((id, d), seen) in service.chains.iter().zip(&service.marks) {
+                if seen.present && !seen.compared {
+                    to_read.push((Table::Nat, id.name(), *d));
+                }
+            }
+        } else {
+            for name in &sample {
+                let at = ChainId::parse(name).and_then(|id| service.position(&id));
+                if let Some(i) = at {
+                    if service.marks[i].present {
+                        to_read.push((Table::Nat, name.clone(), service.chains[i].1));
                     }
                 }
             }
-            diffs.extend(compare(
-                &format!("{fam} {}", view.table),
-                &want,
-                &present,
-                &kernel,
-                family,
-            ));
-            if !view.chains.user.contains(CANARY_CHAIN) {
-                diffs.push(format!(
-                    "{fam} {}: chain {CANARY_CHAIN} is missing",
-                    view.table
-                ));
+        }
+        for (t, chain, want) in to_read {
+            let have = if whole {
+                Vec::new()
+            } else {
+                chain_rules(&self.cmd, backend, family, t.as_str(), &chain)?.unwrap_or_default()
+            };
+            check(t, &chain, want, &have, &mut found);
+        }
+        for ((t, c), (_, seen)) in &shared {
+            if !seen.present {
+                found.push((*t, c.to_string(), String::new()));
             }
         }
-        for j in self.missing_jumps(idx, &views)? {
+        for ((id, _), seen) in service.chains.iter().zip(&service.marks) {
+            if !seen.present {
+                found.push((Table::Nat, id.name(), String::new()));
+            }
+        }
+        drop(service);
+        found.sort();
+        leftovers.sort();
+        leftovers.dedup();
+        let mut diffs = Vec::new();
+        for scan in &scans {
+            let Some(table) = table_of(scan.table) else {
+                continue;
+            };
+            let label = format!("{fam} {}", scan.table);
+            for (_, chain, d) in found.iter().filter(|(t, _, _)| *t == table) {
+                if d.is_empty() {
+                    diffs.push(format!("{label}: chain {chain} is missing"));
+                } else {
+                    diffs.push(format!("{label}: chain {chain}: {d}"));
+                }
+            }
+            for (_, chain) in leftovers.iter().filter(|(t, _)| *t == table) {
+                diffs.push(format!(
+                    "{label}: chain {chain} is not planned (a leftover)"
+                ));
+            }
+            if !scan.canary {
+                diffs.push(format!("{label}: chain {CANARY_CHAIN} is missing"));
+            }
+        }
+        for j in self.missing_jumps(idx, &scans)? {
             diffs.push(format!(
                 "{fam} {}: jump missing from {}: {}",
                 j.table, j.chain, j.args
@@ -598,19 +744,95 @@ impl IptablesDataplane {
         }
         Ok(diffs)
     }
+
+    /// [`Dataplane::verify`], with the state the last plans saw when there is one (see
+    /// [`IptablesDataplane::verify_family`]).
+    fn verify_with(&mut self, state: Option<&ProxyState>) -> Result<Vec<String>, Error> {
+        let mut diffs = Vec::new();
+        for idx in 0..self.planes.len() {
+            diffs.extend(self.verify_family(idx, state)?);
+        }
+        Ok(diffs)
+    }
+}
+
+/// The copy of an input kept for [`IptablesDataplane::last_inputs`], up to `room` bytes.
+struct Keep {
+    buf: Vec<u8>,
+    room: usize,
+    overflow: bool,
+}
+
+/// Writes to `out` and copies into `keep` until it overflows.
+struct Tee<'w, 'k> {
+    out: &'w mut dyn Write,
+    keep: &'k mut Keep,
+}
+
+impl Write for Tee<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        let k = &mut *self.keep;
+        if !k.overflow {
+            if k.buf.len() + n > k.room {
+                k.overflow = true;
+                k.buf = Vec::new();
+            } else {
+                k.buf.extend_from_slice(&buf[..n]);
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// What a read-back saw of one planned chain.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mark {
+    present: bool,
+    compared: bool,
+}
+
+/// The planned Service chains ([`ChainIndex::service`], sorted by id) and what was seen of
+/// each.
+struct ServiceMarks {
+    chains: Vec<(ChainId, u64)>,
+    marks: Vec<Mark>,
+}
+
+impl ServiceMarks {
+    fn position(&self, id: &ChainId) -> Option<usize> {
+        self.chains.binary_search_by(|(c, _)| c.cmp(id)).ok()
+    }
+}
+
+type SharedMarks = BTreeMap<(Table, &'static str), (u64, Mark)>;
+
+/// The planned chain `name` of table `t`, if any: its digest and what was seen of it.
+fn lookup<'m>(
+    t: Table,
+    name: &str,
+    service: &'m mut ServiceMarks,
+    shared: &'m mut SharedMarks,
+) -> Option<(u64, &'m mut Mark)> {
+    if let Some((_, (d, m))) = shared
+        .iter_mut()
+        .find(|((st, c), _)| *st == t && *c == name)
+    {
+        return Some((*d, m));
+    }
+    let id = ChainId::parse(name).filter(|_| t == Table::Nat)?;
+    let i = service.position(&id)?;
+    Some((service.chains[i].1, &mut service.marks[i]))
 }
 
 /// The size of a restore, for [`SyncReport::operations`]: chains written or deleted plus rules
 /// written.
 fn operations(r: &Restore) -> usize {
-    let chains = r.base_chains.len()
-        + r.service_chains
-            .iter()
-            .map(|g| g.chains.len())
-            .sum::<usize>()
-        + r.dispatch_chains.len()
-        + r.deleted_chains.len();
-    chains + r.rule_count()
+    r.chain_count() + r.rule_count()
 }
 
 impl Dataplane for IptablesDataplane {
@@ -628,6 +850,7 @@ impl Dataplane for IptablesDataplane {
     ) -> Result<SyncReport, Error> {
         let node = NodeContext::resolve(&self.cfg.detect_local, &self.cfg.node_ports, state.node());
         self.last_inputs.clear();
+        self.inputs_overflowed = false;
         let mut rebuild = !self.planes.iter().all(|p| p.planner.programmed());
         if full && !rebuild {
             if self.flushed() {
@@ -635,7 +858,9 @@ impl Dataplane for IptablesDataplane {
             } else {
                 // A periodic full sync: prove the kernel holds what we planned; rebuild only
                 // if something changed behind our back, or if it cannot be read.
-                let diffs = self.drift();
+                let diffs = self
+                    .verify_with(Some(state))
+                    .unwrap_or_else(|e| vec![format!("cannot read the kernel's rules back: {e}")]);
                 if !diffs.is_empty() {
                     self.metrics
                         .iptables_readback_mismatches
@@ -665,8 +890,8 @@ impl Dataplane for IptablesDataplane {
                 ops += operations(&restore);
                 let family = self.planes[idx].family();
                 let inputs = self.inputs(&restore, true);
-                self.send(family, inputs, true)?;
-                self.planes[idx].record(&restore);
+                self.send_restore(family, &restore, &inputs, &[], true)?;
+                self.planes[idx].applied = true;
             }
             ops
         };
@@ -683,18 +908,16 @@ impl Dataplane for IptablesDataplane {
         })
     }
 
+    /// Without the state, a chain whose rules hash differently from the plan is reported as
+    /// it is (a periodic full sync compares with the state: see `verify_family`).
     fn verify(&mut self) -> Result<Vec<String>, Error> {
-        let mut diffs = Vec::new();
-        for idx in 0..self.planes.len() {
-            diffs.extend(self.verify_family(idx)?);
-        }
-        Ok(diffs)
+        self.verify_with(None)
     }
 
     fn cleanup(&mut self) -> Result<(), Error> {
         self.invalidate();
         for p in &mut self.planes {
-            p.rules.clear();
+            p.applied = false;
         }
         self.route_localnet_set = false;
         let r = cleanup_with(&self.cmd, self.cfg.step_chains);
@@ -706,25 +929,6 @@ impl Dataplane for IptablesDataplane {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splice_adds_declarations_first_and_rules_before_commit() {
-        let input = "*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j X\nCOMMIT\n";
-        let out = splice(
-            input,
-            "nat",
-            &[":KUBE-PROXY-CANARY - [0:0]".into()],
-            &["-I PREROUTING -j KUBE-SERVICES".into()],
-        );
-        assert_eq!(
-            out,
-            "*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n*nat\n:KUBE-PROXY-CANARY - [0:0]\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j X\n-I PREROUTING -j KUBE-SERVICES\nCOMMIT\n"
-        );
-        // No such section: a new one at the end.
-        let out = splice("*nat\nCOMMIT\n", "filter", &[], &["-I INPUT -j Y".into()]);
-        assert_eq!(out, "*nat\nCOMMIT\n*filter\n-I INPUT -j Y\nCOMMIT\n");
-        assert_eq!(splice(input, "nat", &[], &[]), input);
-    }
 
     #[test]
     fn localhost_node_ports_need_loopback_among_the_node_port_addresses() {

@@ -284,7 +284,7 @@ pub fn compare(
     diffs
 }
 
-fn compare_rules(want: &[String], have: &[String], family: IpFamily) -> Option<String> {
+pub(crate) fn compare_rules(want: &[String], have: &[String], family: IpFamily) -> Option<String> {
     let n = want.len().max(have.len());
     for i in 0..n {
         if want.get(i) == have.get(i) {

@@ -1,7 +1,7 @@
 //! Running the iptables tools: the only place this crate starts processes (besides the
 //! `route_localnet` sysctl).
 
-use std::io::Write;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -139,6 +139,19 @@ impl IptablesCommand {
     /// A failing input is reported with the line the tool named. Each table's `COMMIT` is a
     /// commit of its own: a table committed before the failing one stays applied.
     pub fn restore(&self, backend: Backend, family: IpFamily, input: &str) -> Result<(), Error> {
+        self.restore_with(backend, family, &mut |w| w.write_all(input.as_bytes()))
+    }
+
+    /// Like [`IptablesCommand::restore`], with the input written by `write` straight into the
+    /// tool's standard input (through a 64 KiB buffer), so it is never held whole. If the tool
+    /// names a failing line, `write` is called once more, into a sink that keeps only that
+    /// line, for the error.
+    pub fn restore_with(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<(), Error> {
         let default = backend.program(family, "-restore");
         let program = self
             .restore_program
@@ -162,20 +175,32 @@ impl IptablesCommand {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(spawn_error)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            match stdin.write_all(input.as_bytes()) {
+        let mut bytes = 0;
+        if let Some(stdin) = child.stdin.take() {
+            let mut w = Counting {
+                inner: BufWriter::with_capacity(64 << 10, stdin),
+                bytes: 0,
+            };
+            let r = write(&mut w).and_then(|()| w.flush());
+            bytes = w.bytes;
+            // Closes the pipe: the tool sees the end of its input.
+            drop(w);
+            match r {
                 Ok(()) => {}
                 // The tool stopped reading because it failed; its exit status and message
                 // below say why.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-                Err(e) => return Err(spawn_error(e)),
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(spawn_error(e));
+                }
             }
         }
         let out = child.wait_with_output().map_err(spawn_error)?;
         tracing::trace!(
             program = %default,
-            bytes = input.len(),
-            lines = input.lines().count(),
+            bytes,
             ms = started.elapsed().as_millis() as u64,
             ok = out.status.success(),
             "restore"
@@ -185,15 +210,56 @@ impl IptablesCommand {
         }
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         let line = failing_line_number(&stderr);
+        let failing_line = line.and_then(|n| {
+            let mut sink = LineAt::new(n);
+            let _ = write(&mut sink);
+            sink.line()
+        });
         Err(Error::Restore {
             program: default,
             status: out.status.code(),
             stderr: stderr.trim().chars().take(2000).collect(),
             line,
-            failing_line: line
-                .and_then(|n| input.lines().nth(n.checked_sub(1)?))
-                .map(|l| l.chars().take(300).collect()),
+            failing_line: failing_line.map(|l| l.chars().take(300).collect()),
         })
+    }
+
+    /// `iptables-save [-t TABLE]`, each line of its output handed to `each` as it is read
+    /// (without its newline), so the output is never held whole. Stops at the first error
+    /// `each` returns.
+    pub fn save_lines(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        table: Option<&str>,
+        each: &mut dyn FnMut(&str) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let program = backend.program(family, "-save");
+        let mut cmd = self.command(Path::new(&program));
+        if let Some(t) = table {
+            cmd.args(["-t", t]);
+        }
+        stream_lines(
+            cmd,
+            &program,
+            format!("{program} -t {}", table.unwrap_or("*")),
+            each,
+        )
+    }
+
+    /// `nft list chains ip|ip6`, line by line (see [`IptablesCommand::nft_list_chains`]).
+    pub fn nft_chain_lines(
+        &self,
+        family: IpFamily,
+        each: &mut dyn FnMut(&str) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let fam = match family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        };
+        let mut cmd = self.command(Path::new("nft"));
+        cmd.args(["list", "chains", fam]);
+        stream_lines(cmd, "nft", format!("nft list chains {fam}"), each)
     }
 
     /// `iptables-save [-t TABLE]`, returning its output.
@@ -348,6 +414,127 @@ impl IptablesCommand {
     }
 }
 
+/// Counts what goes through.
+struct Counting<W> {
+    inner: W,
+    bytes: usize,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A sink that keeps line `want` (counting from 1) of what is written to it, and stops the
+/// writer (with an error) once it has it.
+struct LineAt {
+    want: usize,
+    at: usize,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl LineAt {
+    fn new(want: usize) -> Self {
+        LineAt {
+            want,
+            at: 1,
+            buf: Vec::new(),
+            done: false,
+        }
+    }
+
+    fn line(self) -> Option<String> {
+        (self.done || !self.buf.is_empty()).then(|| String::from_utf8_lossy(&self.buf).into_owned())
+    }
+}
+
+impl Write for LineAt {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.done {
+            return Err(io::Error::other("line found"));
+        }
+        for &b in buf {
+            if b == b'\n' {
+                if self.at == self.want {
+                    self.done = true;
+                    return Err(io::Error::other("line found"));
+                }
+                self.at += 1;
+            } else if self.at == self.want {
+                self.buf.push(b);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `cmd` and hands each line of its standard output to `each` as it comes.
+fn stream_lines(
+    mut cmd: Command,
+    program: &str,
+    describe: String,
+    each: &mut dyn FnMut(&str) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let spawn_error = |source| Error::Spawn {
+        program: program.to_string(),
+        source,
+    };
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_error)?;
+    let mut result = Ok(());
+    if let Some(stdout) = child.stdout.take() {
+        let mut reader = BufReader::with_capacity(64 << 10, stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) => break,
+                Ok(_) => {
+                    if let Err(e) = each(line.strip_suffix('\n').unwrap_or(&line)) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    result = Err(Error::Parse(format!("{program} printed invalid UTF-8")));
+                    break;
+                }
+                Err(e) => {
+                    result = Err(spawn_error(e));
+                    break;
+                }
+            }
+        }
+        // Dropping the reader closes the pipe, so a tool still writing stops.
+    }
+    let out = child.wait_with_output().map_err(spawn_error)?;
+    result?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: describe,
+            status: out.status.code(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// The input line a restore failure names. The tools say it three ways: `Error occurred at
 /// line: N` (parse errors, and nft commit errors, which name the `COMMIT` line), `line N:
 /// RULE_APPEND failed (…)` (iptables-nft-restore, kernel refusals) and `iptables-restore: line
@@ -467,6 +654,62 @@ mod tests {
             std::fs::read_to_string(&out).unwrap(),
             "-w 7 --noflush --counters\n*filter\nCOMMIT\n"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_streamed_input_reaches_the_tool_whole_and_a_failure_renders_it_again_for_the_line() {
+        let dir = std::env::temp_dir().join(format!("kp-ipt-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("input");
+        let record = script(&dir, "record", &format!("cat > {}\n", out.display()));
+        // Written in pieces that cut lines, larger than the pipe and the buffer.
+        let write = |w: &mut dyn Write| -> io::Result<()> {
+            for i in 0..20_000 {
+                write!(w, "-A KUBE-X -m comment --comment ")?;
+                writeln!(w, "r{i} -j ACCEPT")?;
+            }
+            Ok(())
+        };
+        let mut calls = 0;
+        IptablesCommand::new()
+            .with_restore_program(&record)
+            .restore_with(Backend::Nft, IpFamily::V4, &mut |w| {
+                calls += 1;
+                write(w)
+            })
+            .unwrap();
+        assert_eq!(calls, 1);
+        let mut want = Vec::new();
+        write(&mut want).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), want);
+
+        let fail = script(
+            &dir,
+            "fail",
+            "cat >/dev/null\necho 'iptables-restore: line 12345 failed' >&2\nexit 1\n",
+        );
+        let mut calls = 0;
+        let err = IptablesCommand::new()
+            .with_restore_program(&fail)
+            .restore_with(Backend::Legacy, IpFamily::V4, &mut |w| {
+                calls += 1;
+                write(w)
+            })
+            .unwrap_err();
+        assert_eq!(calls, 2, "rendered again to find the line");
+        match err {
+            Error::Restore {
+                line, failing_line, ..
+            } => {
+                assert_eq!(line, Some(12345));
+                assert_eq!(
+                    failing_line.as_deref(),
+                    Some("-A KUBE-X -m comment --comment r12344 -j ACCEPT")
+                );
+            }
+            other => panic!("expected a restore error, got {other:?}"),
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -7,7 +7,9 @@
 //! (128k chains, 378k rules) `iptables-nft-save -t nat` runs for minutes and crashed after two
 //! (iptables 1.8.9). Commands on one chain (`-S CHAIN`) stay cheap (6 ms, 0.4 s for a 12k-rule
 //! `KUBE-SERVICES`), and `nft list chains` lists every chain name in about a second. So with the
-//! nft backend a [`TableView`] holds the names from `nft`, and reads rules one chain at a time.
+//! nft backend [`scan_tables`] reports the names from `nft`, and rules are read one chain at a
+//! time. Everything is read as a stream (line by line as the tool prints it): no table's text
+//! is held whole.
 //!
 //! Deleting is the same story: one iptables-nft-restore input that flushes and deletes 128k
 //! chains ran for over 20 minutes (quadratic in its own command list), while inputs of 2000
@@ -17,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::model::IpFamily;
 
-use crate::readback::{parse_save, SavedTable};
+use crate::cleanup::CANARY_CHAIN;
 use crate::runner::{Backend, IptablesCommand};
 use crate::Error;
 
@@ -40,40 +42,75 @@ impl ChainList {
 /// Reads one chain's rules (`None`: no such chain).
 pub(crate) type ReadRules<'a> = &'a dyn Fn(&str) -> Result<Option<Vec<String>>, Error>;
 
-/// Parses `nft list chains ip` (or `ip6`): the chains of `tables` only. A chain followed by a
-/// `type … hook …` line is a built-in one.
-pub(crate) fn parse_nft_chains(text: &str, tables: &[&str]) -> BTreeMap<String, ChainList> {
-    let mut out: BTreeMap<String, ChainList> = tables
-        .iter()
-        .map(|t| (t.to_string(), ChainList::default()))
-        .collect();
-    let mut table: Option<String> = None;
-    let mut chain: Option<String> = None;
-    for line in text.lines() {
+/// Follows `nft list chains ip` (or `ip6`) line by line: `table ip nat {`, `chain NAME {`, and
+/// for a built-in chain a `type … hook …` line right after it. Reports the chains of `tables`
+/// only, as (index in `tables`, name, built-in).
+pub(crate) struct NftChainParser<'t> {
+    tables: &'t [&'static str],
+    table: Option<usize>,
+    pending: Option<String>,
+}
+
+impl<'t> NftChainParser<'t> {
+    pub fn new(tables: &'t [&'static str]) -> Self {
+        NftChainParser {
+            tables,
+            table: None,
+            pending: None,
+        }
+    }
+
+    /// The next line; a chain is reported once the line after it is seen.
+    pub fn line(&mut self, line: &str) -> Option<(usize, String, bool)> {
         let l = line.trim();
+        let builtin = l.starts_with("type ") && l.contains(" hook ");
+        let done = match (self.table, self.pending.take()) {
+            (Some(t), Some(name)) => Some((t, name, builtin)),
+            _ => None,
+        };
         if let Some(rest) = l.strip_prefix("table ") {
-            // `table ip nat {`
-            table = rest
+            let name = rest
                 .trim_end_matches('{')
                 .split_whitespace()
                 .nth(1)
                 .map(|t| t.trim_matches('"').to_string());
-            chain = None;
+            self.table = name.and_then(|n| self.tables.iter().position(|t| *t == n));
         } else if let Some(rest) = l.strip_prefix("chain ") {
-            let name = rest
-                .trim_end_matches('{')
-                .trim()
-                .trim_matches('"')
-                .to_string();
-            if let Some(list) = table.as_ref().and_then(|t| out.get_mut(t)) {
-                list.user.insert(name.clone());
-            }
-            chain = Some(name);
-        } else if l.starts_with("type ") && l.contains(" hook ") {
-            if let (Some(list), Some(c)) = (table.as_ref().and_then(|t| out.get_mut(t)), &chain) {
-                list.user.remove(c);
-                list.builtin.insert(c.clone());
-            }
+            self.pending = Some(
+                rest.trim_end_matches('{')
+                    .trim()
+                    .trim_matches('"')
+                    .to_string(),
+            );
+        }
+        done
+    }
+
+    /// After the last line.
+    pub fn finish(&mut self) -> Option<(usize, String, bool)> {
+        match (self.table, self.pending.take()) {
+            (Some(t), Some(name)) => Some((t, name, false)),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a whole `nft list chains` output: the chains of `tables` only.
+#[cfg(test)]
+pub(crate) fn parse_nft_chains(text: &str, tables: &[&'static str]) -> BTreeMap<String, ChainList> {
+    let mut out: BTreeMap<String, ChainList> = tables
+        .iter()
+        .map(|t| (t.to_string(), ChainList::default()))
+        .collect();
+    let mut parser = NftChainParser::new(tables);
+    let mut found: Vec<_> = text.lines().filter_map(|l| parser.line(l)).collect();
+    found.extend(parser.finish());
+    for (t, name, builtin) in found {
+        let list = out.entry(tables[t].to_string()).or_default();
+        if builtin {
+            list.builtin.insert(name);
+        } else {
+            list.user.insert(name);
         }
     }
     out
@@ -90,53 +127,6 @@ pub(crate) fn parse_listing(text: &str, chain: &str) -> Vec<String> {
                 .or_else(|| (l == bare).then(String::new))
         })
         .collect()
-}
-
-/// One table as the kernel holds it: its chain names, and its rules either all read at once
-/// (legacy, or when `nft` is not installed) or read per chain on demand (nft).
-#[derive(Debug)]
-pub(crate) struct TableView {
-    /// `nat`, `filter` or `mangle`.
-    pub table: &'static str,
-    /// Its chains.
-    pub chains: ChainList,
-    saved: Option<SavedTable>,
-}
-
-impl TableView {
-    fn from_saved(table: &'static str, saved: SavedTable) -> TableView {
-        let chains = ChainList {
-            user: saved
-                .chains
-                .keys()
-                .filter(|c| !saved.builtin.contains(*c))
-                .cloned()
-                .collect(),
-            builtin: saved.builtin.clone(),
-        };
-        TableView {
-            table,
-            chains,
-            saved: Some(saved),
-        }
-    }
-
-    /// The rules of `chain`, or `None` if the table has no such chain.
-    pub fn rules(
-        &self,
-        cmd: &IptablesCommand,
-        backend: Backend,
-        family: IpFamily,
-        chain: &str,
-    ) -> Result<Option<Vec<String>>, Error> {
-        if !self.chains.contains(chain) {
-            return Ok(None);
-        }
-        if let Some(saved) = &self.saved {
-            return Ok(saved.chains.get(chain).cloned());
-        }
-        chain_rules(cmd, backend, family, self.table, chain)
-    }
 }
 
 /// `iptables -t TABLE -S CHAIN`: one chain's rules, or `None` if it does not exist.
@@ -160,50 +150,182 @@ pub(crate) fn chain_rules(
     }
 }
 
-/// Reads `tables` of one backend and family: with the nft backend, chain names from `nft` and
-/// rules on demand, unless `whole` (then, and with legacy, every table is saved at once). Legacy
-/// tables that do not exist are empty (reading them would create them).
-pub(crate) fn read_tables(
+/// What a streaming read of a table reports, in the order the tools print it.
+pub(crate) enum Seen<'l> {
+    /// A chain of the table.
+    Chain {
+        /// Its name.
+        name: &'l str,
+        /// Whether it is a built-in one (has a policy, or a hook).
+        builtin: bool,
+    },
+    /// The rules of a chain that is not built-in, each the arguments after `-A CHAIN `, once
+    /// its last rule has been read (only when the table is read whole; a chain without rules
+    /// has no such report).
+    Rules {
+        /// The chain.
+        chain: &'l str,
+        /// Its rules.
+        rules: &'l [String],
+    },
+}
+
+/// What a streaming read keeps of one table: whether the canary is there, and the built-in
+/// chains (with their rules when the table was read whole). Everything else went to the
+/// visitor and is not held.
+#[derive(Debug)]
+pub(crate) struct TableScan {
+    /// `nat` or `filter`.
+    pub table: &'static str,
+    /// Whether `KUBE-PROXY-CANARY` exists in it.
+    pub canary: bool,
+    /// Whether it was read whole (every non-built-in chain's rules went to the visitor).
+    pub whole: bool,
+    builtin: BTreeMap<String, Option<Vec<String>>>,
+}
+
+impl TableScan {
+    /// The rules of a built-in chain, or `None` if the table has no such chain.
+    pub fn builtin_rules(
+        &self,
+        cmd: &IptablesCommand,
+        backend: Backend,
+        family: IpFamily,
+        chain: &str,
+    ) -> Result<Option<Vec<String>>, Error> {
+        match self.builtin.get(chain) {
+            None => Ok(None),
+            Some(Some(rules)) => Ok(Some(rules.clone())),
+            Some(None) => chain_rules(cmd, backend, family, self.table, chain),
+        }
+    }
+}
+
+/// Reads `tables` of one backend and family as a stream, (whole with legacy or with
+/// `whole`, else chain names from `nft`; legacy tables that do not exist are empty, as reading
+/// them would create them), handing every chain and, when read
+/// whole, every non-built-in chain's rules to `visit` without keeping them.
+pub(crate) fn scan_tables(
     cmd: &IptablesCommand,
     backend: Backend,
     family: IpFamily,
     tables: &[&'static str],
     whole: bool,
-) -> Result<Vec<TableView>, Error> {
+    visit: &mut dyn FnMut(&'static str, Seen<'_>),
+) -> Result<Vec<TableScan>, Error> {
+    let mut scans: Vec<TableScan> = tables
+        .iter()
+        .map(|t| TableScan {
+            table: t,
+            canary: false,
+            whole: true,
+            builtin: BTreeMap::new(),
+        })
+        .collect();
     if backend == Backend::Nft && !whole {
-        match cmd.nft_list_chains(family) {
-            Ok(text) => {
-                tracing::debug!(family = ?family, bytes = text.len(), "listed chains with nft");
-                let mut lists = parse_nft_chains(&text, tables);
-                return Ok(tables
-                    .iter()
-                    .map(|t| TableView {
-                        table: t,
-                        chains: lists.remove(*t).unwrap_or_default(),
-                        saved: None,
-                    })
-                    .collect());
+        let mut parser = NftChainParser::new(tables);
+        let mut report = |scans: &mut Vec<TableScan>, (t, name, builtin): (usize, String, bool)| {
+            let scan = &mut scans[t];
+            if builtin {
+                scan.builtin.insert(name.clone(), None);
+            } else if name == CANARY_CHAIN {
+                scan.canary = true;
+            }
+            visit(
+                scan.table,
+                Seen::Chain {
+                    name: &name,
+                    builtin,
+                },
+            );
+        };
+        let listed = cmd.nft_chain_lines(family, &mut |line| {
+            if let Some(found) = parser.line(line) {
+                report(&mut scans, found);
+            }
+            Ok(())
+        });
+        match listed {
+            Ok(()) => {
+                if let Some(found) = parser.finish() {
+                    report(&mut scans, found);
+                }
+                scans.iter_mut().for_each(|s| s.whole = false);
+                return Ok(scans);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list chains with nft; reading whole tables with iptables-nft-save (slow with many chains)");
+                scans.iter_mut().for_each(|s| {
+                    s.canary = false;
+                    s.builtin.clear();
+                });
             }
         }
     }
     let legacy = (backend == Backend::Legacy).then(|| cmd.legacy_tables(family));
-    let mut out = Vec::new();
-    for t in tables {
+    for scan in &mut scans {
+        let t = scan.table;
         if legacy.as_ref().is_some_and(|l| !l.iter().any(|x| x == t)) {
-            out.push(TableView {
-                table: t,
-                chains: ChainList::default(),
-                saved: Some(SavedTable::default()),
-            });
             continue;
         }
-        let text = cmd.save(backend, family, Some(t))?;
-        out.push(TableView::from_saved(t, parse_save(&text, t)?));
+        let mut inside = false;
+        let mut current: Option<(String, Vec<String>)> = None;
+        let mut line_no = 0;
+        let flush = |current: &mut Option<(String, Vec<String>)>,
+                     visit: &mut dyn FnMut(&'static str, Seen<'_>)| {
+            if let Some((chain, rules)) = current.take() {
+                visit(
+                    t,
+                    Seen::Rules {
+                        chain: &chain,
+                        rules: &rules,
+                    },
+                );
+            }
+        };
+        cmd.save_lines(backend, family, Some(t), &mut |line| {
+            line_no += 1;
+            if let Some(name) = line.strip_prefix('*') {
+                inside = name.trim() == t;
+                return Ok(());
+            }
+            if !inside || line.is_empty() || line.starts_with('#') || line == "COMMIT" {
+                return Ok(());
+            }
+            if let Some(decl) = line.strip_prefix(':') {
+                let mut words = decl.split_whitespace();
+                let name = words.next().unwrap_or_default();
+                let builtin = words.next().is_some_and(|policy| policy != "-");
+                if builtin {
+                    scan.builtin.insert(name.to_string(), Some(Vec::new()));
+                } else if name == CANARY_CHAIN {
+                    scan.canary = true;
+                }
+                visit(t, Seen::Chain { name, builtin });
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let (chain, args) = rule.split_once(' ').unwrap_or((rule, ""));
+                if let Some(Some(rules)) = scan.builtin.get_mut(chain) {
+                    rules.push(args.to_string());
+                    return Ok(());
+                }
+                if current.as_ref().map(|(c, _)| c.as_str()) != Some(chain) {
+                    flush(&mut current, visit);
+                    current = Some((chain.to_string(), Vec::new()));
+                }
+                if let Some((_, rules)) = current.as_mut() {
+                    rules.push(args.to_string());
+                }
+            } else {
+                return Err(Error::Parse(format!(
+                    "iptables-save line {line_no}: unexpected `{}`",
+                    line.chars().take(200).collect::<String>()
+                )));
+            }
+            Ok(())
+        })?;
+        flush(&mut current, visit);
     }
-    Ok(out)
+    Ok(scans)
 }
 
 /// Restore inputs that first run `pre` (rule deletions), then flush every chain of `doomed` and

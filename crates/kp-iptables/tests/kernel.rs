@@ -182,6 +182,41 @@ fn flow_table(backend: Backend) {
     assert!(metrics.iptables_readback_mismatches.get() > mismatches);
     assert_in_sync(&mut dp);
 
+    // Drift inside a Service chain: the planner keeps a digest of it, not its rules, and the
+    // read-back still names the chain; the periodic sync (which renders it again from the
+    // state to show the rule) counts exactly that one difference and repairs it.
+    let svc = state
+        .service_ports(&web_key)
+        .iter()
+        .map(|p| kp_iptables_plan::names::service_chains(&p.name).svc)
+        .next()
+        .expect("web has a port");
+    lab.node()
+        .run(&[
+            &backend.program(IpFamily::V4, ""),
+            "-w",
+            "120",
+            "-t",
+            "nat",
+            "-D",
+            &svc,
+            "1",
+        ])
+        .unwrap();
+    let diffs = dp.verify().unwrap();
+    assert_eq!(diffs.len(), 1, "{diffs:#?}");
+    assert!(
+        diffs[0].contains(&format!("chain {svc}: rules differ from the plan")),
+        "{diffs:#?}"
+    );
+    let mismatches = metrics.iptables_readback_mismatches.get();
+    let report = dp
+        .sync(&state, &Changes::default(), true)
+        .expect("repair a Service chain");
+    assert!(report.full);
+    assert_eq!(metrics.iptables_readback_mismatches.get(), mismatches + 1);
+    assert_in_sync(&mut dp);
+
     // Back to the fixture's endpoints: the whole table passes again.
     let slice = kp_flows::web_slice(&["pod-1", "pod-2", "pod-3"]);
     state

@@ -18,6 +18,7 @@ fn v4() -> Planner {
 
 /// A kernel's view: what a sequence of restores leaves behind.
 fn apply(kernel: &mut Tables, r: &Restore) {
+    let r = r.clone().materialize();
     for g in &r.service_chains {
         for c in &g.chains {
             kernel.insert((c.table, c.chain.clone()), c.rules.clone());
@@ -34,7 +35,7 @@ fn apply(kernel: &mut Tables, r: &Restore) {
 fn fresh(state: &ProxyState, node: &NodeContext) -> Tables {
     let mut p = v4();
     p.full(state, node);
-    p.expected()
+    p.expected(state)
 }
 
 fn upsert(state: &mut ProxyState, o: Object) -> BTreeSet<ServiceKey> {
@@ -84,7 +85,7 @@ fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
     let state = kp_flows::state();
     let mut p = v4();
     assert!(!p.programmed());
-    let r = p.full(&state, &node_ctx());
+    let r = p.full(&state, &node_ctx()).materialize();
     assert!(r.full && p.programmed());
     assert_eq!(r.base_chains.len(), 1);
     assert_eq!(r.base_chains[0].chain, names::KUBE_MARK_MASQ);
@@ -122,7 +123,7 @@ fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
         "no endpoints, no nat chains"
     );
     // expected() is exactly what was written.
-    let expected = p.expected();
+    let expected = p.expected(&state);
     let written: BTreeSet<(Table, String)> = r
         .chain_names()
         .into_iter()
@@ -194,7 +195,7 @@ fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
 fn the_ipv6_planner_sees_only_services_with_an_ipv6_clusterip() {
     let state = kp_flows::state();
     let mut p = Planner::new(PlanConfig::new(IpFamily::V6));
-    let r = p.full(&state, &node_ctx());
+    let r = p.full(&state, &node_ctx()).materialize();
     let groups: Vec<&str> = r
         .service_chains
         .iter()
@@ -202,7 +203,7 @@ fn the_ipv6_planner_sees_only_services_with_an_ipv6_clusterip() {
         .collect();
     assert!(groups.contains(&"default/web6") && groups.contains(&"default/dual"));
     assert!(!groups.contains(&"default/web"));
-    let expected = p.expected();
+    let expected = p.expected(&state);
     let nat_services = &expected[&(Table::Nat, "KUBE-SERVICES".to_string())];
     assert!(nat_services
         .iter()
@@ -260,7 +261,7 @@ fn an_endpoint_change_rewrites_the_svc_chain_and_only_the_sep_chains_that_change
     assert!(r.dispatch_chains.is_empty() && r.base_chains.is_empty());
     assert_eq!(r.deleted_chains, [(Table::Nat, sep("10.244.1.13"))]);
     apply(&mut kernel, &r);
-    assert_eq!(kernel, p.expected());
+    assert_eq!(kernel, p.expected(&state));
 
     // pod-4 comes: SVC and pod-4's new SEP chain.
     let changed = upsert(
@@ -279,7 +280,7 @@ fn an_endpoint_change_rewrites_the_svc_chain_and_only_the_sep_chains_that_change
     );
     assert!(r.deleted_chains.is_empty() && r.dispatch_chains.is_empty());
     apply(&mut kernel, &r);
-    assert_eq!(kernel, p.expected());
+    assert_eq!(kernel, p.expected(&state));
     assert_eq!(kernel, fresh(&state, &node_ctx()));
 }
 
@@ -349,7 +350,7 @@ fn a_full_plan_after_a_failed_restore_deletes_what_is_no_longer_planned() {
         assert!(deleted.contains(d), "{d:?} not deleted again");
     }
     apply(&mut kernel, &r);
-    assert_eq!(kernel, p.expected());
+    assert_eq!(kernel, p.expected(&state));
 
     // Once a partial confirms that restore, a later full does not delete them a third time.
     p.partial(&state, &BTreeSet::new(), &node_ctx(), false);
@@ -433,7 +434,7 @@ fn localhost_nodeports_add_kubelets_firewall_chain_and_its_jumps() {
     cfg.localhost_node_ports = true;
     let mut p = Planner::new(cfg.clone());
     p.full(&state, &NodeContext::default());
-    let expected = p.expected();
+    let expected = p.expected(&state);
     assert!(expected.contains_key(&(Table::Filter, "KUBE-FIREWALL".to_string())));
     let nat_services = &expected[&(Table::Nat, "KUBE-SERVICES".to_string())];
     assert!(nat_services
@@ -451,8 +452,178 @@ fn localhost_nodeports_add_kubelets_firewall_chain_and_its_jumps() {
     let mut p6 = Planner::new(cfg);
     p6.full(&state, &NodeContext::default());
     assert!(!p6
-        .expected()
+        .expected(&state)
         .contains_key(&(Table::Filter, "KUBE-FIREWALL".to_string())));
     assert_eq!(p6.jump_rules().len(), 12);
     assert_eq!(v4().jump_rules().len(), 12);
+}
+
+/// The restore text as the planner rendered it before inputs were streamed (a `String` built
+/// from held chains): per table in commit order, chain lines, deletions' chain lines, rules,
+/// `-X`, `COMMIT`.
+fn reference_text(writes: &[&ChainWrite], deleted: &[(Table, String)]) -> String {
+    let mut out = String::new();
+    for table in Table::COMMIT_ORDER {
+        let w: Vec<&&ChainWrite> = writes.iter().filter(|c| c.table == table).collect();
+        let d: Vec<&String> = deleted
+            .iter()
+            .filter(|(t, _)| *t == table)
+            .map(|(_, c)| c)
+            .collect();
+        if w.is_empty() && d.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("*{}\n", table.as_str()));
+        for c in &w {
+            out.push_str(&format!(":{} - [0:0]\n", c.chain));
+        }
+        for c in &d {
+            out.push_str(&format!(":{c} - [0:0]\n"));
+        }
+        for c in &w {
+            for r in &c.rules {
+                out.push_str(&format!("-A {} {r}\n", c.chain));
+            }
+        }
+        for c in &d {
+            out.push_str(&format!("-X {c}\n"));
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// The steps as they were cut before: fixed chains first, whole groups up to `max` chains,
+/// dispatch chains and deletions last.
+fn reference_steps(r: &Restore, max: usize) -> Vec<String> {
+    let writes: Vec<&ChainWrite> = r
+        .base_chains
+        .iter()
+        .chain(r.service_chains.iter().flat_map(|g| g.chains.iter()))
+        .chain(r.dispatch_chains.iter())
+        .collect();
+    if writes.len() + r.deleted_chains.len() <= max.max(1) {
+        return if r.is_empty() {
+            Vec::new()
+        } else {
+            vec![reference_text(&writes, &r.deleted_chains)]
+        };
+    }
+    let mut steps = Vec::new();
+    let mut current: Vec<&ChainWrite> = r.base_chains.iter().collect();
+    for g in &r.service_chains {
+        if !current.is_empty() && current.len() + g.chains.len() > max {
+            steps.push(reference_text(&current, &[]));
+            current.clear();
+        }
+        current.extend(g.chains.iter());
+    }
+    if !current.is_empty() {
+        steps.push(reference_text(&current, &[]));
+    }
+    let last: Vec<&ChainWrite> = r.dispatch_chains.iter().collect();
+    if !last.is_empty() || !r.deleted_chains.is_empty() {
+        steps.push(reference_text(&last, &r.deleted_chains));
+    }
+    steps
+}
+
+#[test]
+fn a_full_plan_streams_the_same_bytes_as_its_materialized_chains() {
+    let state = kp_flows::load("node-0", synthetic::cluster(120, 4));
+    let mut p = v4();
+    let lazy = p.full(&state, &NodeContext::default());
+    assert!(lazy.service_chains.is_empty(), "rendered only when written");
+    let held = lazy.clone().materialize();
+    assert!(held.service_chains.len() > 120);
+    assert_eq!(lazy.chain_count(), held.chain_count());
+    assert_eq!(lazy.rule_count(), held.rule_count());
+    assert_eq!(lazy.chain_names(), held.chain_names());
+    let text = lazy.text();
+    let writes: Vec<&ChainWrite> = held
+        .base_chains
+        .iter()
+        .chain(held.service_chains.iter().flat_map(|g| g.chains.iter()))
+        .chain(held.dispatch_chains.iter())
+        .collect();
+    assert_eq!(text, reference_text(&writes, &held.deleted_chains));
+    assert_eq!(text, held.text());
+    for max in [1, 3, 7, 50, 400, 100_000] {
+        let steps = lazy.steps(max);
+        assert_eq!(steps, reference_steps(&held, max), "max {max}");
+        let inputs = lazy.inputs(max);
+        assert_eq!(
+            inputs.iter().map(|i| i.chains()).sum::<usize>(),
+            lazy.chain_count()
+        );
+        // Streaming into a writer gives each step's bytes.
+        for (i, input) in inputs.iter().enumerate() {
+            let mut out = Vec::new();
+            lazy.write_input(input, &[], &mut out).unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), steps[i]);
+        }
+    }
+    // A partial plan (held chains) renders as before too.
+    let mut state = state;
+    state
+        .apply(SourceEvent::Upsert(synthetic::endpoint_change(3, 120, 4)))
+        .unwrap();
+    let changed = state.take_changes().services;
+    let r = p.partial(&state, &changed, &NodeContext::default(), false);
+    assert!(!r.is_empty());
+    assert_eq!(r.steps(2), reference_steps(&r, 2));
+    assert_eq!(r.text(), reference_steps(&r, 1000).concat());
+}
+
+#[test]
+fn extra_lines_go_after_the_table_line_and_before_commit_or_in_a_section_of_their_own() {
+    let state = kp_flows::state();
+    let mut p = v4();
+    let r = p.full(&state, &node_ctx());
+    let decls = vec![":KUBE-PROXY-CANARY - [0:0]".to_string()];
+    let rules = vec!["-I PREROUTING -j KUBE-SERVICES".to_string()];
+    let none: Vec<String> = Vec::new();
+    let inputs = r.inputs(5);
+    let last = inputs.last().unwrap();
+    assert!(last.is_last());
+    let text = r.input_text(
+        last,
+        &[crate::restore::Extra {
+            table: Table::Nat,
+            decls: &decls,
+            rules: &rules,
+        }],
+    );
+    let plain = r.input_text(last, &[]);
+    let nat = plain.find("*nat\n").unwrap() + "*nat\n".len();
+    let commit = nat + plain[nat..].find("COMMIT\n").unwrap();
+    let want = format!(
+        "{}{}\n{}{}\n{}",
+        &plain[..nat],
+        decls[0],
+        &plain[nat..commit],
+        rules[0],
+        &plain[commit..]
+    );
+    assert_eq!(text, want);
+    // An input without a filter section gets one at its end; empty extras change nothing.
+    let first = &inputs[0];
+    let plain = r.input_text(first, &[]);
+    assert!(!plain.contains("*filter"));
+    let extra = [
+        crate::restore::Extra {
+            table: Table::Filter,
+            decls: &none,
+            rules: &rules,
+        },
+        crate::restore::Extra {
+            table: Table::Nat,
+            decls: &none,
+            rules: &none,
+        },
+    ];
+    assert_eq!(
+        r.input_text(first, &extra),
+        format!("{plain}*filter\n{}\nCOMMIT\n", rules[0])
+    );
 }

@@ -840,6 +840,7 @@ fn restore_inputs_rendered_by_restore_rs_apply_in_order() {
             "-m tcp -p tcp -d 10.96.1.2 --dport 80 -j KUBE-SVC-2",
         ]),
         deleted_chains: vec![],
+        ..Restore::default()
     };
     let mut t = IptablesTracer::new(node_addresses());
     for step in first.steps(2) {
@@ -869,6 +870,7 @@ fn restore_inputs_rendered_by_restore_rs_apply_in_order() {
             (Table::Nat, "KUBE-SVC-1".into()),
             (Table::Nat, "KUBE-SEP-1".into()),
         ],
+        ..Restore::default()
     };
     t.apply(V4, &second.text())
         .unwrap_or_else(|e| panic!("{e}\n{}", second.text()));
