@@ -229,6 +229,22 @@ fn target(cluster: &Cluster, service: usize, endpoint: std::net::Ipv4Addr) -> Pr
     }
 }
 
+/// What the binary logs when a full sync has programmed the whole cluster.
+const PROGRAMMED: &str = "programmed the kernel";
+
+/// Waits until the proxy's log holds `line`; returns when it was first seen.
+fn wait_logged(proxy: &ChildGuard, line: &str, deadline: Instant) -> anyhow::Result<Instant> {
+    loop {
+        if proxy.log().contains(line) {
+            return Ok(Instant::now());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("kube-proxy did not log {line:?} in time");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Runs the binary in `mode` against `source` in a fresh namespace.
 pub fn run(
     setup: &Setup<'_>,
@@ -270,6 +286,12 @@ pub fn run(
             );
         }
     };
+    // The last Service being live is not the whole cluster when the mode loads it in steps
+    // (iptables-nft: chains in sorted-name order); the binary logs the end of its first full
+    // sync.
+    let live = wait_logged(&proxy, PROGRAMMED, spawned + startup_timeout)
+        .map_err(|e| anyhow::anyhow!("{e}; its log ends with:\n{}", tail(&proxy.log(), 15)))?
+        .max(live);
     let startup_s = live.duration_since(spawned).as_secs_f64();
     p.say(format!(
         "  {} source: cluster live {startup_s:.2} s after start",
