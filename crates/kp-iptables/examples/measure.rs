@@ -9,7 +9,9 @@
 //! `KP_MEASURE_VERIFY=0` skips the read-back checks; `KP_MEASURE_DUMP=PATH` writes the full
 //! restore input to PATH, its nft steps to PATH.NNNN and the first partial restore to
 //! PATH.partial; `KP_MEASURE_ONLY_FULL=1` stops after
-//! the first full sync. `RUST_LOG=kp_iptables=debug` shows the dataplane's log.
+//! the first full sync; `KP_PERF_CTL=FIFO` writes `enable` and `disable` to a perf control fifo around
+//! the changes (scripts/profile.sh profiles them alone; name one backend then).
+//! `RUST_LOG=kp_iptables=debug` shows the dataplane's log.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -181,6 +183,9 @@ fn main() {
             }
         }
 
+        if let Ok(fifo) = std::env::var("KP_PERF_CTL") {
+            std::fs::write(&fifo, "enable\n").expect("perf control fifo");
+        }
         let mut times = Vec::new();
         for k in 0..50 {
             state
@@ -196,6 +201,9 @@ fn main() {
                         .expect("dump");
                 }
             }
+        }
+        if let Ok(fifo) = std::env::var("KP_PERF_CTL") {
+            std::fs::write(&fifo, "disable\n").expect("perf control fifo");
         }
         times.sort_by(|a, b| a.0.total_cmp(&b.0));
         let p = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize].0;

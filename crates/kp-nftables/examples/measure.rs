@@ -5,8 +5,8 @@
 //!
 //! `KP_MEASURE_DUMP=PATH` writes the full text transaction to PATH; `KP_MEASURE_ONLY_FULL=1`
 //! stops after the first full sync and its read-back; `KP_MEASURE_CHANGES=N` sets the number of
-//! one-endpoint changes (default 50); `KP_PERF_CTL=FIFO` writes `enable` to a perf control fifo
-//! just before the changes (scripts/profile.sh profiles them alone).
+//! one-endpoint changes (default 50); `KP_PERF_CTL=FIFO` writes `enable` and `disable` to a perf
+//! control fifo around the changes (scripts/profile.sh profiles them alone).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -146,6 +146,9 @@ fn main() {
         let t = Instant::now();
         let r = dp.sync(&state, &changes, false).expect("partial sync");
         times.push((t.elapsed().as_secs_f64() * 1000.0, r.operations));
+    }
+    if let Ok(fifo) = std::env::var("KP_PERF_CTL") {
+        std::fs::write(&fifo, "disable\n").expect("perf control fifo");
     }
     times.sort_by(|a, b| a.0.total_cmp(&b.0));
     let p = |q: f64| times[((times.len() as f64 - 1.0) * q) as usize].0;
