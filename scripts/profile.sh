@@ -119,23 +119,24 @@ perf_profile() {
     {
         echo "#"
         echo "# the measurement's own output:"
-        sed 's/^/#   /' "$WORK/$name.out" | tail -n 25
+        sed 's/^/#   /' "$WORK/$name.out" | tail -n 25 || true
         echo
         echo "## share of samples by program"
         perf report -i "$WORK/$name.data" --stdio --no-children --sort comm \
-            --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]'
+            --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]' || true
         echo
         echo "## share of samples by program and shared object"
         perf report -i "$WORK/$name.data" --stdio --no-children --sort comm,dso \
-            --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]'
+            --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]' || true
         echo
         echo "## hottest symbols (self time)"
         perf report -i "$WORK/$name.data" --stdio --no-children --sort comm,dso,sym \
-            --percent-limit 0.7 -g none 2>/dev/null | grep -E '^ +[0-9]' | head -n 40
+            --percent-limit 0.7 -g none 2>/dev/null | grep -E '^ +[0-9]' | sed -n '1,40p' || true
         echo
         echo "## hottest call chains (including callees), kernel entry points and our code"
         perf report -i "$WORK/$name.data" --stdio --children --sort sym \
-            --percent-limit 5 -g none 2>/dev/null | grep -E '^ +[0-9]' | head -n 30
+            --percent-limit 5 -g none 2>/dev/null | grep -E '^ +[0-9]' \
+            | grep -v '\[\.\] 0x' | sed -n '1,30p' || true
     } >>"$OUT/$name.txt"
     echo "    wrote bench/profiles/$name.txt"
 }
@@ -162,7 +163,7 @@ heap_profile() {
         echo
         heaptrack_print -f "$file" --print-peaks 1 --print-allocators 0 --print-leaks 0 \
             --print-temporary 0 --print-histogram 0 --peak-limit 12 --sub-peak-limit 3 \
-            2>/dev/null | sed -n '/MOST MEMORY CONSUMING/,$p' | head -n 120
+            2>/dev/null | sed -n '/MOST MEMORY CONSUMING/,$p' | sed -n '1,120p' || true
     } >>"$OUT/$name.txt"
     echo "    wrote bench/profiles/$name.txt"
 }
