@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kp_core::dataplane::{Dataplane, SyncReport};
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceKey, ServicePortName};
 use kp_core::node::NodeContext;
-use kp_core::track::{Changes, ProxyState};
+use kp_core::track::ProxyState;
 use kp_iptables::{
     Backend, DetectLocal, IptablesCommand, IptablesConfig, IptablesDataplane, DEFAULT_STEP_CHAINS,
 };
@@ -36,23 +35,6 @@ impl Iptables {
             step_chains: DEFAULT_STEP_CHAINS,
             ..IptablesConfig::default()
         }
-    }
-}
-
-struct Dp(IptablesDataplane);
-
-impl SyncTarget for Dp {
-    fn sync(
-        &mut self,
-        state: &ProxyState,
-        changes: &Changes,
-        full: bool,
-    ) -> anyhow::Result<SyncReport> {
-        Ok(self.0.sync(state, changes, full)?)
-    }
-
-    fn verify(&mut self) -> anyhow::Result<Vec<String>> {
-        Ok(self.0.verify()?)
     }
 }
 
@@ -193,11 +175,11 @@ impl ModeUnderTest for Iptables {
     }
 
     fn dataplane(&self, netns: &str) -> Box<dyn SyncTarget> {
-        Box::new(Dp(IptablesDataplane::new(
+        Box::new(IptablesDataplane::new(
             self.config(),
             IptablesCommand::in_netns(netns),
             Arc::new(Metrics::new()),
-        )))
+        ))
     }
 
     fn probe(&self, netns: &str) -> anyhow::Result<Box<dyn Probe>> {

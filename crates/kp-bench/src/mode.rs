@@ -4,7 +4,7 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use kp_core::dataplane::SyncReport;
+use kp_core::dataplane::{Dataplane, SyncReport};
 use kp_core::track::{Changes, ProxyState};
 
 /// A mode's dataplane, driven in-process by the harness (as the binary's sync loop drives it).
@@ -19,6 +19,22 @@ pub trait SyncTarget {
 
     /// Reads the kernel back and lists the differences from the plan.
     fn verify(&mut self) -> anyhow::Result<Vec<String>>;
+}
+
+/// Every dataplane is a sync target: the harness drives it as the binary does.
+impl<D: Dataplane> SyncTarget for D {
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &Changes,
+        full: bool,
+    ) -> anyhow::Result<SyncReport> {
+        Ok(Dataplane::sync(self, state, changes, full)?)
+    }
+
+    fn verify(&mut self) -> anyhow::Result<Vec<String>> {
+        Ok(Dataplane::verify(self)?)
+    }
 }
 
 /// The time and size of rendering a full ruleset without applying it.

@@ -17,6 +17,9 @@ use kp_test::echo::{tally, Outcome, Proto, Request};
 use kp_test::lab::Lab;
 use kp_test::netns::Netns;
 
+mod common;
+use common::{assert_in_sync, chains_named};
+
 /// The flow table's configuration (see `kp_flows::node_context`): detect-local by the cluster
 /// CIDRs, NodePorts on the primary addresses, so no localhost NodePorts.
 fn config(backend: Backend) -> IptablesConfig {
@@ -41,16 +44,6 @@ fn dataplane(ns: &Netns, backend: Backend, metrics: Arc<Metrics>) -> IptablesDat
     IptablesDataplane::new(config(backend), command(ns), metrics)
 }
 
-fn assert_in_sync(dp: &mut IptablesDataplane) {
-    let diffs = dp.verify().expect("read-back works");
-    assert!(
-        diffs.is_empty(),
-        "kernel differs from the plan ({} differences):\n{}",
-        diffs.len(),
-        diffs.join("\n")
-    );
-}
-
 fn assert_flows(lab: &Lab) {
     let failures = kp_test::flows::check_all(lab);
     assert!(
@@ -59,21 +52,6 @@ fn assert_flows(lab: &Lab) {
         failures.len(),
         failures.join("\n")
     );
-}
-
-/// Every chain an input writes or deletes.
-fn chains_named(inputs: &[String]) -> BTreeSet<String> {
-    inputs
-        .iter()
-        .flat_map(|i| i.lines())
-        .filter_map(|l| {
-            l.strip_prefix(':')
-                .or_else(|| l.strip_prefix("-A "))
-                .or_else(|| l.strip_prefix("-X "))
-        })
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
 }
 
 const WEB: &str = "10.96.0.10";
@@ -105,7 +83,7 @@ fn flow_table(backend: Backend) {
         .sync(&state, &Changes::default(), true)
         .expect("first sync");
     assert!(report.full);
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
     assert_flows(&lab);
     // The real-packet checker can fail: the first row, expecting a drop, must not pass.
     let mut wrong = kp_flows::cases()[0].clone();
@@ -147,7 +125,7 @@ fn flow_table(backend: Backend) {
         report.operations,
         dp.last_inputs().join("\n")
     );
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2"]);
 
     // A periodic full sync with nothing changed behind our back rewrites nothing.
@@ -180,7 +158,7 @@ fn flow_table(backend: Backend) {
     let report = dp.sync(&state, &Changes::default(), true).expect("repair");
     assert!(report.full);
     assert!(metrics.iptables_readback_mismatches.get() > mismatches);
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
 
     // Drift inside a Service chain: the planner keeps a digest of it, not its rules, and the
     // read-back still names the chain; the periodic sync (which renders it again from the
@@ -215,7 +193,7 @@ fn flow_table(backend: Backend) {
         .expect("repair a Service chain");
     assert!(report.full);
     assert_eq!(metrics.iptables_readback_mismatches.get(), mismatches + 1);
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
 
     // Back to the fixture's endpoints: the whole table passes again.
     let slice = kp_flows::web_slice(&["pod-1", "pod-2", "pod-3"]);
@@ -225,7 +203,7 @@ fn flow_table(backend: Backend) {
     let changes = state.take_changes();
     let report = dp.sync(&state, &changes, false).expect("partial sync back");
     assert!(!report.full);
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
     assert_flows(&lab);
 }
 
@@ -276,7 +254,7 @@ fn canary(backend: Backend) {
     // The next periodic sync notices the missing canary and rebuilds; traffic flows again.
     let report = dp.sync(&state, &Changes::default(), true).expect("rebuild");
     assert!(report.full, "a missing canary means a rebuild");
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
 }
 
@@ -364,7 +342,7 @@ fn failed_restore(backend: Backend) {
         .sync(&state, &Changes::default(), false)
         .expect("sync after the failure");
     assert!(report.full, "the sync after a failed restore must be full");
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
     assert_eq!(web_backends(&lab, 20), ["pod-1"]);
     assert_eq!(metrics.iptables_restore_failures.get(), 2);
     let _ = std::fs::remove_dir_all(&dir);
@@ -453,7 +431,7 @@ fn cleanup(backend: Backend) {
     // And the dataplane programs again afterwards.
     dp.sync(&kp_flows::state(), &Changes::default(), true)
         .expect("sync after cleanup");
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
 }
 
 #[test]
@@ -489,7 +467,7 @@ fn the_first_sync_deletes_chains_an_earlier_run_left_behind() {
         .expect("sync");
     let (chains, _) = dump(&cmd, Backend::Nft, IpFamily::V4);
     assert!(!chains.iter().any(|c| c.contains("LEFTOVER")), "{chains:?}");
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
 }
 
 /// With `nodePortAddresses` covering 127.0.0.1 and `localhostNodePorts` (upstream's iptables
@@ -516,7 +494,7 @@ fn localhost_node_ports(backend: Backend) {
     );
     dp.sync(&kp_flows::state(), &Changes::default(), true)
         .expect("sync");
-    assert_in_sync(&mut dp);
+    assert_in_sync(&mut dp, "read-back");
     assert_eq!(
         lab.node()
             .run(&["sysctl", "-n", "net.ipv4.conf.all.route_localnet"])

@@ -16,43 +16,14 @@ use kp_iptables_plan::names;
 use kp_metrics::Metrics;
 use kp_test::netns::Netns;
 
+mod common;
+use common::{assert_in_sync, chains_named};
+
 const SERVICES: usize = 5000;
 const ENDPOINTS: usize = 2;
 /// A plain ClusterIP Service of the synthetic cluster (not a NodePort, LoadBalancer or
 /// two-port one).
 const CHANGED: usize = 4324;
-
-fn assert_in_sync(dp: &mut IptablesDataplane, what: &str) {
-    let t = Instant::now();
-    let diffs = dp.verify().expect("read-back works");
-    eprintln!("{what}: read-back {:.2} s", t.elapsed().as_secs_f64());
-    assert!(
-        diffs.is_empty(),
-        "{what}: kernel differs from the plan ({} differences):\n{}",
-        diffs.len(),
-        diffs
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-}
-
-/// Every chain the inputs write or delete.
-fn chains_named(inputs: &[String]) -> BTreeSet<String> {
-    inputs
-        .iter()
-        .flat_map(|i| i.lines())
-        .filter_map(|l| {
-            l.strip_prefix(':')
-                .or_else(|| l.strip_prefix("-A "))
-                .or_else(|| l.strip_prefix("-X "))
-        })
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
-}
 
 fn scale(backend: Backend, full_readback_limit: u64) {
     if !kp_test::netns::require_root() {

@@ -7,8 +7,7 @@ pub mod netlink;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kp_core::dataplane::{Dataplane, SyncReport};
-use kp_core::track::{Changes, ProxyState};
+use kp_core::track::ProxyState;
 use kp_metrics::Metrics;
 use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
 use kp_nftables_plan::names::TABLE;
@@ -31,23 +30,6 @@ impl Nftables {
             node_ports: NodePortAddresses::AllLocal,
             ..NftablesConfig::default()
         }
-    }
-}
-
-struct Dp(NftablesDataplane);
-
-impl SyncTarget for Dp {
-    fn sync(
-        &mut self,
-        state: &ProxyState,
-        changes: &Changes,
-        full: bool,
-    ) -> anyhow::Result<SyncReport> {
-        Ok(self.0.sync(state, changes, full)?)
-    }
-
-    fn verify(&mut self) -> anyhow::Result<Vec<String>> {
-        Ok(self.0.verify()?)
     }
 }
 
@@ -136,11 +118,11 @@ impl ModeUnderTest for Nftables {
     }
 
     fn dataplane(&self, netns: &str) -> Box<dyn SyncTarget> {
-        Box::new(Dp(NftablesDataplane::new(
+        Box::new(NftablesDataplane::new(
             Nftables::config(),
             NftCommand::in_netns(netns),
             Arc::new(Metrics::new()),
-        )))
+        ))
     }
 
     fn probe(&self, netns: &str) -> anyhow::Result<Box<dyn Probe>> {
