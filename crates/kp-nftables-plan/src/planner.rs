@@ -194,6 +194,71 @@ struct Dispatch<const V: usize> {
     more: bool,
 }
 
+/// A record several owners may want: the first owner's value is the one held, the others wait
+/// in a side list (`Elements::plain_more`, `Elements::dispatch_more`).
+trait Shared<T> {
+    fn first_owner(&self) -> Owner;
+    fn more(&mut self) -> &mut bool;
+    /// The next owner's value takes over.
+    fn take_over(&mut self, owner: Owner, value: T);
+}
+
+impl<const V: usize> Shared<Packed<V>> for Held<V> {
+    fn first_owner(&self) -> Owner {
+        self.owner
+    }
+    fn more(&mut self) -> &mut bool {
+        &mut self.more
+    }
+    fn take_over(&mut self, owner: Owner, value: Packed<V>) {
+        self.owner = owner;
+        self.value = value;
+    }
+}
+
+impl<const V: usize> Shared<Slots<V>> for Dispatch<V> {
+    fn first_owner(&self) -> Owner {
+        self.owner
+    }
+    fn more(&mut self) -> &mut bool {
+        &mut self.more
+    }
+    fn take_over(&mut self, owner: Owner, endpoints: Slots<V>) {
+        self.owner = owner;
+        self.endpoints = endpoints;
+    }
+}
+
+/// Drops `owner`'s claim on `record` (whose waiting owners are `waiting[key]`); returns whether
+/// no owner is left, so the caller removes the record.
+fn drop_claim<T, R: Shared<T>, MK: std::hash::Hash + Eq>(
+    record: &mut R,
+    waiting: &mut HashMap<MK, Vec<(Owner, T)>>,
+    key: MK,
+    owner: Owner,
+) -> bool {
+    if record.first_owner() == owner {
+        if !*record.more() {
+            return true;
+        }
+        if let Some(list) = waiting.get_mut(&key) {
+            let (next, value) = list.remove(0);
+            record.take_over(next, value);
+            if list.is_empty() {
+                waiting.remove(&key);
+                *record.more() = false;
+            }
+        }
+    } else if let Some(list) = waiting.get_mut(&key) {
+        list.retain(|(o, _)| *o != owner);
+        if list.is_empty() {
+            waiting.remove(&key);
+            *record.more() = false;
+        }
+    }
+    false
+}
+
 /// A dispatch record's place: route, endpoint count, entry key.
 type DispatchKey<const K: usize> = (Route, u32, Packed<K>);
 
@@ -747,27 +812,8 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
             let Some(held) = map.get_mut(&key) else {
                 continue;
             };
-            if held.owner == owner {
-                if !held.more {
-                    map.remove(&key);
-                    continue;
-                }
-                // The next owner's value takes over.
-                if let Some(more) = els.plain_more.get_mut(&(set, key)) {
-                    let (next, value) = more.remove(0);
-                    held.owner = next;
-                    held.value = value;
-                    if more.is_empty() {
-                        els.plain_more.remove(&(set, key));
-                        held.more = false;
-                    }
-                }
-            } else if let Some(more) = els.plain_more.get_mut(&(set, key)) {
-                more.retain(|(o, _)| *o != owner);
-                if more.is_empty() {
-                    els.plain_more.remove(&(set, key));
-                    held.more = false;
-                }
+            if drop_claim(held, &mut els.plain_more, (set, key), owner) {
+                map.remove(&key);
             }
         }
         for &(route, n, key) in owned.dispatch.iter() {
@@ -779,26 +825,8 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
             let Some(d) = map.get_mut(&key) else {
                 continue;
             };
-            if d.owner == owner {
-                if !d.more {
-                    map.remove(&key);
-                    continue;
-                }
-                if let Some(more) = els.dispatch_more.get_mut(&(route, n, key)) {
-                    let (next, endpoints) = more.remove(0);
-                    d.owner = next;
-                    d.endpoints = endpoints;
-                    if more.is_empty() {
-                        els.dispatch_more.remove(&(route, n, key));
-                        d.more = false;
-                    }
-                }
-            } else if let Some(more) = els.dispatch_more.get_mut(&(route, n, key)) {
-                more.retain(|(o, _)| *o != owner);
-                if more.is_empty() {
-                    els.dispatch_more.remove(&(route, n, key));
-                    d.more = false;
-                }
+            if drop_claim(d, &mut els.dispatch_more, (route, n, key), owner) {
+                map.remove(&key);
             }
         }
     }
