@@ -43,8 +43,9 @@ fn operations(r: &Restore) -> usize {
     r.chain_count() + r.rule_count()
 }
 
-/// Asks the backend whether the Service port's `KUBE-SVC-…` chain jumps to the endpoint's
-/// `KUBE-SEP-…` chain (both named by upstream's hashes, which include the endpoint).
+/// Asks the backend whether the Service port's `KUBE-SVC-…` chain reaches the endpoint: DNATs
+/// to it, or (an endpoint on this node) jumps to its `KUBE-SEP-…` chain (named by upstream's
+/// hash, which includes the endpoint).
 struct IptProbe {
     netns: String,
     backend: Backend,
@@ -101,9 +102,11 @@ impl Probe for IptProbe {
             return Ok(false);
         }
         let jump = format!("-j {sep}");
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .any(|l| l.trim_end().ends_with(&jump)))
+        let dnat = format!("-j DNAT --to-destination {}:{}", t.endpoint, t.target_port);
+        Ok(String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+            let l = l.trim_end();
+            l.ends_with(&jump) || l.ends_with(&dnat)
+        }))
     }
 }
 

@@ -11,7 +11,7 @@
 //! - a comment is quoted unless it is made only of letters, digits, `-` and `_`;
 //! - `MARK --or-mark M` prints as `--set-xmark M/M`, `--xor-mark M` as `--set-xmark M/0x0`;
 //! - `recent` prints its defaults (`--mask 255.255.255.255 --rsource`) and puts `--name` after
-//!   `--set`/`--rcheck --seconds T --reap`;
+//!   `--set`/`--rcheck --seconds T --reap`/`--update --seconds T --reap`;
 //! - `REJECT` prints its default `--reject-with icmp-port-unreachable`
 //!   (`icmp6-port-unreachable` for IPv6);
 //! - `statistic --probability` is stored by the kernel as a 31-bit fraction and printed with 11
@@ -19,7 +19,8 @@
 //!   the value the kernel holds after upstream's 10-decimal input.
 //!
 //! The per-Service-port rules mirror upstream's `syncProxyRules` and
-//! `writeServiceToEndpointRules`.
+//! `writeServiceToEndpointRules`, except that only endpoints on this node get a `KUBE-SEP-…`
+//! chain (see [`endpoint_rules`]).
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -539,9 +540,11 @@ fn render_port_parts(
     if !with_chains {
         return Some(out);
     }
-    // The Service port's own chains: endpoints first, then the chains that jump to them.
-    let mut reachable: Vec<&Endpoint> = cluster_eps.iter().collect();
-    for ep in &local_eps {
+    // The Service port's own chains: endpoints first, then the chains that jump to them. Only
+    // endpoints on this node have a chain (only they can hairpin); the others are DNATed by
+    // their rule in the SVC/SVL chain.
+    let mut reachable: Vec<&Endpoint> = cluster_eps.iter().filter(|e| e.is_local).collect();
+    for ep in local_eps.iter().filter(|e| e.is_local) {
         if !reachable.iter().any(|e| e.ip == ep.ip && e.port == ep.port) {
             reachable.push(ep);
         }
@@ -644,7 +647,8 @@ fn nat(chain: &str, rules: Vec<String>) -> ChainWrite {
     }
 }
 
-/// `KUBE-SEP-…`: hairpin masquerade, then the DNAT (remembering the client for affinity).
+/// `KUBE-SEP-…` of an endpoint on this node: hairpin masquerade (the pod reaching itself
+/// through the Service), then the DNAT (remembering the client for affinity).
 fn endpoint_chain(
     ctx: &RenderContext,
     port: &ServicePort,
@@ -657,22 +661,43 @@ fn endpoint_chain(
         .maybe_comment(comment)
         .jump(names::KUBE_MARK_MASQ)
         .build();
-    let mut dnat = Rule::new().maybe_comment(comment);
-    if port.session_affinity_timeout.is_some() {
-        dnat = dnat.m(&format!(
-            "-m recent --set --name {chain} --mask {} --rsource",
-            recent_mask(ctx.family)
-        ));
-    }
-    let dnat = dnat
-        .proto_match(port.name.protocol)
-        .jump(&format!("DNAT --to-destination {ep}"))
-        .build();
+    let dnat = dnat(ctx, port, ep, Rule::new().maybe_comment(comment), true);
     nat(&chain, vec![hairpin, dnat])
 }
 
+/// `rule` completed into the DNAT to `ep`, adding the client to the endpoint's affinity list
+/// (`-m recent --set`, after the rule's other matches) if `remember` and the port has
+/// ClientIP affinity.
+fn dnat(
+    ctx: &RenderContext,
+    port: &ServicePort,
+    ep: &Endpoint,
+    rule: Rule,
+    remember: bool,
+) -> String {
+    let mut rule = rule;
+    if remember && port.session_affinity_timeout.is_some() {
+        rule = rule.m(&format!(
+            "-m recent --set --name {} --mask {} --rsource",
+            names::endpoint_chain(&port.name, ep),
+            recent_mask(ctx.family)
+        ));
+    }
+    rule.proto_match(port.name.protocol)
+        .jump(&format!("DNAT --to-destination {ep}"))
+        .build()
+}
+
 /// The endpoint rules of a `KUBE-SVC-…`/`KUBE-SVL-…` chain: affinity checks first, then a
-/// random pick with probability `1/(n-i)` per rule, the last rule unconditional.
+/// random pick with probability `1/(n-i)` per rule, the last rule unconditional. A rule
+/// reaches an endpoint on this node through its `KUBE-SEP-…` chain, and DNATs to any other
+/// endpoint itself (upstream gives every endpoint a chain: 100k chains at 10k Services × 10,
+/// which iptables-nft re-validates on every commit and iptables-legacy copies on every
+/// restore).
+///
+/// Affinity lists are named after the endpoint's `KUBE-SEP-…` chain either way. A client
+/// found on one goes to its endpoint again and its entry is refreshed: by the `KUBE-SEP-…`
+/// chain's `--set`, or by `--update` where the rule DNATs itself.
 fn endpoint_rules(
     ctx: &RenderContext,
     port: &ServicePort,
@@ -681,24 +706,28 @@ fn endpoint_rules(
     rules: &mut Vec<String>,
 ) {
     let comment = |ep: &Endpoint| (!ctx.large).then(|| format!("{spn} -> {ep}"));
+    let to = |ep: &Endpoint, rule: Rule, remember: bool| -> String {
+        if ep.is_local {
+            rule.jump(&names::endpoint_chain(&port.name, ep)).build()
+        } else {
+            dnat(ctx, port, ep, rule, remember)
+        }
+    };
     if let Some(timeout) = port.session_affinity_timeout {
         for ep in eps {
-            let chain = names::endpoint_chain(&port.name, ep);
-            rules.push(
-                Rule::new()
-                    .maybe_comment(comment(ep).as_deref())
-                    .m(&format!(
-                        "-m recent --rcheck --seconds {timeout} --reap --name {chain} --mask {} --rsource",
-                        recent_mask(ctx.family)
-                    ))
-                    .jump(&chain)
-                    .build(),
-            );
+            let check = if ep.is_local { "--rcheck" } else { "--update" };
+            let rule = Rule::new()
+                .maybe_comment(comment(ep).as_deref())
+                .m(&format!(
+                    "-m recent {check} --seconds {timeout} --reap --name {} --mask {} --rsource",
+                    names::endpoint_chain(&port.name, ep),
+                    recent_mask(ctx.family)
+                ));
+            rules.push(to(ep, rule, false));
         }
     }
     let n = eps.len();
     for (i, ep) in eps.iter().enumerate() {
-        let chain = names::endpoint_chain(&port.name, ep);
         let mut rule = Rule::new().maybe_comment(comment(ep).as_deref());
         if i + 1 < n {
             rule = rule.m(&format!(
@@ -706,7 +735,7 @@ fn endpoint_rules(
                 probability(n - i)
             ));
         }
-        rules.push(rule.jump(&chain).build());
+        rules.push(to(ep, rule, true));
     }
 }
 

@@ -889,7 +889,11 @@ struct PortRange {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum RecentAction {
+    /// `--rcheck`: is the client on the list?
     Check,
+    /// `--update`: `--rcheck`, and refresh the client's entry when it is.
+    Update,
+    /// `--set`: add the client (always matches).
     Set,
 }
 
@@ -1043,6 +1047,7 @@ fn claim_module(
             let known = [
                 "--name",
                 "--rcheck",
+                "--update",
                 "--set",
                 "--seconds",
                 "--reap",
@@ -1061,11 +1066,11 @@ fn claim_module(
                     once(name, v.to_string(), opt)?;
                     Ok(Claim::Took(2))
                 }
-                "--rcheck" | "--set" => {
-                    let a = if opt == "--set" {
-                        RecentAction::Set
-                    } else {
-                        RecentAction::Check
+                "--rcheck" | "--update" | "--set" => {
+                    let a = match opt {
+                        "--set" => RecentAction::Set,
+                        "--update" => RecentAction::Update,
+                        _ => RecentAction::Check,
                     };
                     if action.is_some() {
                         return Err(invalid(
@@ -1101,7 +1106,7 @@ fn claim_module(
                     Ok(Claim::Took(2))
                 }
                 "--rsource" => Ok(Claim::Took(1)),
-                "--rdest" | "--update" | "--remove" | "--hitcount" | "--rttl" => {
+                "--rdest" | "--remove" | "--hitcount" | "--rttl" => {
                     Err(unsupported(format!("recent option {opt}")))
                 }
                 _ => Ok(Claim::No),
@@ -1432,9 +1437,11 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
                     return Err(invalid("recent --reap needs --seconds"));
                 }
                 match action {
-                    Some(RecentAction::Check) => {
+                    // The first connection of a client, which is all a trace follows: an update
+                    // finds it on no list, like a check.
+                    Some(RecentAction::Check | RecentAction::Update) => {
                         let seconds = seconds.ok_or_else(|| {
-                            unsupported("recent --rcheck without --seconds (no expiry)")
+                            unsupported("recent --rcheck/--update without --seconds (no expiry)")
                         })?;
                         matches.push(Match::RecentCheck { name, seconds });
                     }
@@ -1446,7 +1453,7 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
                         }
                         matches.push(Match::RecentSet { name });
                     }
-                    None => return Err(invalid("-m recent needs --set or --rcheck")),
+                    None => return Err(invalid("-m recent needs --set, --rcheck or --update")),
                 }
             }
             Module::Mark(m) => {

@@ -249,7 +249,7 @@ fn every_option_reads_back_exactly_as_planned() {
                 assert!(r.text().contains(":KUBE-FIREWALL - [0:0]"));
                 assert!(!r.text().contains("-> 10.128."), "large-cluster mode");
             }
-            apply(&ns, family, backend, &r, 500);
+            apply(&ns, family, backend, &r, 100);
             restore(&ns, family, backend, &jump_input(&planner));
             assert_read_back(&ns, family, backend, &planner, &state, "options");
             let svc = planner
@@ -257,7 +257,8 @@ fn every_option_reads_back_exactly_as_planned() {
                 .keys()
                 .filter(|(_, c)| names::is_service_chain(c))
                 .count();
-            assert!(family == IpFamily::V6 || svc > 1000, "{svc} service chains");
+            // Enough chains for the restore to come in several steps of 100.
+            assert!(family == IpFamily::V6 || svc > 200, "{svc} service chains");
         }
     }
 }

@@ -142,46 +142,59 @@ fn changes_among_5000_services_touch_only_the_changed_service() {
         full.rule_count()
     );
 
-    // Service 4321 (a NodePort): endpoint 1 moves to a new address.
-    let before = state.endpoints(&http(4321));
-    let mut slice = synthetic::slice(4321, 2, &[]);
-    if let Some(eps) = slice.endpoints.as_mut() {
-        eps[1].addresses = vec!["10.200.0.1".into()];
-    }
-    let old_state_sep = names::endpoint_chain(&http(4321), &before[1]);
-    let mut allowed = service_chain_names(&[&state], &key(4321));
-    state
-        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
-        .unwrap();
-    let changes = state.take_changes();
-    allowed.extend(service_chain_names(&[&state], &key(4321)));
-    let start = Instant::now();
-    let r = planner.partial(&state, &changes.services, &node, false);
-    let partial_time = start.elapsed();
-    eprintln!("one-endpoint partial plan: {partial_time:?}");
+    // Service 4321 (a NodePort): endpoint 1 (on node-7, not this node) moves to a new
+    // address; then endpoint 0 (on this node, node-0) does.
     let svc = names::service_chains(&http(4321)).svc;
-    let after = state.endpoints(&http(4321));
-    let new_sep = names::endpoint_chain(
-        &http(4321),
-        after
+    for (moved, to) in [(1usize, "10.200.0.1"), (0, "10.200.0.2")] {
+        let before = state.endpoints(&http(4321));
+        assert_eq!(before[moved].is_local, moved == 0);
+        let mut slice = synthetic::slice(4321, 2, &[]);
+        if let Some(eps) = slice.endpoints.as_mut() {
+            // The first move stays in the second slice.
+            eps[1].addresses = vec!["10.200.0.1".into()];
+            eps[moved].addresses = vec![to.into()];
+        }
+        let mut allowed = service_chain_names(&[&state], &key(4321));
+        state
+            .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+            .unwrap();
+        let changes = state.take_changes();
+        allowed.extend(service_chain_names(&[&state], &key(4321)));
+        let start = Instant::now();
+        let r = planner.partial(&state, &changes.services, &node, false);
+        eprintln!("one-endpoint partial plan: {:?}", start.elapsed());
+        let after = state.endpoints(&http(4321));
+        let new = after.iter().find(|e| e.ip.to_string() == to).unwrap();
+        let written: BTreeSet<String> = r
+            .service_chains
             .iter()
-            .find(|e| e.ip.to_string() == "10.200.0.1")
-            .unwrap(),
-    );
-    let written: BTreeSet<String> = r
-        .service_chains
-        .iter()
-        .flat_map(|g| g.chains.iter().map(|c| c.chain.clone()))
-        .collect();
-    assert_eq!(written, BTreeSet::from([svc, new_sep]));
-    assert_eq!(r.deleted_chains, [(Table::Nat, old_state_sep)]);
-    assert!(r.dispatch_chains.is_empty() && r.base_chains.is_empty());
-    assert_eq!(r.steps(1000).len(), 1);
-    assert_only(&r, &allowed, &key(4321));
-    // Three chain lines, the deletion, and 3 + 2 rules: the size of the change, not the table.
-    assert!(r.text().lines().count() < 20, "{}", r.text());
-    apply(&mut kernel, &r);
-    assert_eq!(kernel, planner.expected(&state));
+            .flat_map(|g| g.chains.iter().map(|c| c.chain.clone()))
+            .collect();
+        if moved == 0 {
+            // The endpoint on this node has a chain (hairpin): the new one is written, the
+            // old one deleted.
+            let old_sep = names::endpoint_chain(&http(4321), &before[0]);
+            let new_sep = names::endpoint_chain(&http(4321), new);
+            assert_eq!(written, BTreeSet::from([svc.clone(), new_sep]));
+            assert_eq!(r.deleted_chains, [(Table::Nat, old_sep)]);
+        } else {
+            // An endpoint elsewhere is DNATed by its rule in SVC: one chain rewritten.
+            assert_eq!(written, BTreeSet::from([svc.clone()]));
+            assert!(r.deleted_chains.is_empty());
+            assert!(r.service_chains[0].chains[0]
+                .rules
+                .iter()
+                .any(|rule| rule.ends_with(&format!("-j DNAT --to-destination {to}:8080"))));
+        }
+        assert!(r.dispatch_chains.is_empty() && r.base_chains.is_empty());
+        assert_eq!(r.steps(1000).len(), 1);
+        assert_only(&r, &allowed, &key(4321));
+        // A few chain lines, the deletion, and the chains' rules: the size of the change, not
+        // the table.
+        assert!(r.text().lines().count() < 20, "{}", r.text());
+        apply(&mut kernel, &r);
+        assert_eq!(kernel, planner.expected(&state));
+    }
 
     // Service 4325 (a LoadBalancer with source ranges) is deleted.
     let mut owned: BTreeSet<String> = service_chain_names(&[&state], &key(4325));
@@ -242,8 +255,8 @@ fn changes_among_5000_services_touch_only_the_changed_service() {
     assert_eq!(r.service_chains.len(), 1);
     assert_eq!(
         r.service_chains[0].chains.len(),
-        3,
-        "two SEP chains and SVC"
+        2,
+        "the SEP chain of its endpoint on this node, and SVC"
     );
     let dispatch: Vec<(Table, &str)> = r
         .dispatch_chains
@@ -410,7 +423,8 @@ fn partial_plans_rewrite_exactly_the_chains_whose_text_changed() {
         Object::EndpointSlice(Box::new(synthetic::slice(i, per, missing)))
     };
     let steps: Vec<(&str, Vec<Object>)> = vec![
-        ("one endpoint fewer: probabilities", vec![slice(4, 4, &[1])]),
+        // Endpoint 0 is on this node (node-0): it has a KUBE-SEP chain.
+        ("one endpoint fewer: probabilities", vec![slice(4, 4, &[0])]),
         ("the endpoint back", vec![slice(4, 4, &[])]),
         ("affinity timeout", vec![affinity(600)]),
         ("same objects again", vec![affinity(600), slice(4, 4, &[])]),
@@ -460,8 +474,8 @@ fn partial_plans_rewrite_exactly_the_chains_whose_text_changed() {
         assert_eq!(planner.expected(&state), after, "{what}");
         match what {
             "the endpoint back" => {
-                // The SVC chain (probabilities) and the returning SEP chain; the other SEP
-                // chains are unchanged and not written.
+                // The SVC chain (probabilities) and the returning endpoint's SEP chain; the
+                // other endpoints are elsewhere and have none.
                 let svc = names::service_chains(&http(4)).svc;
                 assert!(wrote.contains_key(&(Table::Nat, svc)), "{what}");
                 assert_eq!(wrote.len(), 2, "{what}: {:#?}", wrote.keys());
@@ -477,7 +491,12 @@ fn partial_plans_rewrite_exactly_the_chains_whose_text_changed() {
             }
             "same objects again" => assert!(r.is_empty(), "{what}: {}", r.text()),
             "large-cluster mode: comments only" => {
-                assert!(wrote.len() > 200, "{what}: every per-endpoint comment goes");
+                // Every SVC chain, and the SEP chain of each endpoint on this node.
+                assert!(
+                    wrote.len() > 120,
+                    "{what}: every per-endpoint comment goes: {}",
+                    wrote.len()
+                );
             }
             _ => {}
         }

@@ -52,7 +52,9 @@ fn scale(backend: Backend, full_readback_limit: u64) {
     assert!(report.full);
     assert_in_sync(&mut dp, &format!("[{backend}] after the full sync"));
 
-    // Replace endpoint 1 of one Service.
+    // Replace endpoint 0 of one Service: the one on this node (node-0), which has a KUBE-SEP
+    // chain (an endpoint elsewhere only changes its rule in KUBE-SVC; tests/partial.rs in
+    // kp-iptables-plan covers both).
     let key = state
         .service_keys()
         .find(|k| k.name == format!("svc-{CHANGED}"))
@@ -62,7 +64,7 @@ fn scale(backend: Backend, full_readback_limit: u64) {
     let before = state.endpoints(&port);
     let mut slice = kp_flows::synthetic::slice(CHANGED, ENDPOINTS, &[]);
     if let Some(eps) = slice.endpoints.as_mut() {
-        eps[1].addresses = vec!["10.200.0.1".into()];
+        eps[0].addresses = vec!["10.200.0.1".into()];
     }
     state
         .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
@@ -89,8 +91,15 @@ fn scale(backend: Backend, full_readback_limit: u64) {
             .map(|ep| names::endpoint_chain(&port, ep)),
     );
     let named = chains_named(dp.last_inputs());
-    let removed = names::endpoint_chain(&port, &before[1]);
-    let added = names::endpoint_chain(&port, &after[1]);
+    assert!(before[0].is_local);
+    let removed = names::endpoint_chain(&port, &before[0]);
+    let added = names::endpoint_chain(
+        &port,
+        after
+            .iter()
+            .find(|e| e.ip.to_string() == "10.200.0.1")
+            .expect("the new endpoint"),
+    );
     assert!(named.contains(&removed), "{named:?}");
     assert!(named.contains(&added), "{named:?}");
     for c in &named {

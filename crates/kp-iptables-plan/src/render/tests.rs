@@ -175,19 +175,42 @@ fn endpoints_are_picked_with_falling_probabilities_and_the_last_unconditionally(
         .zip(["0.25000000000", "0.33333333349", "0.50000000000"])
         .enumerate()
     {
-        let sep = names::endpoint_chain(&p.name, &eps[i]);
         assert_eq!(
             **rule,
             format!(
-                "-m comment --comment \"ns/svc:p80 -> 10.180.0.{}:80\" -m statistic --mode random --probability {prob} -j {sep}",
-                i + 1
+                "-p tcp -m comment --comment \"ns/svc:p80 -> 10.180.0.{n}:80\" -m statistic --mode random --probability {prob} -m tcp -j DNAT --to-destination 10.180.0.{n}:80",
+                n = i + 1
             )
         );
     }
-    assert!(!picks[3].contains("statistic"));
-    // One SEP chain per endpoint, all before the SVC chain that jumps to them.
-    assert_eq!(rules.chains.len(), 5);
-    assert_eq!(rules.chains[4].chain, *svc);
+    assert_eq!(
+        *picks[3],
+        "-p tcp -m comment --comment \"ns/svc:p80 -> 10.180.0.4:80\" -m tcp -j DNAT --to-destination 10.180.0.4:80"
+    );
+    // Endpoints elsewhere are DNATed by their rule: no chain of their own.
+    assert_eq!(chain_names(&rules), [svc.as_str()]);
+}
+
+#[test]
+fn only_endpoints_on_this_node_get_a_chain_for_their_hairpin_rule() {
+    let ctx = ctx(IpFamily::V4);
+    let p = port("ns", "mixed", "172.30.0.45");
+    let eps = [ep("10.180.0.1", true), ep("10.180.0.2", false)];
+    let rules = render(&ctx, &p, &eps);
+    let svc = names::service_chains(&p.name).svc;
+    let sep = names::endpoint_chain(&p.name, &eps[0]);
+    assert_eq!(chain_names(&rules), [sep.as_str(), svc.as_str()]);
+    assert_eq!(
+        chain(&rules, &svc)[1..],
+        [
+            format!("-m comment --comment \"ns/mixed:p80 -> 10.180.0.1:80\" -m statistic --mode random --probability 0.50000000000 -j {sep}"),
+            "-p tcp -m comment --comment \"ns/mixed:p80 -> 10.180.0.2:80\" -m tcp -j DNAT --to-destination 10.180.0.2:80".to_string(),
+        ]
+    );
+    assert_eq!(
+        chain(&rules, &sep)[0],
+        "-s 10.180.0.1/32 -m comment --comment \"ns/mixed:p80\" -j KUBE-MARK-MASQ"
+    );
 }
 
 #[test]
@@ -195,7 +218,8 @@ fn client_ip_affinity_checks_recent_lists_before_the_random_pick() {
     let ctx = ctx(IpFamily::V4);
     let mut p = port("ns", "sticky", "172.30.0.43");
     p.session_affinity_timeout = Some(10800);
-    let eps = [ep("10.180.0.1", false), ep("10.180.0.2", false)];
+    // One endpoint here (reached through its chain), one elsewhere (DNATed by its rule).
+    let eps = [ep("10.180.0.1", true), ep("10.180.0.2", false)];
     let rules = render(&ctx, &p, &eps);
     let svc = chain(&rules, &names::service_chains(&p.name).svc);
     let (a, b) = (
@@ -207,8 +231,17 @@ fn client_ip_affinity_checks_recent_lists_before_the_random_pick() {
         svc[1],
         format!("-m comment --comment \"ns/sticky:p80 -> 10.180.0.1:80\" -m recent --rcheck --seconds 10800 --reap --name {a} --mask 255.255.255.255 --rsource -j {a}")
     );
-    assert!(svc[2].contains(&format!("--name {b} ")) && svc[2].ends_with(&format!("-j {b}")));
-    assert!(svc[3].contains("-m statistic"));
+    // A returning client of the other endpoint: found and refreshed by --update, DNATed.
+    assert_eq!(
+        svc[2],
+        format!("-p tcp -m comment --comment \"ns/sticky:p80 -> 10.180.0.2:80\" -m recent --update --seconds 10800 --reap --name {b} --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.2:80")
+    );
+    assert!(svc[3].contains("-m statistic") && svc[3].ends_with(&format!("-j {a}")));
+    // A new client of the other endpoint is put on its list by the rule that picks it.
+    assert_eq!(
+        svc[4],
+        format!("-p tcp -m comment --comment \"ns/sticky:p80 -> 10.180.0.2:80\" -m recent --set --name {b} --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.2:80")
+    );
     assert_eq!(
         chain(&rules, &a)[1],
         format!("-p tcp -m comment --comment \"ns/sticky:p80\" -m recent --set --name {a} --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.1:80")
@@ -318,8 +351,9 @@ fn external_traffic_policy_local_keeps_the_source_and_short_circuits_pods_and_th
     );
     assert_eq!(chain(&rules, &n.svc).len(), 3);
     assert!(chain(&rules, &n.svc)[0].contains("cluster IP"));
-    // Two SEP chains, SVC, SVL, EXT.
-    assert_eq!(rules.chains.len(), 5);
+    // The local endpoint's SEP chain (the other one is DNATed in SVC), SVC, SVL, EXT.
+    assert_eq!(rules.chains.len(), 4);
+    assert!(chain(&rules, &n.svc)[2].ends_with("-j DNAT --to-destination 10.180.2.1:80"));
     assert_eq!(
         dispatch(&rules, Dispatch::FilterNodePorts),
         ["-p tcp -m comment --comment \"ns2/svc2:p80 health check node port\" -m tcp --dport 30000 -j ACCEPT"]
@@ -449,8 +483,9 @@ fn a_port_without_a_clusterip_of_the_family_is_not_planned_and_other_family_endp
     let v6 = render_port(&ctx(IpFamily::V6), &dual, &selected).unwrap();
     let v4 = render_port(&ctx(IpFamily::V4), &dual, &selected).unwrap();
     for (rules, addr) in [(&v6, "fd00:10::1"), (&v4, "10.180.0.1")] {
-        // One SEP chain (its own family) and SVC.
-        assert_eq!(rules.chains.len(), 2);
+        // SVC only (the endpoint is elsewhere), DNATing to its own family's endpoint.
+        assert_eq!(rules.chains.len(), 1);
+        assert_eq!(rules.chains[0].rules.len(), 2);
         assert!(rules.chains[0].rules[1].contains(addr));
     }
     // REJECT versus DROP is decided per family: only IPv6 endpoints, IPv4 rejects.
@@ -575,7 +610,7 @@ fn large_clusters_drop_comments_on_per_endpoint_rules_only() {
     let large = ctx_with(PlanConfig::new(IpFamily::V4), NodeContext::default(), true);
     let mut p = port("ns", "big", "172.30.0.48");
     p.session_affinity_timeout = Some(30);
-    let eps = [ep("10.180.0.1", false), ep("10.180.0.2", false)];
+    let eps = [ep("10.180.0.1", true), ep("10.180.0.2", false)];
     let rules = render(&large, &p, &eps);
     let n = names::service_chains(&p.name);
     let svc = chain(&rules, &n.svc);
