@@ -209,6 +209,14 @@ fn service_vip(ctx: &RenderContext, state: &ProxyState, key: &ServiceKey) -> Opt
         .copied()
 }
 
+/// The target of a rule and its options: what follows its last `-j ` (the target comes last).
+fn jump_target(rule: &str) -> &str {
+    match rule.rsplit_once(" -j ") {
+        Some((_, target)) => target,
+        None => rule.strip_prefix("-j ").unwrap_or(""),
+    }
+}
+
 /// The shared chains' rules, in the order a restore writes them.
 type Shared = BTreeMap<(Table, &'static str), Vec<String>>;
 
@@ -520,6 +528,12 @@ impl Planner {
             shared.insert((d.table(), d.chain()), dispatch[d as usize].clone());
         }
         if let Some(rules) = shared.get_mut(&(Table::Nat, names::KUBE_SERVICES)) {
+            // Each rule matches its own destination, so their order is free (upstream's is Go's
+            // map order). By jump target, descending: iptables-nft-restore inserts every chain
+            // an input names into a sorted list, walking it from the smallest name, so 10k
+            // jumps in ascending (or service) order cost 10k walks of thousands of names
+            // (1.9 s at 10k Services), and in descending order a step each.
+            rules.sort_by(|a, b| jump_target(b).cmp(jump_target(a)));
             rules.extend(render::nodeports_jump(ctx));
         }
         let vips: Vec<(String, IpAddr)> = self
@@ -573,6 +587,10 @@ impl Planner {
                 dispatch.push(write);
             }
         }
+        // nat KUBE-SERVICES first: the names of the chains it jumps to then come into
+        // iptables-nft-restore's sorted list in descending order (see `assemble`), before
+        // KUBE-NODEPORTS' jumps put the KUBE-EXT names in front of them.
+        dispatch.sort_by_key(|w| (w.table, w.chain.as_str()) != (Table::Nat, names::KUBE_SERVICES));
         (base, dispatch)
     }
 

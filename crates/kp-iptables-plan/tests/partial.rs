@@ -266,8 +266,8 @@ fn changes_among_5000_services_touch_only_the_changed_service() {
     assert_eq!(
         dispatch,
         [
-            (Table::Filter, "KUBE-SERVICES"),
-            (Table::Nat, "KUBE-SERVICES")
+            (Table::Nat, "KUBE-SERVICES"),
+            (Table::Filter, "KUBE-SERVICES")
         ]
     );
     assert!(r.deleted_chains.is_empty());

@@ -97,6 +97,8 @@ fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
     assert_eq!(
         dispatch,
         [
+            // First, so iptables-nft-restore meets its jump targets in descending order.
+            (Table::Nat, "KUBE-SERVICES"),
             (Table::Filter, "KUBE-EXTERNAL-SERVICES"),
             (Table::Filter, "KUBE-FORWARD"),
             (Table::Filter, "KUBE-NODEPORTS"),
@@ -104,9 +106,18 @@ fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
             (Table::Filter, "KUBE-SERVICES"),
             (Table::Nat, "KUBE-NODEPORTS"),
             (Table::Nat, "KUBE-POSTROUTING"),
-            (Table::Nat, "KUBE-SERVICES"),
         ]
     );
+    // nat KUBE-SERVICES: jumps by target, descending, and the NodePort jump last.
+    let services = &r.dispatch_chains[0].rules;
+    let targets: Vec<&str> = services
+        .iter()
+        .filter_map(|r| r.rsplit_once(" -j ").map(|(_, t)| t))
+        .collect();
+    assert!(targets.len() > 5, "{services:#?}");
+    assert_eq!(targets.last(), Some(&names::KUBE_NODEPORTS));
+    let jumps = &targets[..targets.len() - 1];
+    assert!(jumps.windows(2).all(|w| w[0] >= w[1]), "{jumps:#?}");
     assert!(r.deleted_chains.is_empty());
     // Service groups sorted by Service port name; web6 is IPv6-only and not here.
     let groups: Vec<&str> = r
