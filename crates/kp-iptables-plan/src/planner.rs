@@ -184,6 +184,60 @@ fn render_service(
     ports
 }
 
+/// Rules of one port in the shared chains, indexed like [`Dispatch::ALL`].
+type PortDispatch = [Vec<String>; 6];
+
+/// Below this many Services a full plan renders on one thread.
+const PARALLEL_SERVICES: usize = 512;
+
+/// Renders and records every Service of `counts` (with its endpoint count), in order: its
+/// plan and each port's rules in the shared chains. Services without a port of the family are
+/// left out. Large clusters are rendered on two threads (the restore tool is not running yet,
+/// so the full plan has the machine to itself); each keeps only the records, never a chain's
+/// text.
+fn record_services(
+    ctx: &RenderContext,
+    state: &ProxyState,
+    counts: Vec<(ServiceKey, usize)>,
+) -> Vec<(ServiceKey, ServicePlan, Vec<PortDispatch>)> {
+    let record = |services: &[(ServiceKey, usize)]| {
+        let mut out = Vec::with_capacity(services.len());
+        for (key, n) in services {
+            let ports = render_service(ctx, state, key, true);
+            if ports.is_empty() {
+                continue;
+            }
+            let mut plan = ServicePlan {
+                ports: Vec::with_capacity(ports.len()),
+                endpoints: *n,
+                vip: service_vip(ctx, state, key),
+            };
+            let mut dispatch = Vec::with_capacity(ports.len());
+            for (_, p) in ports {
+                plan.ports.push(record_port(&p));
+                dispatch.push(p.dispatch);
+            }
+            out.push((key.clone(), plan, dispatch));
+        }
+        out
+    };
+    if counts.len() < PARALLEL_SERVICES {
+        return record(&counts);
+    }
+    let (first, second) = counts.split_at(counts.len() / 2);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| record(second));
+        let mut out = record(first);
+        match other.join() {
+            Ok(rest) => out.extend(rest),
+            // Rendering has no panicking path; if one appeared, it surfaces as it would have
+            // on this thread.
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+        out
+    })
+}
+
 /// A Service's chain groups as a full plan writes them: its ports with chains, by name.
 pub(crate) fn service_groups(
     ctx: &RenderContext,
@@ -621,20 +675,10 @@ impl Planner {
             ids: Vec::new(),
             rules: 0,
         };
-        for (key, n) in counts {
-            let ports = render_service(&ctx, state, &key, true);
-            if ports.is_empty() {
-                continue;
-            }
+        for (key, plan, ports) in record_services(&ctx, state, counts) {
             let service = lazy.services.len() as u32;
             let mut nth = 0;
-            let mut plan = ServicePlan {
-                ports: Vec::with_capacity(ports.len()),
-                endpoints: n,
-                vip: service_vip(&ctx, state, &key),
-            };
-            for (_, p) in ports {
-                let rec = record_port(&p);
+            for (rec, port_dispatch) in plan.ports.iter().zip(ports) {
                 if !rec.chains.is_empty() {
                     lazy.groups.push(LazyGroup {
                         service,
@@ -646,10 +690,9 @@ impl Planner {
                     lazy.ids.extend(rec.chains.iter().map(|c| c.id));
                     lazy.rules += rec.rules as usize;
                 }
-                for (i, rules) in p.dispatch.into_iter().enumerate() {
+                for (i, rules) in port_dispatch.into_iter().enumerate() {
                     dispatch[i].extend(rules);
                 }
-                plan.ports.push(rec);
             }
             lazy.services.push(key.clone());
             self.services.insert(key, plan);
