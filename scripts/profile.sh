@@ -15,15 +15,29 @@
 #   iptables-legacy-change-10k the same, iptables-legacy backend
 #   iptables-nft-memory-10k    heaptrack of one full sync + changes, iptables-nft backend, 10k
 #   iptables-legacy-memory-10k the same, iptables-legacy backend
+#   nftables-datapath-vip-30k    perf of every CPU during bench's new-connection runs through the
+#                                ClusterIP, nftables mode, 30k Services x 10 installed
+#   nftables-datapath-direct-30k the same during the runs straight to the pod IP
 #
 # perf samples the process and every child it starts (nft, iptables-restore), user and kernel
 # code, with the cpu-clock event (this VM has no hardware counters). Change profiles start with
 # sampling off; the measure example turns it on through perf's control fifo (KP_PERF_CTL) once
-# its full sync is done, so they hold the changes alone. Each file holds the command,
-# the share of samples per program and shared object, and the hottest symbols. Needs root (the
-# measurements work in throwaway network namespaces), perf and heaptrack (installed with
-# apt-get if missing). Run it on a quiet machine: a profile's shares hold on a busy one, its
-# seconds do not.
+# its full sync is done, so they hold the changes alone. The data-path profiles run `bench
+# --modes nftables --sizes 30000 --skip-proxy --repeats 1` into a scratch --root (the repository's
+# BENCHMARKS.md and results are left alone) with KP_PERF_TARGET=vip or direct: bench turns perf's
+# cpu-clock event on for the measured seconds of that target's two connect runs alone, waiting
+# for perf's acknowledgement each time (KP_PERF_CTL=CTL,ACK, KP_PERF_EVENT=cpu-clock; switching
+# the one event keeps perf tracking the processes started in between). They sample every CPU
+# (perf record -a): a connection's work is split between the client (threads `kp-connect`), the
+# server (`kp-accept`), softirqs that run in whichever task or idle loop the CPU was in, and
+# ksoftirqd, and a sample of the idle loop is as telling as a busy one on two cores. They also
+# hold the run's measured connect latencies (both targets, from its results), how busy the CPUs
+# were (with a warning when other processes took over 5%), the netfilter functions' CPU time per
+# connection and the call chains into the hottest symbols. Each file holds the command, the load
+# average before it ran, the share of samples per program and shared object, and the hottest
+# symbols. Needs root (the measurements work in throwaway network namespaces), perf and
+# heaptrack (installed with apt-get if missing). Run it on a quiet machine: a profile's shares
+# hold on a busy one, its seconds do not.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +48,8 @@ NAMES=()
 ALL=(nftables-full-10k nftables-full-30k nftables-change-30k
     iptables-nft-full-10k iptables-legacy-full-10k
     iptables-nft-change-10k iptables-legacy-change-10k
-    iptables-nft-memory-10k iptables-legacy-memory-10k)
+    iptables-nft-memory-10k iptables-legacy-memory-10k
+    nftables-datapath-vip-30k nftables-datapath-direct-30k)
 for arg in "$@"; do
     case $arg in
         --no-build) BUILD=0 ;;
@@ -66,18 +81,23 @@ command -v perf >/dev/null || missing+=(linux-perf)
 command -v heaptrack >/dev/null || missing+=(heaptrack)
 command -v nft >/dev/null || missing+=(nftables)
 command -v iptables-legacy-restore >/dev/null || missing+=(iptables)
+command -v conntrack >/dev/null || missing+=(conntrack)
+command -v jq >/dev/null || missing+=(jq)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> apt-get install ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
 fi
 
 if [ $BUILD -eq 1 ]; then
-    echo "==> building the measure examples (release)"
+    echo "==> building the measure examples and bench (release)"
     (cd "$ROOT" && cargo build --release --locked -p kp-nftables --example measure \
-        -p kp-iptables --example iptables-measure)
+        -p kp-iptables --example iptables-measure -p kp-bench --bin bench)
 fi
 NFT_MEASURE=$TARGET/release/examples/measure
 IPT_MEASURE=$TARGET/release/examples/iptables-measure
+BENCH=$TARGET/release/bench
+# perf's sampling frequency (per CPU): one sample is 1/FREQ s of CPU time.
+FREQ=999
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -91,36 +111,164 @@ header() {
         echo "# recorded: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -r), $(nproc) CPUs, commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
         echo "# command: $*"
         echo "# reproduce: bash scripts/profile.sh $name"
+        echo "# load average before (1, 5, 15 min): $(cut -d' ' -f1-3 /proc/loadavg)"
     } >"$OUT/$name.txt"
 }
 
-# perf_profile NAME [--changes] ENV... -- COMMAND...: perf record of COMMAND and its children,
-# summarised; with --changes, only from the moment COMMAND enables it through KP_PERF_CTL.
+# datapath_numbers RESULTS: the connect figures of a bench results file, one line per target.
+datapath_numbers() {
+    jq -r '.runs[] | select(.datapath != null) | .mode as $m | .services as $n | .datapath
+        | (["ClusterIP", .vip], ["direct", .direct], ["no rules", .unloaded])
+          | select(.[1] != null)
+          | "    \($m) \($n)  \(.[0] | . + " " * (9 - length))  \(.[1].latency_us.n) connections, \(.[1].per_second | round)/s, p50 \(.[1].latency_us.p50 * 10 | round / 10) µs, p90 \(.[1].latency_us.p90 * 10 | round / 10) µs, p99 \(.[1].latency_us.p99 * 10 | round / 10) µs, max \(.[1].latency_us.max | round) µs, \(.[1].errors) failed"' "$1"
+    jq -r '.runs[] | select(.datapath != null) | .mode as $m | .services as $n | .datapath
+        | "    \($m) \($n)  ClusterIP ÷ direct: p50 \(.latency_ratio_p50 * 100 | round / 100)×, p99 \(.latency_ratio_p99 * 100 | round / 100)×, connections/s \(.rate_ratio * 100 | round / 100)×"' "$1"
+}
+
+# The data path's own threads: the client's connecting threads, the server's accepting one, the
+# idle loop (softirqs run in it) and ksoftirqd. Everything else is another process on the
+# machine (bench's own main threads only wait: another `bench` is someone else's run).
+DATAPATH_COMMS=kp-connect,kp-accept,swapper$(for ((c = 0; c < $(nproc); c++)); do
+    printf ',ksoftirqd/%s' $c
+done)
+
+# datapath_shares DATA CONNECTIONS: how busy the CPUs were and with what, and the data path's
+# CPU time per measured connection (CONNECTIONS).
+datapath_shares() {
+    local data=$1 conns=$2
+    perf report -i "$data" --stdio --no-children -n --sort comm,sym -g none --percent-limit 0 \
+        2>/dev/null | awk -v comms="$DATAPATH_COMMS" -v conns="$conns" -v freq="$FREQ" '
+            BEGIN { n = split(comms, c, ","); for (i = 1; i <= n; i++) ours[c[i]] = 1 }
+            /^ +[0-9.]+%/ {
+                total += $2
+                if ($3 == "swapper" && $5 ~ /safe_halt|default_idle|poll_idle|intel_idle|acpi_idle|cpuidle/) idle += $2
+                else if ($3 in ours) busy += $2
+                else other += $2
+            }
+            END {
+                if (total == 0) { print "    no samples"; exit }
+                printf "    %d samples (%d Hz per CPU, every CPU), %d measured connections\n", total, freq, conns
+                printf "    idle loop %.1f%%, the data path (%s) %.1f%%, other processes %.1f%%\n", 100 * idle / total, comms, 100 * busy / total, 100 * other / total
+                if (other > total / 20) printf "    WARNING: other processes took %.0f%% of the CPUs while sampling: this run'"'"'s latencies are not a quiet machine'"'"'s\n", 100 * other / total
+                if (conns > 0) printf "    per measured connection: %.1f µs of CPU in the data path'"'"'s threads, %.1f µs of both CPUs'"'"' time whoever used it\n", busy / freq / conns * 1e6, total / freq / conns * 1e6
+            }'
+}
+
+# Functions whose time per connection the data-path profiles show: netfilter, conntrack, NAT;
+# and the TCP/IP path around them, for scale.
+NETFILTER_FUNCTIONS='^(nf_|nft_|__nf_|ipv4_conntrack|ipv4_confirm|hash_conntrack)'
+PATH_FUNCTIONS='^(__sys_connect|tcp_v4_connect|ip_output|veth_xmit|net_rx_action|__netif_receive_skb_one_core|ip_rcv|ip_forward|tcp_v4_rcv|inet_csk_accept|__x64_sys_close|do_syscall_64)$'
+
+# per_connection DATA CONNECTIONS REGEX: CPU time (including callees) of the functions matching
+# REGEX in the data path's threads (DATAPATH_COMMS), per measured connection.
+per_connection() {
+    local data=$1 conns=$2 regex=$3 total
+    if [ "$conns" -eq 0 ]; then
+        echo "    no measured connection (see the measurement's output)"
+        return
+    fi
+    total=$(perf report -i "$data" --stdio --no-children -n --sort comm -g none \
+        --percent-limit 0 2>/dev/null | awk '/^ +[0-9.]+%/ { s += $2 } END { print s + 0 }')
+    # Sorted by program and symbol, summed here over the data path's programs (perf's own
+    # --comms filter does not split the callee totals by program).
+    perf report -i "$data" --stdio --children --sort comm,sym -g none --percent-limit 0 \
+        2>/dev/null | awk -v comms="$DATAPATH_COMMS" -v re="$regex" '
+            BEGIN { n = split(comms, c, ","); for (i = 1; i <= n; i++) ours[c[i]] = 1 }
+            /^ +[0-9.]+%/ && ($3 in ours) && $5 ~ re { pct = $1; sub(/%/, "", pct); sum[$5] += pct }
+            END { for (f in sum) print sum[f], f }' \
+        | sort -rn | awk -v total="$total" -v conns="$conns" -v freq="$FREQ" '
+            { printf "    %7.2f%%  %6.2f µs/connection  %s\n", $1, $1 / 100 * total / freq / conns * 1e6, $2 }' \
+        | sed -n '1,30p'
+}
+
+# hot_chains DATA: how the data path's threads reach their hottest kernel symbols (self time): for
+# each symbol over 1.5% of the samples, its most frequent call chains, as sample counts and the
+# innermost frames.
+hot_chains() {
+    perf report -i "$1" --stdio --no-children --sort comm,sym --comms "$DATAPATH_COMMS" \
+        -g folded,0.5,caller,count --percent-limit 1.5 2>/dev/null | awk '
+            /^ +[0-9.]+%/ { print; chains = 0; next }
+            /^[0-9]+ .*;/ && chains < 4 {
+                n = split($2, f, ";"); from = n > 7 ? n - 7 : 1; s = f[from]
+                for (i = from + 1; i <= n; i++) s = s ";" f[i]
+                printf "        %5d  %s%s\n", $1, (from > 1 ? "…;" : ""), s
+                chains++
+            }' | sed -n '1,60p'
+}
+
+# perf_profile NAME [--controlled] [--datapath TARGET RESULTS] ENV... -- COMMAND...: perf record
+# of COMMAND and its children, summarised. With --controlled, only from the moment COMMAND
+# enables it through KP_PERF_CTL. With --datapath (bench's connect runs to TARGET, vip or
+# direct): of every CPU, while bench's runs to TARGET have it on (control and acknowledgement
+# fifos, the cpu-clock event alone switched so that perf keeps track of the processes started in
+# between), and the file also holds the connect figures of the bench results file RESULTS and
+# the CPU time per measured connection.
 perf_profile() {
     local name=$1
     shift
-    local control=() envs=()
-    if [ "$1" = "--changes" ]; then
+    local control=() envs=() scope=() target="" results=""
+    while :; do
+        case $1 in
+            --controlled)
+                mkfifo "$WORK/$name.ctl"
+                control=(-D -1 --control "fifo:$WORK/$name.ctl")
+                envs+=(KP_PERF_CTL="$WORK/$name.ctl")
+                ;;
+            --datapath)
+                target=$2
+                results=$3
+                shift 2
+                mkfifo "$WORK/$name.ctl" "$WORK/$name.ack"
+                control=(-D -1 --control "fifo:$WORK/$name.ctl,$WORK/$name.ack")
+                scope=(-a -e cpu-clock)
+                envs+=(KP_PERF_CTL="$WORK/$name.ctl,$WORK/$name.ack" KP_PERF_EVENT=cpu-clock
+                    KP_PERF_TARGET="$target")
+                ;;
+            *) break ;;
+        esac
         shift
-        mkfifo "$WORK/$name.ctl"
-        control=(-D -1 --control "fifo:$WORK/$name.ctl")
-        envs+=(KP_PERF_CTL="$WORK/$name.ctl")
-    fi
+    done
     while [ "$1" != "--" ]; do
         envs+=("$1")
         shift
     done
     shift
-    echo "==> $name: perf record -- ${envs[*]} $*"
-    header "$name" "${envs[*]} $*"
-    env "${envs[@]}" perf record -q -F 999 -g "${control[@]}" \
+    echo "==> $name: perf record ${scope[*]} -- ${envs[*]} $*"
+    header "$name" "perf record -F $FREQ -g ${scope[*]} ${control[*]} -- ${envs[*]} $*"
+    local status=0
+    env "${envs[@]}" perf record -q -F "$FREQ" -g "${scope[@]}" "${control[@]}" \
         -o "$WORK/$name.data" -- "$@" \
-        >"$WORK/$name.out" 2>&1
+        >"$WORK/$name.out" 2>&1 || status=$?
     {
         echo "#"
         echo "# the measurement's own output:"
         sed 's/^/#   /' "$WORK/$name.out" | tail -n 25 || true
         echo
+        if [ -n "$results" ]; then
+            if [ ! -f "$results" ] || jq -e '[.runs[].errors[]] | length > 0' "$results" >/dev/null; then
+                # bench records a failed phase in the results and goes on: so does this.
+                if [ $status -eq 0 ]; then status=1; fi
+            fi
+            echo "## connect latency measured in this run (both targets; only one was sampled)"
+            [ -f "$results" ] && datapath_numbers "$results"
+            echo
+            local conns
+            conns=$(jq --arg t "$target" \
+                '[.runs[].datapath | select(. != null) | .[$t].latency_us.n] | add // 0' \
+                "$results" 2>/dev/null || echo 0)
+            echo "## where the CPUs were while sampling"
+            datapath_shares "$WORK/$name.data" "$conns"
+            echo
+            echo "## netfilter, conntrack and NAT: CPU time per measured connection (including callees; the data path's threads)"
+            per_connection "$WORK/$name.data" "$conns" "$NETFILTER_FUNCTIONS"
+            echo
+            echo "## the TCP/IP path around them, for scale: CPU time per measured connection (including callees)"
+            per_connection "$WORK/$name.data" "$conns" "$PATH_FUNCTIONS"
+            echo
+            echo "## how the data path's threads reach their hottest kernel symbols (samples per call chain, innermost frames)"
+            hot_chains "$WORK/$name.data"
+            echo
+        fi
         echo "## share of samples by program"
         perf report -i "$WORK/$name.data" --stdio --no-children --sort comm \
             --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]' || true
@@ -138,7 +286,21 @@ perf_profile() {
             --percent-limit 5 -g none 2>/dev/null | grep -E '^ +[0-9]' \
             | grep -v '\[\.\] 0x' | sed -n '1,30p' || true
     } >>"$OUT/$name.txt"
+    if [ $status -ne 0 ]; then
+        echo "profile.sh: $name: the measurement failed (exit $status); see bench/profiles/$name.txt" >&2
+        exit 1
+    fi
     echo "    wrote bench/profiles/$name.txt"
+}
+
+# datapath_profile NAME TARGET: perf of every CPU during the connect runs of bench to TARGET
+# (vip or direct) at 30k Services, in a scratch root.
+datapath_profile() {
+    local name=$1 target=$2
+    local root=$WORK/$name-root
+    mkdir -p "$root"
+    perf_profile "$name" --datapath "$target" "$root/bench/results/latest.json" -- \
+        "$BENCH" --modes nftables --sizes 30000 --skip-proxy --repeats 1 --root "$root"
 }
 
 # heap_profile NAME ENV... -- COMMAND...: heaptrack of COMMAND, summarised.
@@ -175,7 +337,7 @@ for name in "${NAMES[@]}"; do
         nftables-full-30k)
             perf_profile "$name" KP_MEASURE_ONLY_FULL=1 -- "$NFT_MEASURE" 30000 10 ;;
         nftables-change-30k)
-            perf_profile "$name" --changes -- "$NFT_MEASURE" 30000 10 ;;
+            perf_profile "$name" --controlled -- "$NFT_MEASURE" 30000 10 ;;
         iptables-nft-full-10k)
             perf_profile "$name" KP_MEASURE_ONLY_FULL=1 KP_MEASURE_VERIFY=0 -- \
                 "$IPT_MEASURE" 10000 10 nft ;;
@@ -183,14 +345,16 @@ for name in "${NAMES[@]}"; do
             perf_profile "$name" KP_MEASURE_ONLY_FULL=1 KP_MEASURE_VERIFY=0 -- \
                 "$IPT_MEASURE" 10000 10 legacy ;;
         iptables-nft-change-10k)
-            perf_profile "$name" --changes KP_MEASURE_VERIFY=0 -- "$IPT_MEASURE" 10000 10 nft ;;
+            perf_profile "$name" --controlled KP_MEASURE_VERIFY=0 -- "$IPT_MEASURE" 10000 10 nft ;;
         iptables-legacy-change-10k)
-            perf_profile "$name" --changes KP_MEASURE_VERIFY=0 -- \
+            perf_profile "$name" --controlled KP_MEASURE_VERIFY=0 -- \
                 "$IPT_MEASURE" 10000 10 legacy ;;
         iptables-nft-memory-10k)
             heap_profile "$name" KP_MEASURE_VERIFY=1 -- "$IPT_MEASURE" 10000 10 nft ;;
         iptables-legacy-memory-10k)
             heap_profile "$name" KP_MEASURE_VERIFY=1 -- "$IPT_MEASURE" 10000 10 legacy ;;
+        nftables-datapath-vip-30k) datapath_profile "$name" vip ;;
+        nftables-datapath-direct-30k) datapath_profile "$name" direct ;;
     esac
 done
 echo "==> done: bench/profiles/ (bench report redraws BENCHMARKS.md with them)"

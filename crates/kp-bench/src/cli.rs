@@ -13,6 +13,14 @@ use crate::run::Options;
 /// Everything happens inside network namespaces it creates and deletes. It prints progress on
 /// standard error and writes bench/results/<time>.json, bench/results/latest.json,
 /// bench/sync_time.png, bench/connect_latency.png and BENCHMARKS.md.
+///
+/// Profiling the data path: with KP_PERF_CTL=CTL[,ACK] (the fifos of a `perf record -D -1
+/// --control fifo:CTL[,ACK]` started around this command) and KP_PERF_TARGET=vip (or direct), the
+/// connect runs through the ClusterIP (or straight to the pod), with the Services installed, write
+/// `enable` to CTL when their measured seconds start and `disable` when they end (waiting for
+/// perf's `ack` on ACK), so nothing else is sampled; KP_PERF_EVENT=NAME switches that event alone
+/// (`enable NAME`), which keeps perf tracking processes started in between. Give one mode and one
+/// size (scripts/profile.sh nftables-datapath-vip-30k does).
 #[derive(Debug, Parser)]
 #[command(name = "bench", version)]
 pub struct Cli {
@@ -122,6 +130,13 @@ pub enum ClientCommand {
         /// Threads.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// perf's control fifo, and its acknowledgement fifo after a comma: `enable` when the
+        /// measured seconds start, `disable` when they end.
+        #[arg(long)]
+        perf_ctl: Option<String>,
+        /// The perf event to switch (`enable NAME`) [default: every event].
+        #[arg(long)]
+        perf_event: Option<String>,
     },
     /// One bulk transfer: prints Gbit/s.
     Bulk {
@@ -190,6 +205,7 @@ impl RunArgs {
                 .collect()
         });
         crate::modes::by_names(&modes)?;
+        let perf = crate::datapath::PerfControl::from_env()?;
         let proxy_binary = self.proxy_binary.clone().unwrap_or_else(|| {
             bench
                 .parent()
@@ -215,6 +231,7 @@ impl RunArgs {
                 .bulk_bytes
                 .unwrap_or(if q { 100_000_000 } else { 1_000_000_000 }),
             bulk_repeats: self.bulk_repeats.unwrap_or(if q { 1 } else { 3 }),
+            perf,
             proxy_binary,
             bench_binary: bench,
             command: command_line(args, &root),

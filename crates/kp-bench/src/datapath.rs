@@ -4,11 +4,28 @@
 //! The server and the client are this binary's hidden `datapath-server` and `datapath-client`
 //! subcommands, started inside the pods' namespaces with `ip netns exec`. Every connection-rate
 //! socket closes with linger 0 (an RST), so a run leaves no TIME_WAIT behind and never runs out
-//! of ports; conntrack on the node sees each connection open and close.
+//! of ports; conntrack on the node sees each connection open and close. The client's connecting
+//! threads are named `kp-connect` and the server's accepting thread `kp-accept`, so a system-wide
+//! profile tells them apart (both processes are `bench`).
+//!
+//! # Profiling the connect runs of one target
+//!
+//! With `KP_PERF_CTL=CTL[,ACK]` (the fifos of `perf record -D -1 --control fifo:CTL[,ACK]`) and
+//! `KP_PERF_TARGET=vip` or `direct`, [`measure`] has each connect run of that target (both
+//! rounds, with the N Services installed; never the other target's runs, the runs before any
+//! rule, the warm-ups or the bulk transfers) write `enable` to CTL when its measured seconds start
+//! and `disable` when they end, each time waiting for perf's `ack` on ACK if given, so perf
+//! samples those seconds alone. `KP_PERF_EVENT=NAME` writes `enable NAME` / `disable NAME`
+//! instead: perf then switches that event alone and keeps its side-band tracking on, so a process
+//! started while sampling is off (the second run's client) still has its name and symbols.
+//! scripts/profile.sh records `nftables-datapath-vip-30k` and `-direct-30k` this way. Every size
+//! and mode of the run is profiled alike: give one of each. The fifo without the target or the
+//! other way round, a target other than `vip` or `direct`, or a path that is not a fifo is refused
+//! before anything runs.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, SockRef, Socket, Type};
@@ -46,35 +63,210 @@ pub fn serve(connect: SocketAddr, bulk: SocketAddr) -> anyhow::Result<()> {
     let c = listener(connect)?;
     let b = listener(bulk)?;
     eprintln!("{READY} on {connect} and {bulk}");
-    std::thread::spawn(move || {
-        for s in b.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut buf = vec![0u8; CHUNK];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-                // A normal close: the client waits for this FIN to know everything arrived.
-            });
-        }
-    });
+    std::thread::Builder::new()
+        .name("kp-bulk".into())
+        .spawn(move || {
+            for s in b.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut s = s;
+                    let mut buf = vec![0u8; CHUNK];
+                    while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+                    // A normal close: the client waits for this FIN to know everything arrived.
+                });
+            }
+        })?;
     // Accepted connections are kept a while before they are dropped: a server that reset each
     // one at once would often do it before the client's connect() returned, and the client
     // would see ECONNRESET for a connection that was in fact established. By the time one is
-    // dropped here its client has long reset it.
-    let mut held = std::collections::VecDeque::with_capacity(HELD);
-    for s in c.incoming() {
-        match s {
-            Ok(s) => {
-                let _ = SockRef::from(&s).set_linger(Some(Duration::ZERO));
-                if held.len() == HELD {
-                    held.pop_front();
+    // dropped here its client has long reset it. The loop runs on a thread of its own only for
+    // its name (`kp-accept`) in profiles.
+    let accept = std::thread::Builder::new()
+        .name("kp-accept".into())
+        .spawn(move || {
+            let mut held = std::collections::VecDeque::with_capacity(HELD);
+            for s in c.incoming() {
+                match s {
+                    Ok(s) => {
+                        let _ = SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                        if held.len() == HELD {
+                            held.pop_front();
+                        }
+                        held.push_back(s);
+                    }
+                    // A connection reset before it was accepted.
+                    Err(_) => continue,
                 }
-                held.push_back(s);
             }
-            // A connection reset before it was accepted.
-            Err(_) => continue,
+        })?;
+    let _ = accept.join();
+    Ok(())
+}
+
+/// The environment variable naming perf's control fifo, and optionally its acknowledgement fifo
+/// after a comma, as `perf record --control fifo:CTL[,ACK]` takes them.
+pub const PERF_CTL_ENV: &str = "KP_PERF_CTL";
+/// The environment variable naming the one event to switch (`enable NAME`); without it, every
+/// event is switched.
+pub const PERF_EVENT_ENV: &str = "KP_PERF_EVENT";
+/// The environment variable naming the target whose connect runs perf samples: `vip` or
+/// `direct`.
+pub const PERF_TARGET_ENV: &str = "KP_PERF_TARGET";
+
+/// How long perf may take to acknowledge a command.
+const PERF_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a connect run turns perf's sampling on and off: perf's control fifo, its acknowledgement
+/// fifo (each command then waits until perf has carried it out), and the event to switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerfSwitch {
+    /// perf's control fifo.
+    pub fifo: PathBuf,
+    /// perf's acknowledgement fifo, if it was given one.
+    pub ack: Option<PathBuf>,
+    /// The event to switch (`enable NAME`); `None` switches every event, perf's side-band
+    /// tracking included, which loses the names and maps of processes started while it is off.
+    pub event: Option<String>,
+}
+
+fn fifo_path(var: &str, path: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("{var}: {path}: {e}"))?;
+    if !meta.file_type().is_fifo() {
+        anyhow::bail!(
+            "{var}: {path} is not a fifo (mkfifo it and give it to perf record --control fifo:)"
+        );
+    }
+    Ok(PathBuf::from(path))
+}
+
+impl PerfSwitch {
+    /// The switch for `CTL[,ACK]` and an event name; both paths must be fifos.
+    pub fn parse(ctl: &str, event: Option<&str>) -> anyhow::Result<PerfSwitch> {
+        let (fifo, ack) = match ctl.split_once(',') {
+            Some((c, a)) => (c, Some(a)),
+            None => (ctl, None),
+        };
+        Ok(PerfSwitch {
+            fifo: fifo_path(PERF_CTL_ENV, fifo)?,
+            ack: ack.map(|a| fifo_path(PERF_CTL_ENV, a)).transpose()?,
+            event: event.filter(|e| !e.is_empty()).map(str::to_owned),
+        })
+    }
+
+    /// The client's arguments that hand this switch on.
+    fn args(&self) -> Vec<String> {
+        let mut ctl = self.fifo.display().to_string();
+        if let Some(a) = &self.ack {
+            ctl = format!("{ctl},{}", a.display());
+        }
+        let mut args = vec!["--perf-ctl".to_owned(), ctl];
+        if let Some(e) = &self.event {
+            args.extend(["--perf-event".to_owned(), e.clone()]);
+        }
+        args
+    }
+
+    /// Turns sampling on or off; with an acknowledgement fifo, returns once perf has.
+    pub fn set(&self, on: bool) -> anyhow::Result<()> {
+        let verb = if on { "enable" } else { "disable" };
+        let command = match &self.event {
+            Some(e) => format!("{verb} {e}\n"),
+            None => format!("{verb}\n"),
+        };
+        std::fs::write(&self.fifo, &command)
+            .map_err(|e| anyhow::anyhow!("perf control fifo {}: {e}", self.fifo.display()))?;
+        let Some(ack) = &self.ack else { return Ok(()) };
+        // The read runs on a thread of its own so that a perf that never answers is an error,
+        // not a hang.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = ack.clone();
+        std::thread::spawn(move || {
+            let read = || -> std::io::Result<String> {
+                let mut f = std::fs::File::open(&path)?;
+                let (mut line, mut byte) = (Vec::new(), [0u8; 1]);
+                while f.read(&mut byte)? == 1 && byte[0] != b'\n' {
+                    line.push(byte[0]);
+                }
+                Ok(String::from_utf8_lossy(&line).into_owned())
+            };
+            let _ = tx.send(read());
+        });
+        match rx.recv_timeout(PERF_ACK_TIMEOUT) {
+            // perf ends each `ack\n` with a NUL, which the next read sees first.
+            Ok(Ok(reply))
+                if reply.trim_matches(|c: char| c == '\0' || c.is_whitespace()) == "ack" =>
+            {
+                Ok(())
+            }
+            Ok(Ok(reply)) => anyhow::bail!("perf answered `{}` to `{}`", reply, command.trim()),
+            Ok(Err(e)) => anyhow::bail!("perf acknowledgement fifo {}: {e}", ack.display()),
+            Err(_) => anyhow::bail!(
+                "perf did not acknowledge `{}` within {:?}",
+                command.trim(),
+                PERF_ACK_TIMEOUT
+            ),
         }
     }
-    Ok(())
+}
+
+/// Which connect runs perf samples, and how they switch it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerfControl {
+    /// The fifos and the event.
+    pub switch: PerfSwitch,
+    /// `true`: the ClusterIP runs; `false`: the runs straight to the pod.
+    pub vip: bool,
+}
+
+impl PerfControl {
+    /// Reads [`PERF_CTL_ENV`], [`PERF_EVENT_ENV`] and [`PERF_TARGET_ENV`]: `None` when neither
+    /// the fifo nor the target is set.
+    pub fn from_env() -> anyhow::Result<Option<PerfControl>> {
+        let var = |name: &str| {
+            std::env::var_os(name).map(|v| {
+                v.into_string()
+                    .map_err(|v| anyhow::anyhow!("{name}={}: not UTF-8", v.to_string_lossy()))
+            })
+        };
+        let ctl = var(PERF_CTL_ENV).transpose()?;
+        let event = var(PERF_EVENT_ENV).transpose()?;
+        let target = var(PERF_TARGET_ENV).transpose()?;
+        Self::parse(ctl.as_deref(), event.as_deref(), target.as_deref())
+    }
+
+    /// The control for the three variables' values.
+    pub fn parse(
+        ctl: Option<&str>,
+        event: Option<&str>,
+        target: Option<&str>,
+    ) -> anyhow::Result<Option<PerfControl>> {
+        let (ctl, target) = match (ctl, target) {
+            (None, None) => return Ok(None),
+            (Some(c), Some(t)) => (c, t),
+            (Some(_), None) => {
+                anyhow::bail!("{PERF_CTL_ENV} is set but {PERF_TARGET_ENV} is not (vip or direct)")
+            }
+            (None, Some(_)) => {
+                anyhow::bail!(
+                    "{PERF_TARGET_ENV} is set but {PERF_CTL_ENV} (perf's control fifo) is not"
+                )
+            }
+        };
+        let vip = match target {
+            "vip" => true,
+            "direct" => false,
+            other => anyhow::bail!("{PERF_TARGET_ENV}={other}: expected vip or direct"),
+        };
+        Ok(Some(PerfControl {
+            switch: PerfSwitch::parse(ctl, event)?,
+            vip,
+        }))
+    }
+
+    /// The switch, when the runs to the ClusterIP (`vip`) or to the pod are the ones sampled.
+    fn switch_for(&self, vip: bool) -> Option<&PerfSwitch> {
+        (self.vip == vip).then_some(&self.switch)
+    }
 }
 
 /// Raw samples of one connection-rate run, as the client prints them.
@@ -91,39 +283,53 @@ pub struct ConnectSamples {
 }
 
 /// Opens and resets connections to `target` from `threads` threads for `seconds` (after a short
-/// warm-up); records each connect's latency (SYN to established).
-pub fn connect_run(target: SocketAddr, seconds: f64, threads: usize) -> ConnectSamples {
+/// warm-up); records each connect's latency (SYN to established). With `perf`, turns perf's
+/// sampling on when the measured seconds start and off when they end; fails only when it cannot.
+pub fn connect_run(
+    target: SocketAddr,
+    seconds: f64,
+    threads: usize,
+    perf: Option<&PerfSwitch>,
+) -> anyhow::Result<ConnectSamples> {
     let warm_until = Instant::now() + WARMUP;
     let start = warm_until;
     let end = start + Duration::from_secs_f64(seconds);
-    let workers: Vec<_> = (0..threads.max(1))
+    let workers = (0..threads.max(1))
         .map(|_| {
-            std::thread::spawn(move || {
-                let mut lat = Vec::new();
-                let mut errors = std::collections::BTreeMap::<String, usize>::new();
-                loop {
-                    let t = Instant::now();
-                    if t >= end {
-                        break;
-                    }
-                    let r = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT);
-                    let took = t.elapsed();
-                    let measured = t >= start;
-                    match r {
-                        Ok(s) => {
-                            let _ = SockRef::from(&s).set_linger(Some(Duration::ZERO));
-                            if measured {
-                                lat.push(took.as_secs_f64() * 1e6);
-                            }
+            std::thread::Builder::new()
+                .name("kp-connect".into())
+                .spawn(move || {
+                    let mut lat = Vec::new();
+                    let mut errors = std::collections::BTreeMap::<String, usize>::new();
+                    loop {
+                        let t = Instant::now();
+                        if t >= end {
+                            break;
                         }
-                        Err(e) if measured => *errors.entry(e.to_string()).or_default() += 1,
-                        Err(_) => {}
+                        let r = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT);
+                        let took = t.elapsed();
+                        let measured = t >= start;
+                        match r {
+                            Ok(s) => {
+                                let _ = SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                                if measured {
+                                    lat.push(took.as_secs_f64() * 1e6);
+                                }
+                            }
+                            Err(e) if measured => *errors.entry(e.to_string()).or_default() += 1,
+                            Err(_) => {}
+                        }
                     }
-                }
-                (lat, errors)
-            })
+                    (lat, errors)
+                })
         })
-        .collect();
+        .collect::<std::io::Result<Vec<_>>>()?;
+    if let Some(perf) = perf {
+        std::thread::sleep(start.saturating_duration_since(Instant::now()));
+        perf.set(true)?;
+        std::thread::sleep(end.saturating_duration_since(Instant::now()));
+        perf.set(false)?;
+    }
     let mut out = ConnectSamples {
         seconds,
         ..ConnectSamples::default()
@@ -137,7 +343,7 @@ pub fn connect_run(target: SocketAddr, seconds: f64, threads: usize) -> ConnectS
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Sends `bytes` to `target`, half-closes, and waits for the server to close: Gbit/s.
@@ -177,6 +383,8 @@ pub struct Plan {
     pub bulk_bytes: u64,
     /// Bulk transfers per target (alternating; the median counts).
     pub bulk_repeats: usize,
+    /// The connect runs perf samples, if any ([`PerfControl::from_env`]).
+    pub perf: Option<PerfControl>,
 }
 
 fn client(ns: &kp_test::Netns, bench: &Path, args: &[String]) -> anyhow::Result<String> {
@@ -200,20 +408,21 @@ fn connect_in(
     target: SocketAddr,
     seconds: f64,
     threads: usize,
+    perf: Option<&PerfSwitch>,
 ) -> anyhow::Result<ConnectSamples> {
-    let out = client(
-        ns,
-        bench,
-        &[
-            "connect".into(),
-            "--target".into(),
-            target.to_string(),
-            "--seconds".into(),
-            seconds.to_string(),
-            "--threads".into(),
-            threads.to_string(),
-        ],
-    )?;
+    let mut args = vec![
+        "connect".into(),
+        "--target".into(),
+        target.to_string(),
+        "--seconds".into(),
+        seconds.to_string(),
+        "--threads".into(),
+        threads.to_string(),
+    ];
+    if let Some(perf) = perf {
+        args.extend(perf.args());
+    }
+    let out = client(ns, bench, &args)?;
     Ok(serde_json::from_str(&out)?)
 }
 
@@ -299,6 +508,7 @@ pub fn measure_unloaded(
             plan.direct_connect,
             half,
             plan.threads,
+            None,
         )?);
     }
     Ok(summarise(&runs))
@@ -307,7 +517,8 @@ pub fn measure_unloaded(
 /// Runs the measurements from `client_ns` (the server must already listen) through `node`:
 /// connection rate and latency to both targets in two rounds (direct first, then the ClusterIP
 /// first), each run after emptying the node's conntrack table and a second's quiet, then
-/// alternating bulk transfers.
+/// alternating bulk transfers. With `plan.perf`, the runs of its target turn perf on for their
+/// measured seconds.
 pub fn measure(
     client_ns: &kp_test::Netns,
     node: &kp_test::Netns,
@@ -323,6 +534,7 @@ pub fn measure(
         for vip_turn in [round == 1, round == 0] {
             flush_conntrack(node)?;
             std::thread::sleep(SETTLE);
+            let perf = plan.perf.as_ref().and_then(|p| p.switch_for(vip_turn));
             if vip_turn {
                 vip.push(connect_in(
                     client_ns,
@@ -330,6 +542,7 @@ pub fn measure(
                     plan.vip_connect,
                     half,
                     plan.threads,
+                    perf,
                 )?);
             } else {
                 direct.push(connect_in(
@@ -338,6 +551,7 @@ pub fn measure(
                     plan.direct_connect,
                     half,
                     plan.threads,
+                    perf,
                 )?);
             }
         }
@@ -368,4 +582,73 @@ pub fn measure(
         unloaded_ratio_p50: None,
         unloaded_ratio_p99: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perf_control_needs_both_variables_a_known_target_and_fifos() {
+        assert_eq!(PerfControl::parse(None, None, None).unwrap(), None);
+        let dir = tempfile::tempdir().unwrap();
+        let mkfifo = |name: &str| {
+            let p = dir.path().join(name);
+            let made = std::process::Command::new("mkfifo")
+                .arg(&p)
+                .status()
+                .unwrap();
+            assert!(made.success());
+            p
+        };
+        let (ctl, ack) = (mkfifo("ctl"), mkfifo("ack"));
+        let c = ctl.to_str().unwrap();
+        let vip = PerfControl::parse(Some(c), None, Some("vip"))
+            .unwrap()
+            .unwrap();
+        let plain = PerfSwitch {
+            fifo: ctl.clone(),
+            ack: None,
+            event: None,
+        };
+        assert_eq!(vip.switch_for(true), Some(&plain));
+        assert_eq!(vip.switch_for(false), None);
+        assert_eq!(plain.args(), ["--perf-ctl", c]);
+        let both = format!("{c},{}", ack.display());
+        let direct = PerfControl::parse(Some(&both), Some("cpu-clock"), Some("direct"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(direct.switch_for(true), None);
+        let full = direct.switch_for(false).unwrap();
+        assert_eq!(full.ack.as_deref(), Some(ack.as_path()));
+        assert_eq!(full.event.as_deref(), Some("cpu-clock"));
+        assert_eq!(
+            full.args(),
+            ["--perf-ctl", both.as_str(), "--perf-event", "cpu-clock"]
+        );
+        let regular = dir.path().join("regular");
+        std::fs::write(&regular, "").unwrap();
+        let with_regular_ack = format!("{c},{}", regular.display());
+        for (ctl, target, says) in [
+            (Some(c), None, "KP_PERF_TARGET is not"),
+            (
+                None,
+                Some("vip"),
+                "KP_PERF_CTL (perf's control fifo) is not",
+            ),
+            (Some(c), Some("pod"), "expected vip or direct"),
+            (Some("/nonexistent/ctl"), Some("vip"), "/nonexistent/ctl"),
+            (regular.to_str(), Some("vip"), "is not a fifo"),
+            (
+                Some(with_regular_ack.as_str()),
+                Some("vip"),
+                "is not a fifo",
+            ),
+        ] {
+            let e = PerfControl::parse(ctl, None, target)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{ctl:?} {target:?}: {e}");
+        }
+    }
 }

@@ -67,8 +67,13 @@ fn subcommand(command: Command) -> anyhow::Result<()> {
             target,
             seconds,
             threads,
+            perf_ctl,
+            perf_event,
         }) => {
-            let samples = kp_bench::datapath::connect_run(target, seconds, threads);
+            let perf = perf_ctl
+                .map(|c| kp_bench::datapath::PerfSwitch::parse(&c, perf_event.as_deref()))
+                .transpose()?;
+            let samples = kp_bench::datapath::connect_run(target, seconds, threads, perf.as_ref())?;
             println!("{}", serde_json::to_string(&samples)?);
         }
         Command::DatapathClient(ClientCommand::Bulk { target, bytes }) => {

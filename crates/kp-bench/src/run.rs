@@ -44,6 +44,8 @@ pub struct Options {
     pub bulk_bytes: u64,
     /// Bulk transfers per target.
     pub bulk_repeats: usize,
+    /// The data-path connect runs perf samples (`KP_PERF_CTL`, `KP_PERF_TARGET`), if any.
+    pub perf: Option<datapath::PerfControl>,
     /// The kube-proxy binary.
     pub proxy_binary: PathBuf,
     /// This binary (the data-path server and client run as its subcommands).
@@ -358,6 +360,7 @@ impl<'a> DatapathLab<'a> {
                 threads: opts.connect_threads,
                 bulk_bytes: opts.bulk_bytes,
                 bulk_repeats: opts.bulk_repeats,
+                perf: opts.perf.clone(),
             },
             server_ip,
             _server: server,

@@ -245,6 +245,44 @@ fn missed_targets_link_their_recorded_profiles_and_the_report_excerpts_them() {
 }
 
 #[test]
+fn a_missed_data_path_target_links_both_connect_profiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("bench/profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    for t in ["vip", "direct"] {
+        std::fs::write(
+            profiles.join(format!("nftables-datapath-{t}-30k.txt")),
+            format!("# profile: nftables-datapath-{t}-30k\n\n## share of samples by program\n    50.00%  kp-connect\n"),
+        )
+        .unwrap();
+    }
+    let mut results = synthetic();
+    let run = results
+        .runs
+        .iter_mut()
+        .find(|r| r.mode == "nftables" && r.services == 30_000)
+        .unwrap();
+    run.datapath.as_mut().unwrap().latency_ratio_p99 = 1.13;
+    report::write_all(dir.path(), &results, true).unwrap();
+    let md = std::fs::read_to_string(dir.path().join("BENCHMARKS.md")).unwrap();
+    assert!(md.contains(
+        "| nftables, 30k: connect latency via ClusterIP ≤ 1.10× direct (p99) | 1.13× | **missed**: \
+         [nftables-datapath-vip-30k](bench/profiles/nftables-datapath-vip-30k.txt), \
+         [nftables-datapath-direct-30k](bench/profiles/nftables-datapath-direct-30k.txt) |"
+    ), "{md}");
+    // The p50 row is met: no links.
+    assert!(
+        md.contains(
+            "| nftables, 30k: connect latency via ClusterIP ≤ 1.10× direct (p50) | 1.03× | met |"
+        ),
+        "{md}"
+    );
+    assert!(md.contains(
+        "### [nftables-datapath-direct-30k](bench/profiles/nftables-datapath-direct-30k.txt)"
+    ));
+}
+
+#[test]
 fn a_failed_phase_is_listed_in_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let mut results = synthetic();
@@ -325,6 +363,134 @@ fn proxy_binary() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// Control and acknowledgement fifos in `dir` standing in for perf's: every command read is
+/// acknowledged, and sent to the receiver with the time it came. The stand-in keeps both fifos
+/// open for reading and writing, as perf does, so it never sees an end and no open waits.
+fn perf_fifo(
+    dir: &Path,
+) -> (
+    kp_bench::datapath::PerfSwitch,
+    std::sync::mpsc::Receiver<(String, std::time::Instant)>,
+) {
+    use std::io::{BufRead, Write};
+    let fifo = |name: &str| {
+        let p = dir.join(name);
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap()
+            .success());
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        (p, f)
+    };
+    let ((ctl, ctl_file), (ack, mut ack_file)) = (fifo("perf.ctl"), fifo("perf.ack"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(ctl_file).lines() {
+            let Ok(line) = line else { return };
+            let at = std::time::Instant::now();
+            // As perf writes it: with the string's NUL.
+            if ack_file.write_all(b"ack\n\0").is_err() || tx.send((line, at)).is_err() {
+                return;
+            }
+        }
+    });
+    let switch = kp_bench::datapath::PerfSwitch {
+        fifo: ctl,
+        ack: Some(ack),
+        event: Some("cpu-clock".into()),
+    };
+    (switch, rx)
+}
+
+/// What came through a [`perf_fifo`]: `expected` commands (waiting up to 5 s for each, as the
+/// reader may lag the writer), then any more that arrive within 0.2 s.
+fn received(
+    rx: &std::sync::mpsc::Receiver<(String, std::time::Instant)>,
+    expected: usize,
+) -> Vec<(String, std::time::Instant)> {
+    let mut got = Vec::new();
+    while got.len() < expected {
+        match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            Ok(c) => got.push(c),
+            Err(_) => break,
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    got.extend(rx.try_iter());
+    got
+}
+
+#[test]
+fn the_connect_client_turns_perf_on_for_its_measured_seconds_alone() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let ns = kp_test::Netns::new("bench-perfctl").unwrap();
+    let bench = env!("CARGO_BIN_EXE_bench");
+    let mut server = ns
+        .spawn(&[
+            bench,
+            "datapath-server",
+            "--connect",
+            "127.0.0.1:7001",
+            "--bulk",
+            "127.0.0.1:7002",
+        ])
+        .unwrap();
+    server
+        .wait_for_log(
+            kp_bench::datapath::READY,
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (perf, commands) = perf_fifo(dir.path());
+    let ctl = format!(
+        "{},{}",
+        perf.fifo.display(),
+        perf.ack.as_ref().unwrap().display()
+    );
+    let began = std::time::Instant::now();
+    let out = ns
+        .exec(&[
+            bench,
+            "datapath-client",
+            "connect",
+            "--target",
+            "127.0.0.1:7001",
+            "--seconds",
+            "0.5",
+            "--perf-ctl",
+            &ctl,
+            "--perf-event",
+            "cpu-clock",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let samples: kp_bench::datapath::ConnectSamples = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!samples.latency_us.is_empty(), "{:?}", samples.error_kinds);
+    let got = received(&commands, 2);
+    let names: Vec<&str> = got.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(names, ["enable cpu-clock", "disable cpu-clock"]);
+    // On after the 0.3 s warm-up, off after the 0.5 s measured.
+    let on = got[0].1.duration_since(began);
+    let on_for = got[1].1.duration_since(got[0].1);
+    assert!(on >= std::time::Duration::from_millis(300), "{on:?}");
+    assert!(
+        on_for >= std::time::Duration::from_millis(450),
+        "{on_for:?}"
+    );
+}
+
 #[test]
 fn a_tiny_run_in_network_namespaces_measures_every_phase() {
     if !kp_test::netns::require_root() {
@@ -339,6 +505,8 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
         );
     }
     let dir = tempfile::tempdir().unwrap();
+    // perf samples the ClusterIP's connect runs: two of them, out of six runs in all.
+    let (switch, perf_commands) = perf_fifo(dir.path());
     let opts = kp_bench::run::Options {
         modes: vec!["nftables".into()],
         sizes: vec![50],
@@ -352,6 +520,7 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
         connect_threads: 1,
         bulk_bytes: 10_000_000,
         bulk_repeats: 1,
+        perf: Some(kp_bench::datapath::PerfControl { switch, vip: true }),
         proxy_binary: proxy.clone().unwrap_or_default(),
         bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
         root: dir.path().to_path_buf(),
@@ -373,6 +542,19 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
     assert!(d.unloaded.as_ref().is_some_and(|u| u.latency_us.n > 0));
     assert!(d.unloaded_ratio_p50.is_some_and(|v| v > 0.0));
     assert!(d.bulk_vip_gbps > 0.0 && d.bulk_direct_gbps > 0.0);
+    let commands: Vec<String> = received(&perf_commands, 4)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "enable cpu-clock",
+            "disable cpu-clock",
+            "enable cpu-clock",
+            "disable cpu-clock"
+        ]
+    );
     if proxy.is_some() {
         let sources: Vec<&str> = r.proxy.iter().map(|p| p.source.as_str()).collect();
         assert_eq!(sources, ["manifests", "apiserver"]);
@@ -405,6 +587,7 @@ fn a_tiny_run_of_both_iptables_backends_measures_sync_bare_load_and_the_binary()
         connect_threads: 1,
         bulk_bytes: 0,
         bulk_repeats: 0,
+        perf: None,
         proxy_binary: proxy.clone().unwrap_or_default(),
         bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
         root: dir.path().to_path_buf(),
