@@ -19,6 +19,7 @@
 pub mod cli;
 pub mod cluster;
 pub mod datapath;
+pub mod interrupt;
 pub mod iptables;
 pub mod machine;
 pub mod mode;

@@ -20,6 +20,9 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         None => {
+            if let Err(e) = kp_bench::interrupt::watch() {
+                eprintln!("bench: cannot handle SIGINT/SIGTERM ({e:#}); an interrupted run leaves its namespaces behind");
+            }
             let args: Vec<String> = std::env::args().collect();
             let opts = std::env::current_exe()
                 .map_err(anyhow::Error::from)

@@ -300,7 +300,15 @@ pub fn run(
 
     let mut stream = ChangeStream::new(cluster);
     let mut latencies = Vec::with_capacity(setup.changes);
+    let mut reported = Instant::now();
     for n in 0..setup.changes {
+        p.every(&mut reported, || {
+            format!(
+                "  {} source: {n} of {} changes live",
+                source.name(),
+                setup.changes
+            )
+        });
         let change = stream.next_change();
         let t0 = feed.publish(cluster, &stream, &change)?;
         let interval = probe.interval();

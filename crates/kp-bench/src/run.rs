@@ -271,7 +271,11 @@ fn in_process(
 
     let mut stream = ChangeStream::new(cluster);
     let mut times = Vec::with_capacity(opts.changes);
-    for _ in 0..opts.changes {
+    let mut reported = Instant::now();
+    for done in 0..opts.changes {
+        p.every(&mut reported, || {
+            format!("  one-endpoint changes: {done} of {} done", opts.changes)
+        });
         let change = stream.next_change();
         let object = cluster::to_object(&change.slice)?;
         state

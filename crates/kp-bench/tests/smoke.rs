@@ -623,3 +623,98 @@ fn a_tiny_run_of_both_iptables_backends_measures_sync_bare_load_and_the_binary()
         }
     }
 }
+
+/// The network namespaces `bench` process `pid` has now.
+fn namespaces_of(pid: u32) -> Vec<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    let prefix = format!("kpt-{pid}-");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn an_interrupted_run_removes_its_namespaces_and_the_processes_in_them() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args([
+            "--modes",
+            "nftables",
+            "--sizes",
+            "50",
+            "--endpoints",
+            "2",
+            "--repeats",
+            "1",
+            "--skip-proxy",
+            "--connect-seconds",
+            "30",
+            "--root",
+        ])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait for the data path: its server runs inside one of the run's namespaces.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let inside: Vec<String> = loop {
+        let pids: Vec<String> = namespaces_of(pid)
+            .iter()
+            .filter_map(|n| {
+                std::process::Command::new("ip")
+                    .args(["netns", "pids", n])
+                    .output()
+                    .ok()
+            })
+            .flat_map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if !pids.is_empty() {
+            break pids;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no process ran in bench's namespaces within 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert_eq!(exit.code(), Some(143), "{exit:?}");
+    assert!(
+        namespaces_of(pid).is_empty(),
+        "left behind: {:?}",
+        namespaces_of(pid)
+    );
+    // Killed, then reaped by init once bench is gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while inside
+        .iter()
+        .any(|p| Path::new(&format!("/proc/{p}")).exists())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes of the run still alive: {inside:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
