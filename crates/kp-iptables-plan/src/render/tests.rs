@@ -153,7 +153,7 @@ fn cluster_ip_with_endpoints_jumps_to_the_svc_chain_and_sep_chains_dnat() {
         chain(&rules, "KUBE-SEP-SXIVWICOYRO3J4NJ"),
         [
             "-s 10.180.0.1/32 -m comment --comment \"ns1/svc1:p80\" -j KUBE-MARK-MASQ",
-            "-p tcp -m comment --comment \"ns1/svc1:p80\" -m tcp -j DNAT --to-destination 10.180.0.1:80",
+            "-p tcp -m comment --comment \"ns1/svc1:p80\" -j DNAT --to-destination 10.180.0.1:80",
         ]
     );
     assert!(!rules.no_local_internal && !rules.no_local_external);
@@ -178,14 +178,14 @@ fn endpoints_are_picked_with_falling_probabilities_and_the_last_unconditionally(
         assert_eq!(
             **rule,
             format!(
-                "-p tcp -m comment --comment \"ns/svc:p80 -> 10.180.0.{n}:80\" -m statistic --mode random --probability {prob} -m tcp -j DNAT --to-destination 10.180.0.{n}:80",
+                "-p tcp -m comment --comment \"ns/svc:p80 -> 10.180.0.{n}:80\" -m statistic --mode random --probability {prob} -j DNAT --to-destination 10.180.0.{n}:80",
                 n = i + 1
             )
         );
     }
     assert_eq!(
         *picks[3],
-        "-p tcp -m comment --comment \"ns/svc:p80 -> 10.180.0.4:80\" -m tcp -j DNAT --to-destination 10.180.0.4:80"
+        "-p tcp -m comment --comment \"ns/svc:p80 -> 10.180.0.4:80\" -j DNAT --to-destination 10.180.0.4:80"
     );
     // Endpoints elsewhere are DNATed by their rule: no chain of their own.
     assert_eq!(chain_names(&rules), [svc.as_str()]);
@@ -204,7 +204,7 @@ fn only_endpoints_on_this_node_get_a_chain_for_their_hairpin_rule() {
         chain(&rules, &svc)[1..],
         [
             format!("-m comment --comment \"ns/mixed:p80 -> 10.180.0.1:80\" -m statistic --mode random --probability 0.50000000000 -j {sep}"),
-            "-p tcp -m comment --comment \"ns/mixed:p80 -> 10.180.0.2:80\" -m tcp -j DNAT --to-destination 10.180.0.2:80".to_string(),
+            "-p tcp -m comment --comment \"ns/mixed:p80 -> 10.180.0.2:80\" -j DNAT --to-destination 10.180.0.2:80".to_string(),
         ]
     );
     assert_eq!(
@@ -234,17 +234,17 @@ fn client_ip_affinity_checks_recent_lists_before_the_random_pick() {
     // A returning client of the other endpoint: found and refreshed by --update, DNATed.
     assert_eq!(
         svc[2],
-        format!("-p tcp -m comment --comment \"ns/sticky:p80 -> 10.180.0.2:80\" -m recent --update --seconds 10800 --reap --name {b} --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.2:80")
+        format!("-p tcp -m comment --comment \"ns/sticky:p80 -> 10.180.0.2:80\" -m recent --update --seconds 10800 --reap --name {b} --mask 255.255.255.255 --rsource -j DNAT --to-destination 10.180.0.2:80")
     );
     assert!(svc[3].contains("-m statistic") && svc[3].ends_with(&format!("-j {a}")));
     // A new client of the other endpoint is put on its list by the rule that picks it.
     assert_eq!(
         svc[4],
-        format!("-p tcp -m comment --comment \"ns/sticky:p80 -> 10.180.0.2:80\" -m recent --set --name {b} --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.2:80")
+        format!("-p tcp -m comment --comment \"ns/sticky:p80 -> 10.180.0.2:80\" -m recent --set --name {b} --mask 255.255.255.255 --rsource -j DNAT --to-destination 10.180.0.2:80")
     );
     assert_eq!(
         chain(&rules, &a)[1],
-        format!("-p tcp -m comment --comment \"ns/sticky:p80\" -m recent --set --name {a} --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.1:80")
+        format!("-p tcp -m comment --comment \"ns/sticky:p80\" -m recent --set --name {a} --mask 255.255.255.255 --rsource -j DNAT --to-destination 10.180.0.1:80")
     );
 }
 
@@ -463,7 +463,7 @@ fn ipv6_uses_128_bit_hosts_icmp6_rejects_and_bracketed_endpoints() {
         chain(&rules, &sep),
         [
             "-s fd00:10::11/128 -m comment --comment \"ns/v6:p80\" -j KUBE-MARK-MASQ".to_string(),
-            format!("-p tcp -m comment --comment \"ns/v6:p80\" -m recent --set --name {sep} --mask ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff --rsource -m tcp -j DNAT --to-destination [fd00:10::11]:80"),
+            format!("-p tcp -m comment --comment \"ns/v6:p80\" -m recent --set --name {sep} --mask ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff --rsource -j DNAT --to-destination [fd00:10::11]:80"),
         ]
     );
     let none = render(&ctx, &p, &[]);
@@ -626,7 +626,7 @@ fn large_clusters_drop_comments_on_per_endpoint_rules_only() {
         chain(&rules, &sep),
         [
             "-s 10.180.0.1/32 -j KUBE-MARK-MASQ".to_string(),
-            format!("-p tcp -m recent --set --name {sep} --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.180.0.1:80"),
+            format!("-p tcp -m recent --set --name {sep} --mask 255.255.255.255 --rsource -j DNAT --to-destination 10.180.0.1:80"),
         ]
     );
     assert!(dispatch(&rules, Dispatch::NatServices)[0].contains("-m comment"));
