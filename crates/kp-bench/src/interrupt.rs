@@ -30,6 +30,9 @@ pub fn watch() -> anyhow::Result<()> {
                 }
             });
             eprintln!("bench: interrupted; removing this run's network namespaces");
+            // The run goes on in the other threads until exit: no namespace of its may appear
+            // after the listing below.
+            kp_test::netns::stop_creating();
             let removed = remove_namespaces(std::process::id());
             eprintln!("bench: removed {removed} network namespaces");
             std::process::exit(code);

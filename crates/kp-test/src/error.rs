@@ -46,6 +46,10 @@ pub enum Error {
     /// Not retryable.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The process is stopping and creates no more namespaces
+    /// ([`crate::netns::stop_creating`]). Not retryable.
+    #[error("no new network namespaces: this process is stopping")]
+    Stopping,
     /// A local file (a process log) could not be created or read. Not retryable.
     #[error("{what}: {source}")]
     Io {

@@ -15,7 +15,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
@@ -27,6 +27,17 @@ const PREFIX: &str = "kpt";
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 static SWEEP: Once = Once::new();
+
+/// Whether this process still creates namespaces ([`stop_creating`]); held while one is being
+/// created, so stopping waits for a creation in progress.
+static CREATING: Mutex<bool> = Mutex::new(true);
+
+/// Stops this process from creating namespaces: returns once no creation is in progress, and
+/// every [`Netns::new`] after it fails with [`Error::Stopping`]. For a process about to remove
+/// its namespaces and exit (on a signal), so that no new one appears behind its back.
+pub fn stop_creating() {
+    *CREATING.lock().unwrap_or_else(PoisonError::into_inner) = false;
+}
 
 /// A network namespace owned by a test; deleted, with everything running in it, on drop.
 #[derive(Debug)]
@@ -49,6 +60,10 @@ impl Netns {
             )));
         }
         SWEEP.call_once(sweep_stale);
+        let creating = CREATING.lock().unwrap_or_else(PoisonError::into_inner);
+        if !*creating {
+            return Err(Error::Stopping);
+        }
         let pid = std::process::id();
         for _ in 0..100 {
             let name = format!("{PREFIX}-{pid}-{}-{role}", next_number());
