@@ -5,8 +5,6 @@
 //! and exits with 130 (SIGINT) or 143 (SIGTERM), as a shell reports a process those signals
 //! ended.
 
-use std::process::{Command, Stdio};
-
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Handles SIGINT and SIGTERM from now on (the handlers are in place when this returns).
@@ -30,43 +28,11 @@ pub fn watch() -> anyhow::Result<()> {
                 }
             });
             eprintln!("bench: interrupted; removing this run's network namespaces");
-            // The run goes on in the other threads until exit: no namespace of its may appear
-            // after the listing below.
-            kp_test::netns::stop_creating();
-            let removed = remove_namespaces(std::process::id());
+            // The run goes on in the other threads until exit: `remove_own` first closes
+            // namespace creation, so none of its namespaces can appear after the listing.
+            let removed = kp_test::netns::remove_own();
             eprintln!("bench: removed {removed} network namespaces");
             std::process::exit(code);
         })?;
     Ok(())
-}
-
-/// Kills the processes in every network namespace this process created and deletes the
-/// namespaces; returns how many it deleted.
-fn remove_namespaces(pid: u32) -> usize {
-    let prefix = format!("kpt-{pid}-");
-    let listed = Command::new("ip")
-        .args(["netns", "list"])
-        .stdin(Stdio::null())
-        .output();
-    let Ok(listed) = listed else {
-        return 0;
-    };
-    let mut removed = 0;
-    for name in String::from_utf8_lossy(&listed.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(&prefix))
-    {
-        if let Ok(pids) = Command::new("ip").args(["netns", "pids", name]).output() {
-            for p in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-KILL", p]).status();
-            }
-        }
-        let deleted = Command::new("ip")
-            .args(["netns", "delete", name])
-            .status()
-            .is_ok_and(|s| s.success());
-        removed += usize::from(deleted);
-    }
-    removed
 }

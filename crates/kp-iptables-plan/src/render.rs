@@ -673,10 +673,9 @@ fn dnat(
     ctx: &RenderContext,
     port: &ServicePort,
     ep: &Endpoint,
-    rule: Rule,
+    mut rule: Rule,
     remember: bool,
 ) -> String {
-    let mut rule = rule;
     if remember && port.session_affinity_timeout.is_some() {
         rule = rule.m(&format!(
             "-m recent --set --name {} --mask {} --rsource",

@@ -18,7 +18,7 @@ use kp_test::lab::Lab;
 use kp_test::netns::Netns;
 
 mod common;
-use common::{assert_in_sync, chains_named};
+use common::{assert_in_sync, chains_named, delete_first_nat_rule};
 
 /// The flow table's configuration (see `kp_flows::node_context`): detect-local by the cluster
 /// CIDRs, NodePorts on the primary addresses, so no localhost NodePorts.
@@ -137,18 +137,7 @@ fn flow_table(backend: Backend) {
     assert!(dp.last_inputs().is_empty());
 
     // Drift (a rule deleted by hand) is found and repaired by the next full sync.
-    lab.node()
-        .run(&[
-            &backend.program(IpFamily::V4, ""),
-            "-w",
-            "120",
-            "-t",
-            "nat",
-            "-D",
-            "KUBE-SERVICES",
-            "1",
-        ])
-        .unwrap();
+    delete_first_nat_rule(lab.node(), backend, "KUBE-SERVICES");
     let diffs = dp.verify().unwrap();
     assert!(
         diffs.iter().any(|d| d.contains("KUBE-SERVICES")),
@@ -169,18 +158,7 @@ fn flow_table(backend: Backend) {
         .map(|p| kp_iptables_plan::names::service_chains(&p.name).svc)
         .next()
         .expect("web has a port");
-    lab.node()
-        .run(&[
-            &backend.program(IpFamily::V4, ""),
-            "-w",
-            "120",
-            "-t",
-            "nat",
-            "-D",
-            &svc,
-            "1",
-        ])
-        .unwrap();
+    delete_first_nat_rule(lab.node(), backend, &svc);
     let diffs = dp.verify().unwrap();
     assert_eq!(diffs.len(), 1, "{diffs:#?}");
     assert!(

@@ -17,7 +17,7 @@ use kp_metrics::Metrics;
 use kp_test::netns::Netns;
 
 mod common;
-use common::{assert_in_sync, chains_named};
+use common::{assert_in_sync, chains_named, delete_first_nat_rule};
 
 const SERVICES: usize = 5000;
 const ENDPOINTS: usize = 2;
@@ -118,18 +118,8 @@ fn scale(backend: Backend, full_readback_limit: u64) {
     assert_in_sync(&mut dp, &format!("[{backend}] after the partial sync"));
 
     // Drift: a rule gone from a fixed chain, and a chain nobody planned.
+    delete_first_nat_rule(&ns, backend, "KUBE-SERVICES");
     let iptables = backend.program(IpFamily::V4, "");
-    ns.run(&[
-        &iptables,
-        "-w",
-        "120",
-        "-t",
-        "nat",
-        "-D",
-        "KUBE-SERVICES",
-        "1",
-    ])
-    .unwrap();
     ns.run(&[
         &iptables,
         "-w",

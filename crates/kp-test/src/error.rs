@@ -47,7 +47,7 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// The process is stopping and creates no more namespaces
-    /// ([`crate::netns::stop_creating`]). Not retryable.
+    /// ([`crate::netns::remove_own`]). Not retryable.
     #[error("no new network namespaces: this process is stopping")]
     Stopping,
     /// A local file (a process log) could not be created or read. Not retryable.

@@ -33,9 +33,9 @@ static SWEEP: Once = Once::new();
 static CREATING: Mutex<bool> = Mutex::new(true);
 
 /// Stops this process from creating namespaces: returns once no creation is in progress, and
-/// every [`Netns::new`] after it fails with [`Error::Stopping`]. For a process about to remove
-/// its namespaces and exit (on a signal), so that no new one appears behind its back.
-pub fn stop_creating() {
+/// every [`Netns::new`] after it fails with [`Error::Stopping`], so that no new one appears
+/// behind [`remove_own`]'s back.
+fn stop_creating() {
     *CREATING.lock().unwrap_or_else(PoisonError::into_inner) = false;
 }
 
@@ -410,17 +410,22 @@ pub fn list() -> Result<Vec<String>> {
         .collect())
 }
 
+/// The process that created namespace `name` (`kpt-<pid>-…`), if this crate named it.
+fn owner(name: &str) -> Option<u32> {
+    name.strip_prefix(PREFIX)?
+        .strip_prefix('-')?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Deletes namespaces this crate created in processes that no longer exist (a test killed by
 /// a signal cannot run its Drop guards). Namespaces of live processes are left alone.
 pub fn sweep_stale() {
     let me = std::process::id();
     for name in list().unwrap_or_default() {
-        let Some(pid) = name
-            .strip_prefix(PREFIX)
-            .and_then(|rest| rest.strip_prefix('-'))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
+        let Some(pid) = owner(&name) else {
             continue;
         };
         if pid != me && !Path::new(&format!("/proc/{pid}")).exists() {
@@ -429,6 +434,26 @@ pub fn sweep_stale() {
             }
         }
     }
+}
+
+/// For a process about to exit on a signal, whose Drop guards will not run: stops it creating
+/// namespaces (waiting for a creation in progress; every later [`Netns::new`] fails with
+/// [`Error::Stopping`]), then kills everything in each namespace it created and deletes them.
+/// Returns how many it deleted.
+pub fn remove_own() -> usize {
+    stop_creating();
+    let me = std::process::id();
+    let mut removed = 0;
+    for name in list().unwrap_or_default() {
+        if owner(&name) != Some(me) {
+            continue;
+        }
+        match delete(&name) {
+            Ok(()) => removed += 1,
+            Err(e) => eprintln!("kp-test: could not delete namespace {name}: {e}"),
+        }
+    }
+    removed
 }
 
 fn next_number() -> u64 {

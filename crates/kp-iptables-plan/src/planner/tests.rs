@@ -504,15 +504,19 @@ fn reference_text(writes: &[&ChainWrite], deleted: &[(Table, String)]) -> String
     out
 }
 
-/// The steps as they were cut before: fixed chains first, whole groups up to `max` chains,
-/// dispatch chains and deletions last.
-fn reference_steps(r: &Restore, max: usize) -> Vec<String> {
-    let writes: Vec<&ChainWrite> = r
-        .base_chains
+/// Every chain a materialized restore writes, in its order: fixed, Service, dispatch chains.
+fn all_writes<'r>(r: &'r Restore<'_>) -> Vec<&'r ChainWrite> {
+    r.base_chains
         .iter()
         .chain(r.service_chains.iter().flat_map(|g| g.chains.iter()))
         .chain(r.dispatch_chains.iter())
-        .collect();
+        .collect()
+}
+
+/// The steps as they were cut before: fixed chains first, whole groups up to `max` chains,
+/// dispatch chains and deletions last.
+fn reference_steps(r: &Restore, max: usize) -> Vec<String> {
+    let writes = all_writes(r);
     if writes.len() + r.deleted_chains.len() <= max.max(1) {
         return if r.is_empty() {
             Vec::new()
@@ -551,13 +555,10 @@ fn a_full_plan_streams_the_same_bytes_as_its_materialized_chains() {
     assert_eq!(lazy.rule_count(), held.rule_count());
     assert_eq!(lazy.chain_names(), held.chain_names());
     let text = lazy.text();
-    let writes: Vec<&ChainWrite> = held
-        .base_chains
-        .iter()
-        .chain(held.service_chains.iter().flat_map(|g| g.chains.iter()))
-        .chain(held.dispatch_chains.iter())
-        .collect();
-    assert_eq!(text, reference_text(&writes, &held.deleted_chains));
+    assert_eq!(
+        text,
+        reference_text(&all_writes(&held), &held.deleted_chains)
+    );
     assert_eq!(text, held.text());
     for max in [1, 3, 7, 50, 400, 100_000] {
         let steps = lazy.steps(max);

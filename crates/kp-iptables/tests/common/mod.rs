@@ -3,7 +3,9 @@
 use std::collections::BTreeSet;
 
 use kp_core::dataplane::Dataplane;
-use kp_iptables::IptablesDataplane;
+use kp_core::model::IpFamily;
+use kp_iptables::{Backend, IptablesDataplane};
+use kp_test::netns::Netns;
 
 /// Asserts that the kernel holds what the dataplane planned (`what` names the moment; a
 /// failure points at the caller).
@@ -36,4 +38,19 @@ pub fn chains_named(inputs: &[String]) -> BTreeSet<String> {
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_string)
         .collect()
+}
+
+/// Drift made by hand: deletes the first rule of nat `chain` in `ns` with `backend`'s tool.
+pub fn delete_first_nat_rule(ns: &Netns, backend: Backend, chain: &str) {
+    ns.run(&[
+        &backend.program(IpFamily::V4, ""),
+        "-w",
+        "120",
+        "-t",
+        "nat",
+        "-D",
+        chain,
+        "1",
+    ])
+    .expect("delete the rule");
 }
