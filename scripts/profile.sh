@@ -18,6 +18,9 @@
 #   nftables-datapath-vip-30k    perf of every CPU during bench's new-connection runs through the
 #                                ClusterIP, nftables mode, 30k Services x 10 installed
 #   nftables-datapath-direct-30k the same during the runs straight to the pod IP
+#   userspace-datapath-vip-30k   the same in userspace mode (the relays are bench's own
+#                                `kp-userspace` threads)
+#   userspace-datapath-direct-30k the same during userspace mode's runs straight to the pod IP
 #
 # perf samples the process and every child it starts (nft, iptables-restore), user and kernel
 # code, with the cpu-clock event (this VM has no hardware counters). Change profiles start with
@@ -49,7 +52,8 @@ ALL=(nftables-full-10k nftables-full-30k nftables-change-30k
     iptables-nft-full-10k iptables-legacy-full-10k
     iptables-nft-change-10k iptables-legacy-change-10k
     iptables-nft-memory-10k iptables-legacy-memory-10k
-    nftables-datapath-vip-30k nftables-datapath-direct-30k)
+    nftables-datapath-vip-30k nftables-datapath-direct-30k
+    userspace-datapath-vip-30k userspace-datapath-direct-30k)
 for arg in "$@"; do
     case $arg in
         --no-build) BUILD=0 ;;
@@ -293,14 +297,14 @@ perf_profile() {
     echo "    wrote bench/profiles/$name.txt"
 }
 
-# datapath_profile NAME TARGET: perf of every CPU during the connect runs of bench to TARGET
-# (vip or direct) at 30k Services, in a scratch root.
+# datapath_profile NAME TARGET [MODE]: perf of every CPU during the connect runs of bench to
+# TARGET (vip or direct) at 30k Services in MODE (default nftables), in a scratch root.
 datapath_profile() {
-    local name=$1 target=$2
+    local name=$1 target=$2 mode=${3:-nftables}
     local root=$WORK/$name-root
     mkdir -p "$root"
     perf_profile "$name" --datapath "$target" "$root/bench/results/latest.json" -- \
-        "$BENCH" --modes nftables --sizes 30000 --skip-proxy --repeats 1 --root "$root"
+        "$BENCH" --modes "$mode" --sizes 30000 --skip-proxy --repeats 1 --root "$root"
 }
 
 # heap_profile NAME ENV... -- COMMAND...: heaptrack of COMMAND, summarised.
@@ -355,6 +359,8 @@ for name in "${NAMES[@]}"; do
             heap_profile "$name" KP_MEASURE_VERIFY=1 -- "$IPT_MEASURE" 10000 10 legacy ;;
         nftables-datapath-vip-30k) datapath_profile "$name" vip ;;
         nftables-datapath-direct-30k) datapath_profile "$name" direct ;;
+        userspace-datapath-vip-30k) datapath_profile "$name" vip userspace ;;
+        userspace-datapath-direct-30k) datapath_profile "$name" direct userspace ;;
     esac
 done
 echo "==> done: bench/profiles/ (bench report redraws BENCHMARKS.md with them)"

@@ -14,31 +14,52 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 say() { printf '==> %s\n' "$*"; }
 
 need=()
-for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack iptables:iptables cc:build-essential; do
+for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack iptables:iptables cc:build-essential clang:clang; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
+# The eBPF programs (crates/kp-ebpf/bpf) include libbpf's bpf_helpers.h.
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 # The benchmark harness's plots (checked by its smoke test) use this font.
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
-if [ ${#need[@]} -gt 0 ]; then
+# IPVS is tested in a qemu guest (crates/kp-vm): Debian's kernel, whose modules include ip_vs
+# (this machine's kernel has no IPVS), a static busybox for the guest's init, modinfo/modprobe,
+# and ipvsadm to cross-check our listing. Installed with their recommends (qemu's ROMs), as
+# tried here.
+vm=()
+for pair in qemu-system-x86_64:qemu-system-x86 busybox:busybox-static modinfo:kmod ipvsadm:ipvsadm; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || vm+=("${pair#*:}")
+done
+ls /lib/modules/*/kernel/net/netfilter/ipvs/ip_vs.ko* >/dev/null 2>&1 || vm+=(linux-image-amd64)
+if [ ${#need[@]} -gt 0 ] || [ ${#vm[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then
-        say "installing ${need[*]}"
+        say "installing ${need[*]} ${vm[*]}"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+        if [ ${#need[@]} -gt 0 ]; then
+            apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+        fi
+        if [ ${#vm[@]} -gt 0 ]; then
+            apt-get install -y -qq "${vm[@]}" >/dev/null
+        fi
     else
-        say "missing ${need[*]} and not root: kernel tests will be skipped"
+        say "missing ${need[*]} ${vm[*]} and not root: kernel tests will be skipped"
     fi
 fi
 
-say "checking that the pure core and planners use no tokio, kube or process spawning"
-for crate in kp-core kp-nftables-plan kp-iptables-plan kp-flows; do
-    if cargo tree -q -p "$crate" -e normal --prefix none | grep -E '^(tokio|kube|kube-client|hyper|axum) ' >/dev/null; then
-        echo "error: $crate depends on an I/O crate:" >&2
-        cargo tree -q -p "$crate" -e normal --prefix none | grep -E '^(tokio|kube|kube-client|hyper|axum) ' >&2
+say "checking that the pure core and planners do no I/O (no tokio, kube, processes, sockets or files)"
+for crate in kp-core kp-nftables-plan kp-iptables-plan kp-userspace-plan kp-ipvs-plan kp-ebpf-plan kp-flows; do
+    deps=$(cargo tree -q -p "$crate" -e normal --prefix none)
+    if grep -E '^(tokio|kube|kube-client|hyper|axum|nix|netlink-sys|socket2|mio) ' <<<"$deps" >&2; then
+        echo "error: $crate depends on the I/O crates above" >&2
         exit 1
     fi
-    if grep -rn 'std::process' "crates/$crate/src" >/dev/null; then
-        echo "error: $crate uses std::process" >&2
+    # kp-netlink's framing is pure; its socket layer is a feature the pure crates must not pull.
+    if cargo tree -q -p "$crate" -e normal,features --prefix none | grep -F 'kp-netlink feature "socket"' >&2; then
+        echo "error: $crate pulls kp-netlink's socket layer" >&2
+        exit 1
+    fi
+    if grep -rnE 'std::process|std::fs|std::os::|std::net::(TcpStream|TcpListener|UdpSocket)|std::env::(var|set_var|current_dir)|File::(open|create)' "crates/$crate/src" >&2; then
+        echo "error: $crate does I/O (processes, files, sockets or the environment) at the lines above" >&2
         exit 1
     fi
 done
@@ -52,6 +73,8 @@ cargo build --workspace --all-targets --locked
 if [ "$(id -u)" -eq 0 ]; then
     say "running every test, including the ones that need root (network namespaces)"
     cargo test --workspace --locked -- --include-ignored
+    say "the reliability suite, short form (its table ends the output)"
+    bash scripts/reliability.sh --short
 else
     banner=$(printf '!%.0s' $(seq 72))
     printf '%s\nNOT ROOT: kernel tests (network namespaces) are SKIPPED.\nRun as root for the full suite.\n%s\n' "$banner" "$banner" >&2

@@ -1,45 +1,23 @@
 //! `kube-proxy`: the kube-proxy-rs node agent.
 //!
 //! Thin on purpose: it reads the configuration (exit code 64 when it is bad), sets up logging,
-//! and hands over to [`proxy::run`], which wires the sources, the dataplane and the HTTP servers
-//! together. Mirrors upstream `cmd/kube-proxy/app/server.go`.
+//! and hands over to [`kp_proxy::run`], which removes other modes' leftovers and wires the
+//! sources, the dataplane and the HTTP servers together. Mirrors upstream
+//! `cmd/kube-proxy/app/server.go`.
 
-mod config;
-mod proxy;
+mod logging;
 
 use std::process::ExitCode;
 
-use tracing_subscriber::EnvFilter;
-
-fn init_logging(verbosity: u8) {
-    // -v maps onto levels the way klog's verbosity is used upstream: 0-1 info, 2-3 debug, 4+
-    // trace. RUST_LOG, when set, wins (handy for one module at a time).
-    let level = match verbosity {
-        0..=1 => "info",
-        2..=3 => "debug",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!(
-            "{level},kube_client=warn,kube_runtime=info,hyper=warn,tower=warn,rustls=warn"
-        ))
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 fn main() -> ExitCode {
-    let loaded = match config::load(std::env::args_os()) {
+    let loaded = match kp_proxy::config::load(std::env::args_os()) {
         Ok(l) => l,
         Err(e) => {
             e.print();
             return ExitCode::from(e.exit_code() as u8);
         }
     };
-    init_logging(loaded.config.verbosity);
+    logging::init(loaded.config.verbosity);
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
@@ -54,15 +32,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(proxy::run(loaded)) {
+    match runtime.block_on(kp_proxy::run(loaded)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(proxy::Fatal::Config(msg)) => {
+        Err(kp_proxy::Fatal::Config(msg)) => {
             tracing::error!("{msg}");
             eprintln!("kube-proxy: {msg}");
             ExitCode::from(64)
         }
-        Err(proxy::Fatal::Runtime(e)) => {
-            tracing::error!("{e:#}");
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("kube-proxy: {e}");
             ExitCode::FAILURE
         }
     }

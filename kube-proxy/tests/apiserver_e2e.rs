@@ -23,10 +23,11 @@ use common::{assert_flows, eventually, http_get, metric_sum, web_backends, HEALT
 const SOURCE_ERRORS: &str = "kubeproxy_rs_source_errors_total{source=\"kubernetes\"";
 
 /// The collections kube-proxy watches.
-const PATHS: [&str; 3] = [
+const PATHS: [&str; 4] = [
     "/api/v1/services",
     "/apis/discovery.k8s.io/v1/endpointslices",
     "/api/v1/nodes",
+    "/apis/networking.k8s.io/v1/servicecidrs",
 ];
 
 /// How long the API server stays away.
@@ -101,9 +102,14 @@ fn cluster() -> Cluster {
     let first_sync = spawned.elapsed();
     server
         .wait_until("a watch of every kind", Duration::from_secs(5), |s| {
-            [Kind::Service, Kind::EndpointSlice, Kind::Node]
-                .into_iter()
-                .all(|k| s.open_watches(k) == 1)
+            [
+                Kind::Service,
+                Kind::EndpointSlice,
+                Kind::Node,
+                Kind::ServiceCidr,
+            ]
+            .into_iter()
+            .all(|k| s.open_watches(k) == 1)
         })
         .expect("kube-proxy watches");
     // The first sync may come before the Node has listed (see
@@ -228,9 +234,14 @@ fn the_binary_follows_the_api_server_and_keeps_its_rules_through_an_outage() {
             "a watch of every kind again",
             Duration::from_secs(10),
             |s| {
-                [Kind::Service, Kind::EndpointSlice, Kind::Node]
-                    .into_iter()
-                    .all(|k| s.open_watches(k) == 1)
+                [
+                    Kind::Service,
+                    Kind::EndpointSlice,
+                    Kind::Node,
+                    Kind::ServiceCidr,
+                ]
+                .into_iter()
+                .all(|k| s.open_watches(k) == 1)
             },
         )
         .expect("kube-proxy watches again");

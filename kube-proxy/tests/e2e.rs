@@ -109,7 +109,7 @@ fn the_binary_serves_the_flow_table_from_manifests_and_follows_live_edits() {
 
     // Stopping leaves the rules in place, as upstream.
     proxy.terminate(Duration::from_secs(5)).unwrap();
-    assert_eq!(web_backends(&lab, 12), ["pod-1", "pod-2"]);
+    assert_eq!(web_backends(&lab, 24), ["pod-1", "pod-2"]);
 
     // `--cleanup` removes both tables and nothing else.
     lab.node()
@@ -158,7 +158,18 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
         "spec": {"clusterIP": "10.96.0.82", "ports": [{"name": "a\nb", "port": 80}]},
     });
     write_atomically(&dir.0.join("hostile.json"), &hostile.to_string());
-    // 4. A valid Service turned invalid: its last good version stays.
+    // 4. A ClusterIP the API server would refuse (its unknown-port reject would refuse TCP to
+    // the node's loopback, /metrics included), and a name that would forge a log line.
+    let special = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "loopback", "namespace": "default"},
+         "spec": {"clusterIP": "127.0.0.1", "ports": [{"port": 80}]}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "x\nERROR forged log line", "namespace": "default"},
+         "spec": {"clusterIP": "10.96.0.83", "ports": [{"port": 80}]}},
+    ]});
+    write_atomically(&dir.0.join("special.json"), &special.to_string());
+    // 5. A valid Service turned invalid: its last good version stays.
     let mut list: serde_json::Value = serde_json::from_str(&kp_flows::manifest_list()).unwrap();
     for item in list["items"].as_array_mut().unwrap() {
         if item["kind"] == "Service" && item["metadata"]["name"] == "web" {
@@ -174,7 +185,7 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
             metric_sum(
                 lab.node(),
                 "kubeproxy_rs_invalid_objects_total{kind=\"Service\"}",
-            ) >= 4.0
+            ) >= 6.0
                 && metric_sum(
                     lab.node(),
                     "kubeproxy_rs_source_errors_total{source=\"manifests\",reason=\"parse\"}",
@@ -196,13 +207,27 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
         "the hostile name must be reported (escaped):\n{log}"
     );
     assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        log.contains("127.0.0.1") && log.contains("loopback range"),
+        "the loopback ClusterIP must be named with its reason:\n{log}"
+    );
+    assert!(
+        log.contains("x\\nERROR forged log line") && !log.lines().any(|l| l.starts_with("ERROR")),
+        "the hostile name must be escaped, never forge a line:\n{log}"
+    );
 
     // Nothing bad reached the kernel, and every working Service still works.
     let table = lab
         .node()
         .run(&["nft", "list", "table", "ip", "kube-proxy"])
         .unwrap();
-    for bad in ["10.96.0.81", "10.96.0.82", "flush"] {
+    for bad in [
+        "10.96.0.81",
+        "10.96.0.82",
+        "10.96.0.83",
+        "127.0.0.1",
+        "flush",
+    ] {
         assert!(!table.contains(bad), "{bad} reached the table");
     }
     assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);

@@ -101,6 +101,17 @@ pub enum Command {
         #[arg(long)]
         root: Option<PathBuf>,
     },
+    /// A churn soak of the kube-proxy binary through its API source: N Services × E endpoints
+    /// in a fake API server, then R endpoint changes per second for D seconds. Reports the
+    /// proxy's VmRSS and VmHWM over time, programming latency of a sample of the changes, and
+    /// whether the kernel equals the plan at quiescence. Prints progress on standard error,
+    /// writes `bench/results/churn-TIME.json`, `churn-latest.json` and a plot, and ends with one
+    /// line on standard output: `churn: mode=… services=… seconds=… target_rate=…
+    /// achieved_rate=… changes=… latency_p50_ms=… latency_p99_ms=… vmhwm_start_mib=…
+    /// vmhwm_end_mib=… rss_slope_mib_per_min=… kernel_equals_plan=true|false`. Exits 1 if
+    /// the proxy died, the kernel differs from the plan, or the harness failed; timing never
+    /// fails it.
+    Churn(ChurnArgs),
     /// The data-path server (runs inside a pod namespace).
     #[command(hide = true)]
     DatapathServer {
@@ -114,6 +125,85 @@ pub enum Command {
     /// The data-path client (runs inside a pod namespace); prints JSON.
     #[command(hide = true, subcommand)]
     DatapathClient(ClientCommand),
+}
+
+/// Settings of a churn soak.
+#[derive(Debug, clap::Args)]
+pub struct ChurnArgs {
+    /// The proxy mode: nftables, iptables-nft or iptables-legacy.
+    #[arg(long, visible_alias = "proxy-mode", default_value = "nftables")]
+    pub mode: String,
+    /// Services N.
+    #[arg(long, default_value_t = 10_000)]
+    pub services: usize,
+    /// Endpoints per Service E.
+    #[arg(long, default_value_t = 10)]
+    pub endpoints: usize,
+    /// Endpoint changes per second R (EndpointSlice updates, one endpoint replaced each).
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    /// Seconds of churn D.
+    #[arg(long, default_value_t = 300)]
+    pub seconds: u64,
+    /// Changes timed per second from the API change to the kernel [default: 10 with
+    /// nftables, 2 with the iptables modes, whose kernel reads are processes].
+    #[arg(long)]
+    pub probes_per_second: Option<f64>,
+    /// The kube-proxy binary [default: kube-proxy next to this binary].
+    #[arg(long)]
+    pub proxy_binary: Option<PathBuf>,
+    /// Where bench/results/ is written [default: the repository this was built from].
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+    /// The plot [default: ROOT/bench/churn.png].
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+impl ChurnArgs {
+    /// The options these arguments ask for. `bench` is this binary; `args` the full command
+    /// line (recorded in the results).
+    pub fn options(
+        &self,
+        bench: PathBuf,
+        args: &[String],
+    ) -> anyhow::Result<crate::churn::ChurnOptions> {
+        let root = self.root.clone().unwrap_or_else(default_root);
+        crate::modes::by_names(std::slice::from_ref(&self.mode))?;
+        if self.services == 0 {
+            anyhow::bail!("--services must be above 0");
+        }
+        if self.endpoints == 0 || self.endpoints > 1000 {
+            anyhow::bail!("--endpoints must be between 1 and 1000");
+        }
+        if self.rate == 0 || self.seconds == 0 {
+            anyhow::bail!("--rate and --seconds must be above 0");
+        }
+        if self
+            .probes_per_second
+            .is_some_and(|p| !(p > 0.0 && p.is_finite()))
+        {
+            anyhow::bail!("--probes-per-second must be above 0");
+        }
+        let proxy_binary = self.proxy_binary.clone().unwrap_or_else(|| {
+            bench
+                .parent()
+                .map(|d| d.join("kube-proxy"))
+                .unwrap_or_else(|| PathBuf::from("kube-proxy"))
+        });
+        Ok(crate::churn::ChurnOptions {
+            mode: self.mode.clone(),
+            services: self.services,
+            endpoints: self.endpoints,
+            rate: self.rate,
+            seconds: self.seconds,
+            probes_per_second: self.probes_per_second,
+            proxy_binary,
+            plot: self.plot.clone(),
+            command: command_line(args, &root),
+            root,
+        })
+    }
 }
 
 /// Data-path client measurements.

@@ -44,6 +44,10 @@ const WARMUP: Duration = Duration::from_millis(300);
 const CHUNK: usize = 256 * 1024;
 /// Quiet time after emptying the conntrack table, while the kernel frees what it held.
 const SETTLE: Duration = Duration::from_secs(1);
+/// Bytes each new connection sends and has echoed before it counts: its latency is to the first
+/// answer from the pod (a proxy that relays, as userspace mode does, completes the client's
+/// handshake itself, so the handshake alone would time the proxy, not the path to the pod).
+const HELLO: usize = 64;
 /// Accepted connect-port connections the server keeps before dropping the oldest.
 const HELD: usize = 4096;
 
@@ -56,8 +60,8 @@ fn listener(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     Ok(s.into())
 }
 
-/// Serves until killed: `connect` accepts every connection (and drops it, with a reset, a few
-/// thousand connections later), `bulk` reads each connection to its end, then closes it
+/// Serves until killed: `connect` accepts every connection, echoes its first [`HELLO`] bytes
+/// (and drops it, with a reset, a few thousand connections later), `bulk` reads each connection to its end, then closes it
 /// normally.
 pub fn serve(connect: SocketAddr, bulk: SocketAddr) -> anyhow::Result<()> {
     let c = listener(connect)?;
@@ -86,8 +90,15 @@ pub fn serve(connect: SocketAddr, bulk: SocketAddr) -> anyhow::Result<()> {
             let mut held = std::collections::VecDeque::with_capacity(HELD);
             for s in c.incoming() {
                 match s {
-                    Ok(s) => {
+                    Ok(mut s) => {
                         let _ = SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                        // Answer the client's first bytes, so that its latency is to the first
+                        // answer from the pod itself (through a relaying proxy too).
+                        let _ = s.set_read_timeout(Some(CONNECT_TIMEOUT));
+                        let mut hello = [0u8; HELLO];
+                        if s.read_exact(&mut hello).is_ok() {
+                            let _ = s.write_all(&hello);
+                        }
                         if held.len() == HELD {
                             held.pop_front();
                         }
@@ -282,8 +293,9 @@ pub struct ConnectSamples {
     pub error_kinds: std::collections::BTreeMap<String, usize>,
 }
 
-/// Opens and resets connections to `target` from `threads` threads for `seconds` (after a short
-/// warm-up); records each connect's latency (SYN to established). With `perf`, turns perf's
+/// Opens connections to `target` from `threads` threads for `seconds` (after a short warm-up),
+/// has [`HELLO`] bytes echoed on each, and resets it; records each one's latency (SYN to the
+/// echo's arrival). With `perf`, turns perf's
 /// sampling on when the measured seconds start and off when they end; fails only when it cannot.
 pub fn connect_run(
     target: SocketAddr,
@@ -306,7 +318,8 @@ pub fn connect_run(
                         if t >= end {
                             break;
                         }
-                        let r = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT);
+                        let r = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT)
+                            .and_then(|s| first_answer(s));
                         let took = t.elapsed();
                         let measured = t >= start;
                         match r {
@@ -344,6 +357,21 @@ pub fn connect_run(
         }
     }
     Ok(out)
+}
+
+/// Sends [`HELLO`] bytes on a new connection and reads the server's echo of them: the first
+/// answer from the pod. Returns the connection for its reset.
+pub(crate) fn first_answer(mut s: TcpStream) -> std::io::Result<TcpStream> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    let hello = [0x5au8; HELLO];
+    s.write_all(&hello)?;
+    let mut echo = [0u8; HELLO];
+    s.read_exact(&mut echo)?;
+    if echo != hello {
+        return Err(std::io::Error::other("the echo differs from what was sent"));
+    }
+    Ok(s)
 }
 
 /// Sends `bytes` to `target`, half-closes, and waits for the server to close: Gbit/s.

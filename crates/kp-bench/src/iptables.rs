@@ -14,6 +14,7 @@ use kp_iptables::{
 };
 use kp_iptables_plan::{names, PlanConfig, Planner, Restore};
 use kp_metrics::Metrics;
+use kp_proxy::config::ProxyMode;
 
 use crate::cluster::CLUSTER_CIDR;
 use crate::mode::{KernelInput, ModeUnderTest, Probe, ProbeTarget, Rendered, SyncTarget};
@@ -34,6 +35,21 @@ impl Iptables {
             backend: self.backend,
             step_chains: DEFAULT_STEP_CHAINS,
             ..IptablesConfig::default()
+        }
+    }
+
+    /// The binary's own settings as the bench starts it in iptables mode: [`Iptables::config`]
+    /// but without localhost NodePorts, which the binary turns off by default (CVE-2020-8558).
+    /// The kernel check plans with these.
+    ///
+    /// Written out rather than taken from the registry's [`kp_proxy::modes::iptables_config`]:
+    /// that one also detects the backend by listing the tables of a namespace, and the
+    /// render-only path has no namespace (and the bench sets the backend itself). A test holds
+    /// the two equal but for the backend.
+    fn binary_config(self) -> IptablesConfig {
+        IptablesConfig {
+            localhost_node_ports: false,
+            ..self.config()
         }
     }
 }
@@ -118,6 +134,10 @@ impl ModeUnderTest for Iptables {
         }
     }
 
+    fn mode(&self) -> ProxyMode {
+        ProxyMode::Iptables
+    }
+
     fn unavailable(&self) -> Option<String> {
         let program = self.backend.program(IpFamily::V4, "-restore");
         match std::process::Command::new(&program)
@@ -133,7 +153,7 @@ impl ModeUnderTest for Iptables {
 
     fn render_full(&self, state: &ProxyState) -> (Rendered, Vec<KernelInput>) {
         let cfg = self.config();
-        let node = NodeContext::resolve(&cfg.detect_local, &cfg.node_ports, state.node());
+        let node = NodeContext::resolve(&cfg.detect_local, &cfg.node_ports, state);
         let localhost = cfg.localhost_node_ports_effective();
         let start = Instant::now();
         let mut operations_total = 0;
@@ -185,15 +205,27 @@ impl ModeUnderTest for Iptables {
         ))
     }
 
+    fn checker(&self, netns: &str, sink: &std::path::Path) -> Box<dyn SyncTarget> {
+        // Restores go to the sink. What the dataplane's full sync still does to the kernel is
+        // idempotent and already done by the binary: the mangle canary chain if missing (and
+        // `route_localnet=1`, which the binary's settings never ask for). Whole tables are
+        // compared, not a sample (iptables-nft-save takes minutes at 10k × 10; the check is the
+        // point).
+        Box::new(IptablesDataplane::new(
+            IptablesConfig {
+                full_readback_limit: u64::MAX,
+                ..self.binary_config()
+            },
+            IptablesCommand::in_netns(netns).with_restore_program(sink),
+            Arc::new(Metrics::new()),
+        ))
+    }
+
     fn probe(&self, netns: &str) -> anyhow::Result<Box<dyn Probe>> {
         Ok(Box::new(IptProbe {
             netns: netns.into(),
             backend: self.backend,
         }))
-    }
-
-    fn proxy_args(&self) -> Vec<String> {
-        vec!["--proxy-mode=iptables".into()]
     }
 
     fn proxy_setup(&self) -> Vec<Vec<String>> {
@@ -208,5 +240,34 @@ impl ModeUnderTest for Iptables {
             "-N".into(),
             kp_iptables::HINT_CHAINS[0].into(),
         ]]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bench's iptables settings are the binary's: what the registry computes from the
+    /// configuration the binary resolves from the bench's flags, the detected backend aside.
+    #[test]
+    fn the_binary_settings_are_the_registrys_from_the_same_flags() {
+        for backend in [Backend::Nft, Backend::Legacy] {
+            let mode = Iptables { backend };
+            let config = crate::proxy::binary_config(&mode).unwrap();
+            // A namespace that does not exist: detection finds no evidence there, and the
+            // backend is replaced with the bench's anyway.
+            let registry =
+                kp_proxy::modes::iptables_config(&config, Some("kp-bench-no-such-netns")).unwrap();
+            let registry = IptablesConfig {
+                backend,
+                ..registry
+            };
+            assert_eq!(
+                format!("{:?}", mode.binary_config()),
+                format!("{registry:?}"),
+                "{}",
+                mode.name()
+            );
+        }
     }
 }

@@ -6,16 +6,24 @@
 //! a ClusterIP against straight to the pod). It writes JSON results, PNG plots and
 //! `BENCHMARKS.md`.
 //!
+//! `bench churn` ([`churn`]) is a churn soak of the binary: endpoint changes at a steady rate
+//! through the API source, with memory over time, programming latency, and the kernel compared
+//! with the plan at quiescence.
+//!
 //! It is a measurement harness, not a test: nothing here asserts a timing. It is a binary crate
 //! with a library for its own tests, so errors are `anyhow` throughout.
 //!
-//! What it leaves to others: the modes themselves (`kp-nftables`, ...), the namespaces and the
-//! fake API server (`kp-test`). A mode joins by implementing [`mode::ModeUnderTest`] and adding
-//! itself to [`modes::all`].
+//! What it leaves to others: the modes themselves (`kp-nftables`, ...), which modes exist and
+//! how the binary configures each (the mode registry and configuration of `kp-proxy`), the
+//! namespaces and the fake API server (`kp-test`). The harness measures every mode of
+//! [`kp_proxy::modes::MODES`]: a mode joins by implementing [`mode::ModeUnderTest`] and
+//! returning its adapters from [`modes::adapters`]; a registry mode without one fails this
+//! crate's tests.
 //!
 //! Everything runs inside network namespaces it creates and deletes (`kp_test::Netns`); it
 //! needs root.
 
+pub mod churn;
 pub mod cli;
 pub mod cluster;
 pub mod datapath;
@@ -32,3 +40,4 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod stats;
+pub mod userspace;

@@ -35,6 +35,22 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Churn(args)) => {
+            if let Err(e) = kp_bench::interrupt::watch() {
+                eprintln!("bench: cannot handle SIGINT/SIGTERM ({e:#}); an interrupted run leaves its namespaces behind");
+            }
+            let argv: Vec<String> = std::env::args().collect();
+            let opts = std::env::current_exe()
+                .map_err(anyhow::Error::from)
+                .and_then(|exe| args.options(exe, &argv));
+            match opts {
+                Ok(opts) => churn(&opts),
+                Err(e) => {
+                    eprintln!("bench: {e:#}");
+                    return ExitCode::from(64);
+                }
+            }
+        }
         Some(command) => subcommand(command),
     };
     match result {
@@ -43,6 +59,17 @@ fn main() -> ExitCode {
             eprintln!("bench: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs a churn soak and prints its result line, the one line on standard output; fails (exit
+/// 1) when the soak says it failed.
+fn churn(opts: &kp_bench::churn::ChurnOptions) -> anyhow::Result<()> {
+    let r = kp_bench::churn::run(opts)?;
+    println!("{}", r.line);
+    match r.failure() {
+        Some(why) => Err(anyhow::anyhow!(why)),
+        None => Ok(()),
     }
 }
 
@@ -65,6 +92,8 @@ fn subcommand(command: Command) -> anyhow::Result<()> {
                 eprintln!("wrote {}", f.display());
             }
         }
+        // `main` runs it (it exits 64 on bad settings); never reached.
+        Command::Churn(_) => anyhow::bail!("bench churn is run from main"),
         Command::DatapathServer { connect, bulk } => kp_bench::datapath::serve(connect, bulk)?,
         Command::DatapathClient(ClientCommand::Connect {
             target,

@@ -1,11 +1,13 @@
-//! What the harness needs from a dataplane mode. A mode joins the benchmark by implementing
-//! [`ModeUnderTest`] once and adding itself to [`crate::modes::all`].
+//! What the harness needs from a dataplane mode. A mode of the proxy's registry
+//! ([`kp_proxy::modes::MODES`]) joins the benchmark by implementing [`ModeUnderTest`] and
+//! returning its adapters from [`crate::modes::adapters`].
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use kp_core::dataplane::{Dataplane, SyncReport};
 use kp_core::track::{Changes, ProxyState};
+use kp_proxy::config::ProxyMode;
 
 /// A mode's dataplane, driven in-process by the harness (as the binary's sync loop drives it).
 pub trait SyncTarget {
@@ -104,8 +106,12 @@ pub trait Probe: Send {
 
 /// A dataplane mode under benchmark.
 pub trait ModeUnderTest {
-    /// The name in results and plots (`nftables`, `iptables-nft`, `iptables-legacy`).
+    /// The name in results and plots (`nftables`, `iptables-nft`, `iptables-legacy`): the
+    /// registry mode's name, then the variant if the mode has several.
     fn name(&self) -> &'static str;
+
+    /// The registry mode this adapter measures ([`kp_proxy::modes::MODES`]).
+    fn mode(&self) -> ProxyMode;
 
     /// Why this mode cannot run here (a missing tool), if it cannot.
     fn unavailable(&self) -> Option<String>;
@@ -119,11 +125,36 @@ pub trait ModeUnderTest {
     /// A dataplane that programs network namespace `netns` and has programmed nothing yet.
     fn dataplane(&self, netns: &str) -> Box<dyn SyncTarget>;
 
+    /// A dataplane that plans exactly as [`ModeUnderTest::dataplane`] (and the binary) does but
+    /// writes nothing: every program it would run to load rules is `sink` (which reads its
+    /// input and exits 0). Its [`SyncTarget::verify`] still reads the kernel of `netns`, so after
+    /// a full sync of a state it compares what someone else (the binary) programmed there with
+    /// the plan of that state, with the mode's own read-back check. The iptables checker reads
+    /// whole tables whatever their size.
+    fn checker(&self, netns: &str, sink: &std::path::Path) -> Box<dyn SyncTarget>;
+
     /// A probe that reads the kernel of `netns`.
     fn probe(&self, netns: &str) -> anyhow::Result<Box<dyn Probe>>;
 
-    /// The `kube-proxy` flags that select this mode.
-    fn proxy_args(&self) -> Vec<String>;
+    /// The `kube-proxy` flags that select this mode: `--proxy-mode` with the registry mode's
+    /// name.
+    fn proxy_args(&self) -> Vec<String> {
+        vec![format!("--proxy-mode={}", self.mode().as_str())]
+    }
+
+    /// Whether [`ModeUnderTest::probe`] sees an endpoint change in the kernel. A mode that keeps
+    /// endpoints in the proxy process (userspace) says no: its binary runs measure start-up and
+    /// memory, not programming latency.
+    fn probe_sees_endpoints(&self) -> bool {
+        true
+    }
+
+    /// Whether [`ModeUnderTest::dataplane`] relays connections in this process (userspace), so
+    /// that this process's memory with connections held open is the proxy's per-connection
+    /// cost.
+    fn relays_in_process(&self) -> bool {
+        false
+    }
 
     /// Commands to run in the proxy's namespace before it starts, so that it picks this mode's
     /// variant (the iptables backend, which kube-proxy detects from what the node holds).

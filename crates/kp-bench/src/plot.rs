@@ -24,6 +24,8 @@ const FONT_PATHS: &[&str] = &[
 pub const SYNC_TIME: &str = "bench/sync_time.png";
 /// The connect-latency plot.
 pub const CONNECT_LATENCY: &str = "bench/connect_latency.png";
+/// The churn soak's plot (`bench churn`).
+pub const CHURN: &str = "bench/churn.png";
 
 const FAMILY: &str = "sans-serif";
 
@@ -334,6 +336,194 @@ pub fn connect_latency(results: &Results, path: &Path) -> Result<(), String> {
         });
     }
     draw(path, &panels)
+}
+
+/// The churn soak's plot: the proxy's VmRSS and VmHWM every second (left), and each timed
+/// change's programming latency against when it was made, on a log scale (right); the end of
+/// the churn is a dashed vertical line in both.
+pub fn churn(r: &crate::churn::ChurnResults, path: &Path) -> Result<(), String> {
+    font()?;
+    let err = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
+    }
+    let s = &r.settings;
+    let end = s.seconds as f64;
+    let samples = &r.memory.samples;
+    let t_max = samples
+        .iter()
+        .map(|m| m.t_s)
+        .chain(r.latency_samples.iter().map(|l| l.at_s))
+        .fold(end, f64::max)
+        * 1.02;
+    let root = BitMapBackend::new(path, (1280, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let (title, body) = root.split_vertically(40);
+    title
+        .titled(
+            &format!(
+                "{}: {} Services × {}, {} endpoint changes/s for {} s (achieved {:.1}/s), API source",
+                s.mode, s.services, s.endpoints, s.target_rate, s.seconds, r.pace.achieved_rate
+            ),
+            (FAMILY, 20),
+        )
+        .map_err(|e| err(&e))?;
+    let areas = body.split_evenly((1, 2));
+
+    let y_max = samples
+        .iter()
+        .map(|m| m.hwm_mib.max(m.rss_mib))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(&areas[0])
+        .caption("kube-proxy memory", (FAMILY, 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..t_max, 0.0..y_max)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the churn started")
+        .y_desc("MiB")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FAMILY, 13))
+        .axis_desc_style((FAMILY, 15))
+        .draw()
+        .map_err(|e| err(&e))?;
+    // VmRSS solid, then VmHWM dashed over it: where the peak is the current size, both show.
+    let rss = ShapeStyle::from(&PALETTE[0]).stroke_width(2);
+    chart
+        .draw_series(LineSeries::new(
+            samples.iter().map(|m| (m.t_s, m.rss_mib)),
+            rss,
+        ))
+        .map_err(|e| err(&e))?
+        .label("VmRSS")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], rss));
+    let hwm = ShapeStyle::from(&PALETTE[1]).stroke_width(2);
+    chart
+        .draw_series(DashedLineSeries::new(
+            samples.iter().map(|m| (m.t_s, m.hwm_mib)),
+            8,
+            5,
+            hwm,
+        ))
+        .map_err(|e| err(&e))?
+        .label("VmHWM (peak)")
+        .legend(move |(x, y)| {
+            EmptyElement::at((x, y))
+                + PathElement::new(vec![(0, 0), (7, 0)], hwm)
+                + PathElement::new(vec![(11, 0), (18, 0)], hwm)
+        });
+    let grey = ShapeStyle::from(&GREY).stroke_width(1);
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(end, 0.0), (end, y_max)],
+            6,
+            4,
+            grey,
+        ))
+        .map_err(|e| err(&e))?
+        .label("end of the churn")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], grey));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FAMILY, 13))
+        .draw()
+        .map_err(|e| err(&e))?;
+
+    let (y0, y1) = span(r.latency_samples.iter().map(|l| l.ms), 2.0);
+    // Lower bounds below the first-seen range are left out rather than squeezing the axis.
+    let mut chart = ChartBuilder::on(&areas[1])
+        .caption(
+            format!(
+                "Programming latency of {} timed changes (p50 {:.1} ms, p99 {:.1} ms)",
+                r.latency_ms.n, r.latency_ms.p50, r.latency_ms.p99
+            ),
+            (FAMILY, 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(
+            0.0..t_max,
+            (y0..y1).log_scale().with_key_points(one_two_five(y0, y1)),
+        )
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the churn started (when the change was made)")
+        .y_desc("milliseconds")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format_number(*v))
+        .label_style((FAMILY, 13))
+        .axis_desc_style((FAMILY, 15))
+        .draw()
+        .map_err(|e| err(&e))?;
+    // Lower bounds first, so the first-seen points stay on top.
+    chart
+        .draw_series(
+            r.latency_samples
+                .iter()
+                .filter(|l| l.absent_ms >= y0)
+                .map(|l| {
+                    Circle::new(
+                        (l.at_s, l.absent_ms),
+                        2,
+                        ShapeStyle::from(&LIGHT_GREY).filled(),
+                    )
+                }),
+        )
+        .map_err(|e| err(&e))?
+        .label("last seen absent (lower bound)")
+        .legend(|(x, y)| Circle::new((x + 9, y), 3, ShapeStyle::from(&LIGHT_GREY).filled()));
+    chart
+        .draw_series(
+            r.latency_samples
+                .iter()
+                .filter(|l| l.ms > 0.0)
+                .map(|l| Circle::new((l.at_s, l.ms), 2, ShapeStyle::from(&PALETTE[0]).filled())),
+        )
+        .map_err(|e| err(&e))?
+        .label("first seen in the kernel")
+        .legend(|(x, y)| Circle::new((x + 9, y), 3, ShapeStyle::from(&PALETTE[0]).filled()));
+    let p99 = r.latency_ms.p99;
+    if p99 > 0.0 {
+        let style = ShapeStyle::from(&PALETTE[1]).stroke_width(1);
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, p99), (t_max, p99)],
+                6,
+                4,
+                style,
+            ))
+            .map_err(|e| err(&e))?
+            .label("p99")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+    }
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(end, y0), (end, y1)],
+            6,
+            4,
+            grey,
+        ))
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FAMILY, 13))
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -189,7 +189,19 @@ fn spawn(
     mode: &dyn ModeUnderTest,
     feed: &Feed,
 ) -> anyhow::Result<ChildGuard> {
-    let binary = setup.binary.display().to_string();
+    spawn_binary(ns, setup.binary, mode, &feed.source_args())
+}
+
+/// Starts `binary` in `ns` in `mode`, as every run of the binary starts it: this node's name and
+/// cluster CIDR, no minimum sync period, health and metrics on loopback (127.0.0.1:10256 and
+/// :10249 inside `ns`), and `source_args` (`--master URL` or `--manifests DIR`).
+pub(crate) fn spawn_binary(
+    ns: &Netns,
+    binary: &Path,
+    mode: &dyn ModeUnderTest,
+    source_args: &[String],
+) -> anyhow::Result<ChildGuard> {
+    let binary = binary.display().to_string();
     let mut args: Vec<String> = vec![
         // Nothing but the flags finds a cluster: no kubeconfig, no in-cluster environment.
         "env".into(),
@@ -202,21 +214,55 @@ fn spawn(
         "HOME=/nonexistent".into(),
         binary,
     ];
-    args.extend(mode.proxy_args());
+    args.extend(binary_flags(mode));
+    args.extend(source_args.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Ok(ns.spawn(&args)?)
+}
+
+/// The flags every run of the binary gets in `mode`, before its source's: the mode's own
+/// ([`ModeUnderTest::proxy_args`]), this node's name and cluster CIDR, no minimum sync period,
+/// health and metrics on loopback.
+pub fn binary_flags(mode: &dyn ModeUnderTest) -> Vec<String> {
+    let mut args = mode.proxy_args();
     args.extend([
         format!("--hostname-override={NODE_NAME}"),
         format!("--cluster-cidr={CLUSTER_CIDR}"),
         // Every change syncs at once: the latency measured is the proxy's, not a rate limit's.
         "--iptables-min-sync-period=0".into(),
         "--healthz-bind-address=127.0.0.1:10256".into(),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
+        format!("--metrics-bind-address={METRICS_ADDR}"),
     ]);
-    args.extend(feed.source_args());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Ok(ns.spawn(&args)?)
+    args
 }
 
-fn target(cluster: &Cluster, service: usize, endpoint: std::net::Ipv4Addr) -> ProbeTarget {
+/// The configuration the binary resolves from [`binary_flags`] (there is no config file), with
+/// the binary's own loading code. The adapters derive their mode's settings from it through the
+/// registry's functions, so they plan as the binary plans.
+pub fn binary_config(mode: &dyn ModeUnderTest) -> anyhow::Result<kp_proxy::config::Config> {
+    let args = std::iter::once("kube-proxy".to_string()).chain(binary_flags(mode));
+    let loaded = kp_proxy::config::load_with(args, |path| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "the bench gives the binary no config file ({})",
+                path.display()
+            ),
+        ))
+    })
+    .map_err(|e| anyhow::anyhow!("{}: the binary's flags do not load: {e}", mode.name()))?;
+    Ok(loaded.config)
+}
+
+/// Where the binary serves its metrics, inside its namespace.
+pub const METRICS_ADDR: &str = "127.0.0.1:10249";
+
+/// The probe target for `endpoint` of Service `service`'s first port.
+pub(crate) fn target(
+    cluster: &Cluster,
+    service: usize,
+    endpoint: std::net::Ipv4Addr,
+) -> ProbeTarget {
     ProbeTarget {
         namespace: cluster::NAMESPACE.into(),
         service: Cluster::service_name(service),
@@ -245,6 +291,43 @@ fn wait_logged(proxy: &ChildGuard, line: &str, deadline: Instant) -> anyhow::Res
     }
 }
 
+/// Waits until the binary started at `spawned` has programmed the whole cluster: the last
+/// Service's first endpoint is live in the kernel and the binary logged the end of its first
+/// full sync. Returns when both held.
+pub(crate) fn wait_first_sync(
+    proxy: &mut ChildGuard,
+    probe: &mut dyn Probe,
+    cluster: &Cluster,
+    spawned: Instant,
+) -> anyhow::Result<Instant> {
+    let last = cluster.services - 1;
+    let startup_timeout = Duration::from_secs(60 + cluster.services as u64 / 100);
+    let live = wait_live(
+        probe,
+        &target(cluster, last, cluster::endpoint_ip(last, 0, cluster.per)),
+        Duration::from_millis(10),
+        startup_timeout,
+    );
+    let live = match live {
+        Ok(t) => t,
+        Err(e) => {
+            let exited = proxy.try_wait().ok().flatten();
+            anyhow::bail!(
+                "{e}; kube-proxy {}; its log ends with:\n{}",
+                exited.map_or("still runs".to_string(), |s| format!("exited ({s})")),
+                tail(&proxy.log(), 15)
+            );
+        }
+    };
+    // The last Service being live is not the whole cluster when the mode loads it in steps
+    // (iptables-nft: chains in sorted-name order); the binary logs the end of its first full
+    // sync.
+    let live = wait_logged(proxy, PROGRAMMED, spawned + startup_timeout)
+        .map_err(|e| anyhow::anyhow!("{e}; its log ends with:\n{}", tail(&proxy.log(), 15)))?
+        .max(live);
+    Ok(live)
+}
+
 /// Runs the binary in `mode` against `source` in a fresh namespace.
 pub fn run(
     setup: &Setup<'_>,
@@ -267,31 +350,7 @@ pub fn run(
     let mut probe: Box<dyn Probe> = mode.probe(ns.name())?;
     let spawned = Instant::now();
     let mut proxy = spawn(&ns, setup, mode, &feed)?;
-    let last = cluster.services - 1;
-    let startup_timeout = Duration::from_secs(60 + cluster.services as u64 / 100);
-    let live = wait_live(
-        probe.as_mut(),
-        &target(cluster, last, cluster::endpoint_ip(last, 0, cluster.per)),
-        Duration::from_millis(10),
-        startup_timeout,
-    );
-    let live = match live {
-        Ok(t) => t,
-        Err(e) => {
-            let exited = proxy.try_wait().ok().flatten();
-            anyhow::bail!(
-                "{e}; kube-proxy {}; its log ends with:\n{}",
-                exited.map_or("still runs".to_string(), |s| format!("exited ({s})")),
-                tail(&proxy.log(), 15)
-            );
-        }
-    };
-    // The last Service being live is not the whole cluster when the mode loads it in steps
-    // (iptables-nft: chains in sorted-name order); the binary logs the end of its first full
-    // sync.
-    let live = wait_logged(&proxy, PROGRAMMED, spawned + startup_timeout)
-        .map_err(|e| anyhow::anyhow!("{e}; its log ends with:\n{}", tail(&proxy.log(), 15)))?
-        .max(live);
+    let live = wait_first_sync(&mut proxy, probe.as_mut(), cluster, spawned)?;
     let startup_s = live.duration_since(spawned).as_secs_f64();
     p.say(format!(
         "  {} source: cluster live {startup_s:.2} s after start",
@@ -301,12 +360,23 @@ pub fn run(
     let mut stream = ChangeStream::new(cluster);
     let mut latencies = Vec::with_capacity(setup.changes);
     let mut reported = Instant::now();
-    for n in 0..setup.changes {
+    // A mode whose endpoints live in the proxy process has no kernel state to time a change by.
+    let changes = if mode.probe_sees_endpoints() {
+        setup.changes
+    } else {
+        p.say(format!(
+            "  {} source: no programming latency in {} mode (endpoints live in the proxy, not the kernel)",
+            source.name(),
+            mode.name()
+        ));
+        0
+    };
+    for n in 0..changes {
         p.every(&mut reported, || {
             format!(
                 "  {} source: {n} of {} changes live",
                 source.name(),
-                setup.changes
+                changes
             )
         });
         let change = stream.next_change();
@@ -351,7 +421,8 @@ pub fn run(
     })
 }
 
-fn tail(text: &str, lines: usize) -> String {
+/// The last `lines` lines of `text`.
+pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

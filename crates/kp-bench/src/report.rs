@@ -107,13 +107,20 @@ fn target(what: impl Into<String>, measured: Option<(f64, String)>, limit: f64) 
     }
 }
 
+/// A target met when the measured value is at least `floor`.
+fn at_least(what: impl Into<String>, measured: Option<(f64, String)>, floor: f64) -> Target {
+    let mut t = target(what, measured.clone(), f64::INFINITY);
+    t.met = measured.map(|(v, _)| v >= floor);
+    t
+}
+
 /// The profiles `scripts/profile.sh` records for a target, named from the target's mode, size
 /// and kind (full sync, change, memory; the data path has two: the connect runs through the
 /// ClusterIP and those straight to the pod, to set side by side).
 fn profiles_for(what: &str) -> Vec<String> {
     let mode = what.split(',').next().unwrap_or_default();
     let size = if what.contains("30k") { "30k" } else { "10k" };
-    if what.contains("connect latency via ClusterIP") {
+    if what.contains("connect latency via ClusterIP") || what.contains("bulk throughput via") {
         return ["vip", "direct"]
             .iter()
             .map(|t| format!("{mode}-datapath-{t}-{size}"))
@@ -270,6 +277,32 @@ pub fn targets(results: &Results) -> Vec<Target> {
             1.3,
         ));
     }
+    // Userspace (#12): endpoints live in the proxy, so a one-endpoint change is the balancer's
+    // update alone, flat in N; its data path pays for every byte passing through the process.
+    let us = "userspace";
+    t.push(target(
+        "userspace, 30k: one-endpoint change p99 ≤ 1 ms",
+        p99(us, 30_000).map(|v| (v, format!("{v:.3} ms"))),
+        1.0,
+    ));
+    t.push(target(
+        "userspace, 30k: one-endpoint change p99 ≤ 2× the 1k p99 (flat in N)",
+        p99(us, 30_000)
+            .zip(p99(us, 1_000))
+            .map(|(a, b)| (a / b, format!("{:.2}× ({a:.3} ms vs {b:.3} ms)", a / b))),
+        2.0,
+    ));
+    let us_datapath = || run(us, 30_000).and_then(|r| r.datapath.as_ref());
+    t.push(target(
+        "userspace, 30k: connect latency via ClusterIP ≤ 1.5× direct (p50)",
+        us_datapath().map(|d| (d.latency_ratio_p50, format!("{:.2}×", d.latency_ratio_p50))),
+        1.5,
+    ));
+    t.push(at_least(
+        "userspace, 30k: bulk throughput via ClusterIP ≥ 0.8× direct",
+        us_datapath().map(|d| (d.bulk_ratio, format!("{:.2}×", d.bulk_ratio))),
+        0.8,
+    ));
     for (q, name) in [(0, "p50"), (1, "p99")] {
         t.push(target(
             format!("nftables, 30k: connect latency via ClusterIP ≤ 1.10× direct ({name})"),
@@ -504,8 +537,9 @@ pub fn markdown(
             o,
             "A client pod opens new TCP connections to a server pod through the node: through a ClusterIP and straight \
              to the pod IP, with the N Services installed, and straight to the pod IP before any rule was loaded (*no \
-             rules*: the physical limit of the lab). The client resets each connection as soon as it is established; \
-             latency is SYN to established, one client thread. {:.0} s per target, in two runs each after emptying the \
+             rules*: the physical limit of the lab). The client sends 64 bytes on each new connection, \
+             reads the server's echo of them and resets it; latency is SYN to the echo's arrival (the first answer from \
+             the pod), one client thread. {:.0} s per target, in two runs each after emptying the \
              node's conntrack table (with rules: two rounds running the targets in opposite orders). Bulk: {} MB \
              streams, median of the alternating transfers. Tail latencies of microsecond operations on a shared \
              2-core machine are noisy; read p99 ratios with that in mind.\n",
@@ -555,6 +589,36 @@ pub fn markdown(
                 d.bulk_direct_gbps,
                 d.bulk_ratio
             );
+        }
+        if r.runs.iter().any(|run| run.mode == "userspace") {
+            let _ = writeln!(
+                o,
+                "\nIn userspace mode the client's handshake completes with the proxy's own socket; the latency above \
+                 still ends with the pod's echo, so it includes the proxy's accept, its connection to the pod and the \
+                 relay both ways."
+            );
+        }
+        let held: Vec<&Run> = r.runs.iter().filter(|run| run.held.is_some()).collect();
+        if !held.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nMemory per open connection of a proxy that relays in the harness's process (userspace): \
+                 connections opened from the client pod through the ClusterIP and held idle, the process's VmRSS \
+                 before and after.\n\n| mode | Services | connections | RSS before | RSS after | per connection |\n|---|---|---|---|---|---|"
+            );
+            for run in held {
+                let Some(h) = &run.held else { continue };
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {:.1} MiB | {:.1} MiB | {:.1} KiB |",
+                    run.mode,
+                    thousands(run.services),
+                    thousands(h.connections),
+                    h.rss_before_mib,
+                    h.rss_after_mib,
+                    h.kib_per_connection
+                );
+            }
         }
         let _ = writeln!(
             o,
@@ -612,8 +676,54 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_floor_target_is_met_at_or_above_its_floor_and_missed_below() {
+        let met = at_least("x ≥ 0.8×", Some((0.8, "0.80×".into())), 0.8);
+        assert_eq!(met.met, Some(true));
+        let missed = at_least("x ≥ 0.8×", Some((0.79, "0.79×".into())), 0.8);
+        assert_eq!(missed.met, Some(false));
+        assert_eq!(missed.measured, "0.79×");
+        assert_eq!(at_least("x ≥ 0.8×", None, 0.8).met, None);
+    }
+
+    #[test]
+    fn userspace_rows_are_judged_from_its_runs() {
+        let mut r = Results::default();
+        let run = |n: usize, p99: f64, bulk: f64, p50_ratio: f64| Run {
+            mode: "userspace".into(),
+            services: n,
+            incremental_ms: Some(crate::stats::Summary::of(&[p99])),
+            datapath: Some(crate::results::Datapath {
+                bulk_ratio: bulk,
+                latency_ratio_p50: p50_ratio,
+                ..Default::default()
+            }),
+            ..Run::default()
+        };
+        r.runs.push(run(1_000, 0.02, 0.9, 1.2));
+        r.runs.push(run(30_000, 0.05, 0.5, 2.0));
+        let t = targets(&r);
+        let get = |prefix: &str| {
+            t.iter()
+                .find(|t| t.what.starts_with(prefix))
+                .unwrap_or_else(|| panic!("{prefix}"))
+                .met
+        };
+        assert_eq!(
+            get("userspace, 30k: one-endpoint change p99 ≤ 1 ms"),
+            Some(true)
+        );
+        // 0.05 ms against 0.02 ms is 2.5×: not flat.
+        assert_eq!(
+            get("userspace, 30k: one-endpoint change p99 ≤ 2×"),
+            Some(false)
+        );
+        assert_eq!(get("userspace, 30k: bulk throughput"), Some(false));
+        assert_eq!(get("userspace, 30k: connect latency"), Some(false));
+    }
+
+    #[test]
     fn each_target_kind_names_the_profiles_recorded_for_it() {
-        let cases: [(&str, &[&str]); 6] = [
+        let cases: [(&str, &[&str]); 8] = [
             ("nftables, 30k × 10: first full sync ≤ 3 s", &["nftables-full-30k"]),
             (
                 "iptables-nft, 10k: one-endpoint change p99 ≤ 300 ms",
@@ -632,6 +742,14 @@ mod tests {
                 &["nftables-datapath-vip-30k", "nftables-datapath-direct-30k"],
             ),
             ("nftables, 10k: full sync over bare kernel load ≤ 1.3×", &[]),
+            (
+                "userspace, 30k: bulk throughput via ClusterIP ≥ 0.8× direct",
+                &["userspace-datapath-vip-30k", "userspace-datapath-direct-30k"],
+            ),
+            (
+                "userspace, 30k: one-endpoint change p99 ≤ 1 ms",
+                &["userspace-change-30k"],
+            ),
         ];
         for (what, want) in cases {
             assert_eq!(profiles_for(what), want, "{what}");
@@ -639,7 +757,7 @@ mod tests {
         // The rows as targets() writes them get the same names.
         let rows: Vec<Target> = targets(&Results::default())
             .into_iter()
-            .filter(|t| t.what.contains("connect latency"))
+            .filter(|t| t.what.starts_with("nftables") && t.what.contains("connect latency"))
             .collect();
         assert_eq!(rows.len(), 2);
         for t in rows {

@@ -99,6 +99,8 @@ pub struct Run {
     pub proxy: Vec<ProxyRun>,
     /// The data path.
     pub datapath: Option<Datapath>,
+    /// Memory per open connection, for a mode that relays in this process (userspace).
+    pub held: Option<Held>,
     /// Phases that failed, with why.
     pub errors: Vec<String>,
 }
@@ -163,6 +165,22 @@ pub struct ProxyRun {
     pub peak_rss_mib: f64,
     /// Resident memory at the end (VmRSS), MiB.
     pub rss_mib: f64,
+}
+
+/// Connections held open through the ClusterIP by an in-process proxy (userspace mode), and
+/// what they cost the process: idle relays, after the data-path runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Held {
+    /// Connections held open at once.
+    pub connections: usize,
+    /// The process's `VmRSS` before they opened, MiB.
+    pub rss_before_mib: f64,
+    /// Its `VmRSS` with them all relayed, MiB.
+    pub rss_after_mib: f64,
+    /// `(after - before) / connections`, KiB. The client ends are sockets in the same process:
+    /// their user memory is nil, their kernel memory is not in RSS.
+    pub kib_per_connection: f64,
 }
 
 /// Data-path results.

@@ -314,13 +314,31 @@ fn in_process(
     }
 
     if let Some(Ok(dl)) = &datapath_lab {
-        match dl.loaded(opts, p, cluster, &mut state, dp.as_mut(), unloaded) {
-            Ok(d) => run.datapath = Some(d),
+        match dl.install(cluster, &mut state, dp.as_mut()) {
             Err(e) => run.errors.push(format!("data path: {e:#}")),
+            Ok(()) => {
+                // Held connections first, before the connect runs have grown this process's
+                // heap, so that the growth measured is theirs.
+                if mode.relays_in_process() {
+                    match dl.held(p, HELD_CONNECTIONS) {
+                        Ok(h) => run.held = Some(h),
+                        Err(e) => run.errors.push(format!("connections held open: {e:#}")),
+                    }
+                }
+                match dl.loaded(opts, p, cluster, unloaded) {
+                    Ok(d) => run.datapath = Some(d),
+                    Err(e) => run.errors.push(format!("data path: {e:#}")),
+                }
+            }
         }
     }
     Ok(inputs)
 }
+
+/// Connections held open at once to measure an in-process proxy's memory per connection: below
+/// the data-path server's 4096 kept connections, and three descriptors each (client, proxy's
+/// two) within a container's usual hard limit.
+const HELD_CONNECTIONS: usize = 2000;
 
 /// The data-path server in pod 0 of a lab, and where the client in pod 1 connects.
 struct DatapathLab<'a> {
@@ -386,16 +404,67 @@ impl<'a> DatapathLab<'a> {
         Ok(c)
     }
 
-    /// Adds the data-path Service (its endpoint is the server), syncs, and measures.
-    fn loaded(
+    /// Opens `n` connections from pod 1 through the ClusterIP and holds them while this
+    /// process's resident memory is read: the cost per connection of a proxy relaying in this
+    /// process.
+    fn held(&self, p: &Progress, n: usize) -> anyhow::Result<crate::results::Held> {
+        let (_, before) = proxy::memory_mib(std::process::id())?;
+        let to = self.plan.vip_connect;
+        let streams = kp_netlink::netns::run_in(
+            self.lab.pod(1).name(),
+            "kp-bench-hold",
+            move || -> anyhow::Result<Vec<std::net::TcpStream>> {
+                (0..n)
+                    .map(|i| {
+                        // Each has its first bytes echoed by the pod, as the connect runs'
+                        // connections: the server accepts it, and the relay is up.
+                        std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2))
+                            .and_then(datapath::first_answer)
+                            .map_err(|e| anyhow::anyhow!("connection {i} to {to}: {e}"))
+                    })
+                    .collect()
+            },
+        )??;
+        // The proxy connects to the endpoint after accepting: wait until the server holds
+        // every relayed connection.
+        let port = format!("( sport = :{} )", cluster::DATAPATH_CONNECT_TARGET);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let listing = self
+                .lab
+                .pod(0)
+                .run(&["ss", "-Htn", "state", "established", &port])?;
+            let relayed = listing.lines().filter(|l| !l.trim().is_empty()).count();
+            if relayed >= n {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("{relayed} of {n} held connections reached the server");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (_, after) = proxy::memory_mib(std::process::id())?;
+        drop(streams);
+        let h = crate::results::Held {
+            connections: n,
+            rss_before_mib: before,
+            rss_after_mib: after,
+            kib_per_connection: (after - before).max(0.0) * 1024.0 / n as f64,
+        };
+        p.say(format!(
+            "  {n} connections held open through the ClusterIP: RSS {before:.1} → {after:.1} MiB, {:.1} KiB each",
+            h.kib_per_connection
+        ));
+        Ok(h)
+    }
+
+    /// Adds the data-path Service (its endpoint is the server) and syncs.
+    fn install(
         &self,
-        opts: &Options,
-        p: &Progress,
         cluster: &Cluster,
         state: &mut kp_core::track::ProxyState,
         dp: &mut dyn crate::mode::SyncTarget,
-        unloaded: Option<crate::results::Connect>,
-    ) -> anyhow::Result<crate::results::Datapath> {
+    ) -> anyhow::Result<()> {
         for m in cluster.datapath_json(self.server_ip) {
             state
                 .apply(SourceEvent::Upsert(cluster::to_object(&m)?))
@@ -403,6 +472,17 @@ impl<'a> DatapathLab<'a> {
         }
         let changes = state.take_changes();
         dp.sync(state, &changes, false)?;
+        Ok(())
+    }
+
+    /// Measures the data path through the installed Service ([`DatapathLab::install`]).
+    fn loaded(
+        &self,
+        opts: &Options,
+        p: &Progress,
+        cluster: &Cluster,
+        unloaded: Option<crate::results::Connect>,
+    ) -> anyhow::Result<crate::results::Datapath> {
         p.say(format!(
             "  data path: {:.0} s of new connections and {} × {} MB each way, pod → {} vs pod → {}",
             opts.connect_seconds * 2.0,

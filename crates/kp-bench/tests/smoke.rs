@@ -88,6 +88,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
             unloaded_ratio_p50: Some(31.0 / 29.0),
             unloaded_ratio_p99: Some(31.0 / 29.0),
         }),
+        held: None,
         errors: Vec::new(),
     }
 }
@@ -622,6 +623,60 @@ fn a_tiny_run_of_both_iptables_backends_measures_sync_bare_load_and_the_binary()
             assert!(r.proxy.iter().all(|p| p.latency_ms.n == 3));
         }
     }
+}
+
+#[test]
+fn a_tiny_userspace_run_measures_sync_the_relayed_data_path_memory_per_connection_and_the_binary() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let proxy = proxy_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = kp_bench::run::Options {
+        modes: vec!["userspace".into()],
+        sizes: vec![40],
+        endpoints: 3,
+        changes: 5,
+        latency_changes: 3,
+        repeats: 1,
+        skip_datapath: false,
+        skip_proxy: proxy.is_none(),
+        connect_seconds: 0.4,
+        connect_threads: 1,
+        bulk_bytes: 10_000_000,
+        bulk_repeats: 1,
+        perf: None,
+        proxy_binary: proxy.clone().unwrap_or_default(),
+        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
+        root: dir.path().to_path_buf(),
+        command: "bench --modes userspace --sizes 40".into(),
+    };
+    let results = kp_bench::run::run(&opts).unwrap();
+    let r = &results.runs[0];
+    assert_eq!(r.mode, "userspace");
+    assert!(r.errors.is_empty(), "phases failed: {:#?}", r.errors);
+    let full = r.full_sync.as_ref().expect("full sync measured");
+    assert!(full.total_s > 0.0 && full.render.operations > 0);
+    assert!(r.bare.as_ref().is_some_and(|b| b.tool == "nft -f -"));
+    assert_eq!(r.incremental_ms.expect("changes measured").n, 5);
+    assert_eq!(r.verify.as_ref().expect("read back").differences, 0);
+    let d = r.datapath.as_ref().expect("data path measured");
+    // Every connection through the ClusterIP went through this process's relays.
+    assert!(d.vip.latency_us.n > 0 && d.vip.errors == 0, "{d:?}");
+    assert!(d.bulk_vip_gbps > 0.0);
+    let held = r.held.as_ref().expect("connections held");
+    assert_eq!(held.connections, 2000);
+    assert!(held.rss_after_mib > 0.0);
+    if proxy.is_some() {
+        assert_eq!(r.proxy.len(), 2);
+        for p in &r.proxy {
+            // No kernel read sees an endpoint change in this mode: start-up and memory only.
+            assert_eq!(p.latency_ms.n, 0, "{}", p.source);
+            assert!(p.peak_rss_mib > 0.0 && p.startup_s > 0.0, "{}", p.source);
+        }
+    }
+    let report = std::fs::read_to_string(dir.path().join("BENCHMARKS.md")).unwrap();
+    assert!(report.contains("| userspace | 40 | 2,000 |"), "{report}");
 }
 
 /// The network namespaces `bench` process `pid` has now.

@@ -5,8 +5,8 @@
 //! [`Conntrack::reconcile`] dumps the entries the planner may care about (per IP family and
 //! protocol), asks [`ConntrackPlanner::check`] about each, and deletes the stale ones. Which
 //! entries are stale is decided in `kp_core::conntrack`, without I/O; this crate only talks to
-//! the kernel. Everything goes over a `NETLINK_NETFILTER` socket with the message types of
-//! `netlink-packet-netfilter`; the `conntrack` binary is never run.
+//! the kernel. Everything goes over a `NETLINK_NETFILTER` socket of `kp-netlink`, with the
+//! ctnetlink messages of [`wire`]; the `conntrack` binary is never run.
 //!
 //! What it leaves to others: when to reconcile (the sync loop, after each successful sync),
 //! which addresses NodePorts answer on (the caller), and metrics (the caller counts
@@ -17,7 +17,7 @@ use std::net::IpAddr;
 
 use kp_core::conntrack::{Check, ConntrackPlanner, FlowEntry};
 use kp_core::model::{IpFamily, Protocol};
-use nix::errno::Errno;
+use kp_netlink::KernelError;
 
 mod socket;
 mod wire;
@@ -49,16 +49,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The kernel refused a request. Retryable for transient errnos (ENOMEM, EBUSY); EPERM
-    /// means the process lacks `CAP_NET_ADMIN`.
-    #[error("{op}: the kernel answered {errno} ({})", errno.desc())]
+    /// The kernel refused a request. Retryable for transient errnos
+    /// ([`KernelError::is_transient`]); EPERM ([`KernelError::is_permission_denied`]) means the
+    /// process lacks `CAP_NET_ADMIN`.
+    #[error("{op}: the kernel answered {errno}")]
     Kernel {
         /// The operation.
         op: String,
         /// The kernel's errno.
-        errno: Errno,
+        errno: KernelError,
     },
-    /// A reply could not be framed. Not retryable: a bug here or an unexpected kernel.
+    /// A reply could not be framed, or a dump was interrupted by changes each time it ran. Not
+    /// retryable when framing failed (a bug here or an unexpected kernel).
     #[error("{op}: malformed reply: {detail}")]
     Malformed {
         /// The operation.
@@ -75,7 +77,7 @@ pub enum Error {
         /// Entries refused.
         failed: usize,
         /// The first refusal's errno.
-        errno: Errno,
+        errno: KernelError,
     },
     /// A reconcile did part of its work and then failed; `deleted` entries were removed.
     #[error("conntrack reconcile deleted {deleted} entries, then failed: {source}")]
@@ -146,6 +148,19 @@ impl Conntrack {
             }),
             None => Ok(done.deleted),
         }
+    }
+
+    /// `conntrack -G` by reply tuple: the entry whose replies leave `reply_src` for
+    /// `reply_dst`, or `None`. A proxy that received a redirected UDP datagram at `reply_src`
+    /// (its own address and port) from the client `reply_dst` finds the frontend the client
+    /// addressed as the entry's original destination.
+    pub fn get_by_reply(
+        &self,
+        protocol: Protocol,
+        reply_src: std::net::SocketAddr,
+        reply_dst: std::net::SocketAddr,
+    ) -> Result<Option<FlowEntry>, Error> {
+        self.connect()?.get_by_reply(protocol, reply_src, reply_dst)
     }
 
     /// Deletes the entries `planner` finds stale; returns how many were deleted.

@@ -1,41 +1,21 @@
-//! The `NETLINK_NETFILTER` socket: opening it (in a named network namespace if asked), dumping
-//! entries and deleting them in batches.
+//! The `NETLINK_NETFILTER` socket (a `kp_netlink::Socket`, in a named network namespace if
+//! asked): dumping entries and deleting them in batches.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kp_core::conntrack::FlowEntry;
 use kp_core::model::{IpFamily, Protocol};
-use netlink_packet_core::{NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP};
-use netlink_sys::protocols::NETLINK_NETFILTER;
-use netlink_sys::Socket;
-use nix::errno::Errno;
-use nix::sys::time::TimeValLike;
+use kp_netlink::socket::Error as SocketError;
+use kp_netlink::{KernelError, Protocol as NetlinkProtocol, Socket};
 
-use crate::wire::{self, Frame};
+use crate::wire;
 use crate::Error;
-
-/// Where `ip netns add` puts its namespaces.
-const NETNS_DIR: &str = "/var/run/netns";
-
-/// The receive buffer. The kernel fills a dump datagram up to the reader's buffer size, capped
-/// at 32 KiB; twice that leaves room, and a longer datagram is reported, not cut.
-const RECV_BUFFER: usize = 64 * 1024;
-
-/// How long to wait for any kernel reply before giving up (it answers in microseconds; this
-/// only keeps a sync from hanging on a wedged socket).
-const RECV_TIMEOUT_SECS: i64 = 10;
 
 /// Deletes sent in one datagram. Each is acknowledged by a message of its own, queued on our
 /// socket until read; 64 acknowledgements stay far below the default receive buffer, which a
 /// few hundred would overflow (ENOBUFS).
 const DELETE_BATCH: usize = 64;
-
-/// `ctnetlink` message type of a dumped entry: `IPCTNL_MSG_CT_NEW` in subsystem
-/// `NFNL_SUBSYS_CTNETLINK`.
-const CT_NEW: u16 = 1 << 8;
 
 /// Whether the kernel refused a filtered dump once: then every later dump goes unfiltered.
 static FILTER_REFUSED: AtomicBool = AtomicBool::new(false);
@@ -51,36 +31,41 @@ pub(crate) struct Deleted {
     /// Entries the kernel refused to delete, with the first errno.
     pub failed: usize,
     /// The first errno of a failed delete.
-    pub first_errno: Option<Errno>,
+    pub first_errno: Option<KernelError>,
 }
 
-/// A ctnetlink socket and its request sequence.
+/// A ctnetlink socket.
 pub(crate) struct Conn {
     socket: Socket,
-    seq: u32,
-    buf: Vec<u8>,
     /// Where it lives, for errors: `host` or `netns NAME`.
     location: String,
+}
+
+/// The entries of a dump, and how many could not be read.
+#[derive(Default)]
+struct Dumped {
+    entries: Vec<FlowEntry>,
+    skipped: usize,
 }
 
 impl Conn {
     /// Opens a socket in the namespace the process runs in, or in `/var/run/netns/NAME`.
     pub fn open(netns: Option<&str>) -> Result<Conn, Error> {
-        let (socket, location) = match netns {
-            None => (new_socket("host")?, "host".to_string()),
-            Some(name) => (socket_in_netns(name)?, format!("netns {name}")),
+        let location = match netns {
+            None => "host".to_string(),
+            Some(name) => format!("netns {name}"),
         };
-        Ok(Conn {
-            socket,
-            seq: 0,
-            buf: Vec::with_capacity(RECV_BUFFER),
-            location,
-        })
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
+        let socket = Socket::open(NetlinkProtocol::Netfilter, netns).map_err(|e| match e {
+            SocketError::Open { detail, .. } => Error::Socket {
+                location: location.clone(),
+                detail,
+            },
+            e => Error::Socket {
+                location: location.clone(),
+                detail: e.to_string(),
+            },
+        })?;
+        Ok(Conn { socket, location })
     }
 
     /// Dumps the entries of one family and protocol. Entries the kernel reports in a shape
@@ -92,9 +77,7 @@ impl Conn {
     ) -> Result<(Vec<FlowEntry>, usize), Error> {
         let filtered = !FILTER_REFUSED.load(Ordering::Relaxed);
         match self.dump(family, protocol, filtered) {
-            Err(Error::Kernel { errno, .. })
-                if filtered && matches!(errno, Errno::EINVAL | Errno::EOPNOTSUPP) =>
-            {
+            Err(Error::Kernel { errno, .. }) if filtered && errno.is_not_supported() => {
                 tracing::info!(
                     %errno,
                     "the kernel refuses filtered conntrack dumps; dumping whole families"
@@ -118,52 +101,56 @@ impl Conn {
             protocol,
             self.location
         );
-        let seq = self.next_seq();
-        let request = wire::dump_request(seq, family, protocol, filtered);
-        self.send(&request, &op)?;
-        let mut entries = Vec::new();
-        let mut skipped = 0;
-        loop {
-            self.recv(&op)?;
-            for frame in wire::frames(&self.buf) {
-                let frame = frame.map_err(|detail| Error::Malformed {
-                    op: op.clone(),
-                    detail,
-                })?;
-                if frame.seq != seq {
-                    continue;
-                }
-                match frame.kind {
-                    NLMSG_NOOP => {}
-                    NLMSG_DONE | NLMSG_ERROR => {
-                        let code = wire::code(&frame).map_err(|detail| Error::Malformed {
-                            op: op.clone(),
-                            detail,
-                        })?;
-                        if code != 0 {
-                            return Err(Error::Kernel {
-                                op,
-                                errno: Errno::from_raw(code),
-                            });
-                        }
-                        return Ok((entries, skipped));
+        let dumped = self
+            .socket
+            .dump(
+                |buf, seq| buf.extend(wire::dump_request(seq, family, protocol, filtered)),
+                |d: &mut Dumped, m| {
+                    if m.kind() != wire::CT_NEW {
+                        return Err(format!("unexpected message type {:#x}", m.kind()).into());
                     }
-                    CT_NEW => match wire::decode_entry(&frame) {
-                        Ok(Some(e)) if e.protocol == protocol => entries.push(e),
+                    match wire::decode_entry(m) {
+                        Ok(Some(e)) if e.protocol == protocol => d.entries.push(e),
                         Ok(_) => {}
                         Err(detail) => {
-                            skipped += 1;
+                            d.skipped += 1;
                             tracing::warn!(%op, %detail, "skipping a conntrack entry that cannot be read");
                         }
-                    },
-                    kind => {
-                        return Err(Error::Malformed {
-                            op,
-                            detail: format!("unexpected message type {kind:#x}"),
-                        })
                     }
-                }
-            }
+                    Ok(())
+                },
+            )
+            .map_err(|e| error(&op, e))?;
+        Ok((dumped.entries, dumped.skipped))
+    }
+
+    /// The entry whose reply tuple is `reply_src` → `reply_dst`; `None` if there is none.
+    pub fn get_by_reply(
+        &mut self,
+        protocol: Protocol,
+        reply_src: std::net::SocketAddr,
+        reply_dst: std::net::SocketAddr,
+    ) -> Result<Option<FlowEntry>, Error> {
+        let op = format!(
+            "getting the {protocol} conntrack entry replying {reply_src} -> {reply_dst} in {}",
+            self.location
+        );
+        let mut found = None;
+        let r = self.socket.request(
+            |buf, seq| {
+                buf.extend(wire::get_by_reply_request(
+                    seq, protocol, reply_src, reply_dst,
+                ))
+            },
+            |m| {
+                found = wire::decode_entry(m).map_err(kp_netlink::Malformed)?;
+                Ok(())
+            },
+        );
+        match r {
+            Ok(_) => Ok(found),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(error(&op, e)),
         }
     }
 
@@ -175,122 +162,44 @@ impl Conn {
             let mut datagram = Vec::new();
             let mut pending: HashMap<u32, &FlowEntry> = HashMap::new();
             for entry in batch {
-                let seq = self.next_seq();
+                let seq = self.socket.next_seq();
                 datagram.extend(wire::delete_request(seq, entry));
                 pending.insert(seq, entry);
             }
-            self.send(&datagram, &op)?;
-            while !pending.is_empty() {
-                self.recv(&op)?;
-                for frame in wire::frames(&self.buf) {
-                    let frame = frame.map_err(|detail| Error::Malformed {
-                        op: op.clone(),
-                        detail,
-                    })?;
-                    let Some(entry) = pending.remove(&frame.seq) else {
-                        continue;
+            self.socket
+                .acks(&datagram, |ack| {
+                    let Some(entry) = pending.remove(&ack.seq) else {
+                        return false;
                     };
-                    match ack(&frame) {
-                        Ok(0) => out.deleted += 1,
-                        Ok(code) if code == Errno::ENOENT as i32 => out.gone += 1,
-                        Ok(code) => {
-                            let errno = Errno::from_raw(code);
+                    match ack.result {
+                        Ok(()) => out.deleted += 1,
+                        Err(e) if e.is_not_found() => out.gone += 1,
+                        Err(errno) => {
                             tracing::warn!(%entry, %errno, "the kernel refused to delete a conntrack entry");
                             out.failed += 1;
                             out.first_errno.get_or_insert(errno);
                         }
-                        Err(detail) => {
-                            return Err(Error::Malformed { op, detail });
-                        }
                     }
-                }
-            }
+                    pending.is_empty()
+                })
+                .map_err(|e| error(&op, e))?;
         }
         Ok(out)
     }
-
-    fn send(&mut self, bytes: &[u8], op: &str) -> Result<(), Error> {
-        self.socket.send(bytes, 0).map_err(|source| Error::Io {
-            op: op.to_string(),
-            source,
-        })?;
-        Ok(())
-    }
-
-    /// Receives one datagram into `self.buf`.
-    fn recv(&mut self, op: &str) -> Result<(), Error> {
-        self.buf.clear();
-        let n = self
-            .socket
-            .recv(&mut self.buf, nix::libc::MSG_TRUNC)
-            .map_err(|source| Error::Io {
-                op: op.to_string(),
-                source,
-            })?;
-        if n > self.buf.capacity() {
-            return Err(Error::Malformed {
-                op: op.to_string(),
-                detail: format!(
-                    "a reply of {n} bytes did not fit the {}-byte buffer",
-                    self.buf.capacity()
-                ),
-            });
-        }
-        Ok(())
-    }
 }
 
-/// The errno an acknowledgement carries (0: done).
-fn ack(frame: &Frame<'_>) -> Result<i32, String> {
-    if frame.kind != NLMSG_ERROR {
-        return Err(format!(
-            "expected an acknowledgement, got message type {:#x}",
-            frame.kind
-        ));
+/// The socket layer's error as this crate reports it, for operation `op`.
+fn error(op: &str, e: SocketError) -> Error {
+    let op = op.to_string();
+    match e {
+        SocketError::Kernel { error, .. } => Error::Kernel { op, errno: error },
+        SocketError::Io { source, .. } => Error::Io { op, source },
+        SocketError::Open {
+            location, detail, ..
+        } => Error::Socket { location, detail },
+        e => Error::Malformed {
+            op,
+            detail: e.to_string(),
+        },
     }
-    wire::code(frame)
-}
-
-fn new_socket(location: &str) -> Result<Socket, Error> {
-    let fail = |e: std::io::Error| Error::Socket {
-        location: location.to_string(),
-        detail: format!("cannot open a NETLINK_NETFILTER socket: {e}"),
-    };
-    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(fail)?;
-    socket.bind_auto().map_err(fail)?;
-    let timeout = nix::sys::time::TimeVal::seconds(RECV_TIMEOUT_SECS);
-    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
-        .map_err(|e| fail(e.into()))?;
-    Ok(socket)
-}
-
-/// Opens the socket inside the named namespace. A socket belongs to the namespace it was
-/// created in for good, so a short-lived thread enters the namespace, creates it and ends; the
-/// caller's threads never change namespace.
-fn socket_in_netns(name: &str) -> Result<Socket, Error> {
-    let location = format!("netns {name}");
-    let fail = |detail: String| Error::Socket {
-        location: location.clone(),
-        detail,
-    };
-    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
-        return Err(fail("not a namespace name".into()));
-    }
-    let path = Path::new(NETNS_DIR).join(name);
-    let ns = File::open(&path).map_err(|e| fail(format!("cannot open {}: {e}", path.display())))?;
-    let thread_location = location.clone();
-    std::thread::Builder::new()
-        .name("kp-conntrack-netns".into())
-        .spawn(move || {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-                Error::Socket {
-                    location: thread_location.clone(),
-                    detail: format!("cannot enter the namespace: {e}"),
-                }
-            })?;
-            new_socket(&thread_location)
-        })
-        .map_err(|e| fail(format!("cannot start a thread: {e}")))?
-        .join()
-        .map_err(|_| fail("the namespace thread panicked".into()))?
 }

@@ -1,73 +1,68 @@
 //! ctnetlink messages: the dump request, the delete request, and the decoding of one dumped
-//! entry into a [`FlowEntry`]. Pure bytes in, bytes out; the socket is in [`crate::socket`].
+//! entry into a [`FlowEntry`]. Pure bytes in, bytes out, on `kp-netlink`'s framing and
+//! attributes; the socket is in [`crate::socket`].
 //!
-//! Layouts are the kernel UAPI's (`linux/netfilter/nfnetlink_conntrack.h`); the typed parts come
-//! from `netlink-packet-netfilter`, and the attributes it does not model (`CTA_ID`, `CTA_ZONE`,
-//! `CTA_FILTER`) are written and read here as raw attributes under their kernel names.
+//! Layouts and constants are the kernel UAPI's (`linux/netfilter/nfnetlink_conntrack.h`), under
+//! their kernel names. Every nest is flagged `NLA_F_NESTED`: the kernel parses `CTA_FILTER`
+//! strictly and insists on it.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kp_core::conntrack::FlowEntry;
 use kp_core::model::{IpFamily, Protocol};
-use netlink_packet_core::{
-    DefaultNla, Emitable, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla,
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-};
-use netlink_packet_netfilter::conntrack::{
-    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol as CtProtocol, Tuple,
-};
-use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
-};
+use kp_netlink::abi::{NFNL_SUBSYS_CTNETLINK, NFPROTO_IPV4, NFPROTO_IPV6, NLM_F_ACK, NLM_F_DUMP};
+use kp_netlink::{attr, message, nfnl, Message};
 
 // linux/netfilter/nfnetlink_conntrack.h: enum cntl_msg_types
+const IPCTNL_MSG_CT_NEW: u8 = 0;
 const IPCTNL_MSG_CT_GET: u8 = 1;
+const IPCTNL_MSG_CT_DELETE: u8 = 2;
 // enum ctattr_type
 const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
 const CTA_ID: u16 = 12;
 const CTA_ZONE: u16 = 18;
 const CTA_FILTER: u16 = 25;
+// enum ctattr_tuple
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+// enum ctattr_ip
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+// enum ctattr_l4proto
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
 // enum ctattr_filter
 const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 // net/netfilter/nf_internals.h: CTA_FILTER_F_CTA_PROTO_NUM, a bit of the filter flags
 const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
-// linux/netlink.h
-const NLA_F_NESTED: u16 = 1 << 15;
-const NLA_TYPE_MASK: u16 = !((1 << 15) | (1 << 14));
+// netinet/in.h
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_SCTP: u8 = 132;
+
+/// The message type of a dumped entry.
+pub(crate) const CT_NEW: u16 = (NFNL_SUBSYS_CTNETLINK as u16) << 8 | IPCTNL_MSG_CT_NEW as u16;
 
 /// Why one dumped message could not become a [`FlowEntry`].
 pub(crate) type Malformed = String;
 
-fn nfproto(family: IpFamily) -> NetfilterProtoFamily {
+fn nfproto(family: IpFamily) -> u8 {
     match family {
-        IpFamily::V4 => NetfilterProtoFamily::IPv4,
-        IpFamily::V6 => NetfilterProtoFamily::IPv6,
+        IpFamily::V4 => NFPROTO_IPV4,
+        IpFamily::V6 => NFPROTO_IPV6,
     }
 }
 
-fn ct_protocol(protocol: Protocol) -> CtProtocol {
+fn ipproto(protocol: Protocol) -> u8 {
     match protocol {
-        Protocol::Tcp => CtProtocol::Tcp,
-        Protocol::Udp => CtProtocol::Udp,
-        Protocol::Sctp => CtProtocol::Sctp,
+        Protocol::Tcp => IPPROTO_TCP,
+        Protocol::Udp => IPPROTO_UDP,
+        Protocol::Sctp => IPPROTO_SCTP,
     }
-}
-
-fn serialize(flags: u16, seq: u32, family: IpFamily, message: ConntrackMessage) -> Vec<u8> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(nfproto(family), 0, 0),
-            message,
-        )),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    buf
 }
 
 /// `conntrack -L -f FAMILY -p PROTOCOL`: a dump of one family's entries of one protocol.
@@ -81,166 +76,146 @@ pub(crate) fn dump_request(
     protocol: Protocol,
     filtered: bool,
 ) -> Vec<u8> {
-    let mut attrs = Vec::new();
-    if filtered {
-        // Raw attributes, because the kernel parses CTA_FILTER strictly and insists on the
-        // NLA_F_NESTED flag, which `ConntrackAttribute::Other` does not emit.
-        let proto = Tuple::Proto(vec![ProtoTuple::Protocol(ct_protocol(protocol))]);
-        attrs.push(DefaultNla::new(
-            CTA_TUPLE_ORIG | NLA_F_NESTED,
-            emit_nla(&proto),
-        ));
-        let flags = DefaultNla::new(
-            CTA_FILTER_ORIG_FLAGS,
-            CTA_FILTER_F_CTA_PROTO_NUM.to_ne_bytes().to_vec(),
-        );
-        attrs.push(DefaultNla::new(CTA_FILTER | NLA_F_NESTED, emit_nla(&flags)));
-    }
-    serialize(
-        NLM_F_REQUEST | NLM_F_DUMP,
+    let mut buf = Vec::with_capacity(48);
+    let m = nfnl::begin(
+        &mut buf,
+        NFNL_SUBSYS_CTNETLINK,
+        IPCTNL_MSG_CT_GET,
+        NLM_F_DUMP,
         seq,
-        family,
-        ConntrackMessage::Other {
-            message_type: IPCTNL_MSG_CT_GET,
-            attributes: attrs,
-        },
-    )
+        nfproto(family),
+    );
+    if filtered {
+        attr::put_nested(&mut buf, CTA_TUPLE_ORIG, |b| {
+            attr::put_nested(b, CTA_TUPLE_PROTO, |b| {
+                attr::put_u8(b, CTA_PROTO_NUM, ipproto(protocol));
+            });
+        });
+        attr::put_nested(&mut buf, CTA_FILTER, |b| {
+            // A host-order bit set, unlike the rest of ctnetlink.
+            attr::put_u32(b, CTA_FILTER_ORIG_FLAGS, CTA_FILTER_F_CTA_PROTO_NUM);
+        });
+    }
+    message::end(&mut buf, m);
+    buf
 }
 
 /// `conntrack -D` of one entry, by its original tuple (and zone and id when known), asking for
 /// an acknowledgement.
 pub(crate) fn delete_request(seq: u32, entry: &FlowEntry) -> Vec<u8> {
-    let mut attrs = vec![ConntrackAttribute::CtaTupleOrig(vec![
-        Tuple::Ip(vec![
-            IPTuple::SourceAddress(entry.orig_src),
-            IPTuple::DestinationAddress(entry.orig_dst),
-        ]),
-        Tuple::Proto(vec![
-            ProtoTuple::Protocol(ct_protocol(entry.protocol)),
-            ProtoTuple::SourcePort(entry.orig_sport),
-            ProtoTuple::DestinationPort(entry.orig_dport),
-        ]),
-    ])];
+    let mut buf = Vec::with_capacity(88);
+    let m = nfnl::begin(
+        &mut buf,
+        NFNL_SUBSYS_CTNETLINK,
+        IPCTNL_MSG_CT_DELETE,
+        NLM_F_ACK,
+        seq,
+        nfproto(entry.family()),
+    );
+    attr::put_nested(&mut buf, CTA_TUPLE_ORIG, |b| {
+        attr::put_nested(b, CTA_TUPLE_IP, |b| {
+            let (src, dst) = match entry.orig_src {
+                IpAddr::V4(_) => (CTA_IP_V4_SRC, CTA_IP_V4_DST),
+                IpAddr::V6(_) => (CTA_IP_V6_SRC, CTA_IP_V6_DST),
+            };
+            attr::put(b, src, &ip_bytes(entry.orig_src));
+            attr::put(b, dst, &ip_bytes(entry.orig_dst));
+        });
+        attr::put_nested(b, CTA_TUPLE_PROTO, |b| {
+            attr::put_u8(b, CTA_PROTO_NUM, ipproto(entry.protocol));
+            attr::put_be16(b, CTA_PROTO_SRC_PORT, entry.orig_sport);
+            attr::put_be16(b, CTA_PROTO_DST_PORT, entry.orig_dport);
+        });
+    });
     if entry.zone != 0 {
-        attrs.push(ConntrackAttribute::Other(DefaultNla::new(
-            CTA_ZONE,
-            entry.zone.to_be_bytes().to_vec(),
-        )));
+        attr::put_be16(&mut buf, CTA_ZONE, entry.zone);
     }
     if let Some(id) = entry.id {
-        attrs.push(ConntrackAttribute::Other(DefaultNla::new(
-            CTA_ID,
-            id.to_be_bytes().to_vec(),
-        )));
+        attr::put_be32(&mut buf, CTA_ID, id);
     }
-    serialize(
-        NLM_F_REQUEST | NLM_F_ACK,
+    message::end(&mut buf, m);
+    buf
+}
+
+/// `conntrack -G` by reply tuple: the entry whose replies go from `reply_src` to `reply_dst`
+/// (a proxy that received a redirected datagram asks this with its own address and port as
+/// the source and the client as the destination, and reads the original destination from the
+/// answer).
+pub(crate) fn get_by_reply_request(
+    seq: u32,
+    protocol: Protocol,
+    reply_src: std::net::SocketAddr,
+    reply_dst: std::net::SocketAddr,
+) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(88);
+    let family = match reply_src {
+        std::net::SocketAddr::V4(_) => IpFamily::V4,
+        std::net::SocketAddr::V6(_) => IpFamily::V6,
+    };
+    let m = nfnl::begin(
+        &mut buf,
+        NFNL_SUBSYS_CTNETLINK,
+        IPCTNL_MSG_CT_GET,
+        NLM_F_ACK,
         seq,
-        entry.family(),
-        ConntrackMessage::Delete(attrs),
-    )
-}
-
-fn emit_nla(nla: &impl Nla) -> Vec<u8> {
-    let mut buf = vec![0; nla.buffer_len()];
-    nla.emit(&mut buf);
+        nfproto(family),
+    );
+    attr::put_nested(&mut buf, CTA_TUPLE_REPLY, |b| {
+        attr::put_nested(b, CTA_TUPLE_IP, |b| {
+            let (src, dst) = match family {
+                IpFamily::V4 => (CTA_IP_V4_SRC, CTA_IP_V4_DST),
+                IpFamily::V6 => (CTA_IP_V6_SRC, CTA_IP_V6_DST),
+            };
+            attr::put(b, src, &ip_bytes(reply_src.ip()));
+            attr::put(b, dst, &ip_bytes(reply_dst.ip()));
+        });
+        attr::put_nested(b, CTA_TUPLE_PROTO, |b| {
+            attr::put_u8(b, CTA_PROTO_NUM, ipproto(protocol));
+            attr::put_be16(b, CTA_PROTO_SRC_PORT, reply_src.port());
+            attr::put_be16(b, CTA_PROTO_DST_PORT, reply_dst.port());
+        });
+    });
+    message::end(&mut buf, m);
     buf
 }
 
-/// An attribute's value (the crate keeps it private).
-fn nla_value(nla: &DefaultNla) -> Vec<u8> {
-    let mut buf = vec![0; nla.value_len()];
-    nla.emit_value(&mut buf);
-    buf
-}
-
-/// One netlink message of a datagram, by its header.
-#[derive(Debug)]
-pub(crate) struct Frame<'a> {
-    /// `nlmsg_type`.
-    pub kind: u16,
-    /// `nlmsg_seq`.
-    pub seq: u32,
-    /// The whole message, header included.
-    pub bytes: &'a [u8],
-}
-
-/// Splits a datagram into its messages. A header that does not fit ends the datagram with an
-/// error: after it, nothing can be framed.
-pub(crate) fn frames(datagram: &[u8]) -> impl Iterator<Item = Result<Frame<'_>, Malformed>> {
-    let mut rest = datagram;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let frame = NetlinkBuffer::new_checked(rest)
-            .map_err(|e| format!("bad netlink header: {e}"))
-            .map(|buf| {
-                let len = buf.length() as usize;
-                let frame = Frame {
-                    kind: buf.message_type(),
-                    seq: buf.sequence_number(),
-                    bytes: &rest[..len],
-                };
-                // Messages are padded to 4 bytes; the last one may not be.
-                rest = rest.get(align4(len)..).unwrap_or(&[]);
-                frame
-            });
-        if frame.is_err() {
-            rest = &[];
-        }
-        Some(frame)
-    })
-}
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// The errno of an `NLMSG_ERROR` message (0 for an acknowledgement) or of an `NLMSG_DONE` that
-/// carries one.
-pub(crate) fn code(frame: &Frame<'_>) -> Result<i32, Malformed> {
-    let body = frame
-        .bytes
-        .get(16..20)
-        .ok_or_else(|| "an NLMSG_ERROR or NLMSG_DONE without code".to_string())?;
-    Ok(-i32::from_ne_bytes([body[0], body[1], body[2], body[3]]))
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
 }
 
 /// Decodes one dumped conntrack message. `Ok(None)`: an entry of a protocol the proxy never
 /// proxies (only listed by kernels that ignore the dump filter).
-pub(crate) fn decode_entry(frame: &Frame<'_>) -> Result<Option<FlowEntry>, Malformed> {
-    let message = NetlinkMessage::<NetfilterMessage>::deserialize(frame.bytes)
-        .map_err(|e| format!("cannot decode conntrack message: {e}"))?;
-    let attrs = match message.payload {
-        NetlinkPayload::InnerMessage(NetfilterMessage {
-            inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
-            ..
-        }) => attrs,
-        other => return Err(format!("not a conntrack entry: {other:?}")),
-    };
-    let mut orig = None;
-    let mut reply = None;
-    let mut zone = 0;
-    let mut id = None;
-    for attr in attrs {
-        match attr {
-            ConntrackAttribute::CtaTupleOrig(t) => orig = Some(tuple(&t, "original")?),
-            ConntrackAttribute::CtaTupleReply(t) => reply = Some(tuple(&t, "reply")?),
-            ConntrackAttribute::Other(nla) => match nla.kind() & NLA_TYPE_MASK {
-                CTA_ZONE => zone = u16::from_be_bytes(fixed(&nla_value(&nla), "CTA_ZONE")?),
-                CTA_ID => id = Some(u32::from_be_bytes(fixed(&nla_value(&nla), "CTA_ID")?)),
-                _ => {}
-            },
-            _ => {}
-        }
+pub(crate) fn decode_entry(m: &Message<'_>) -> Result<Option<FlowEntry>, Malformed> {
+    if m.kind() != CT_NEW {
+        return Err(format!(
+            "not a conntrack entry: message type {:#x}",
+            m.kind()
+        ));
     }
-    let orig = orig.ok_or("no original tuple")?;
-    let reply = reply.ok_or("no reply tuple")?;
+    let (_, body) = nfnl::NfGenMsg::parse(m.payload)?;
+    let a: [Option<&[u8]>; 19] = attr::table(body)?;
+    let orig = tuple(
+        a[usize::from(CTA_TUPLE_ORIG)].ok_or("no original tuple")?,
+        "original",
+    )?;
+    let reply = tuple(
+        a[usize::from(CTA_TUPLE_REPLY)].ok_or("no reply tuple")?,
+        "reply",
+    )?;
+    let zone = match a[usize::from(CTA_ZONE)] {
+        Some(z) => attr::be16(Some(z), "CTA_ZONE")?,
+        None => 0,
+    };
+    let id = a[usize::from(CTA_ID)]
+        .map(|i| attr::be32(Some(i), "CTA_ID"))
+        .transpose()?;
     let protocol = match orig.protocol {
-        CtProtocol::Udp => Protocol::Udp,
-        CtProtocol::Sctp => Protocol::Sctp,
-        CtProtocol::Tcp => Protocol::Tcp,
+        IPPROTO_UDP => Protocol::Udp,
+        IPPROTO_SCTP => Protocol::Sctp,
+        IPPROTO_TCP => Protocol::Tcp,
         _ => return Ok(None),
     };
     let port = |p: Option<u16>, what: &str| p.ok_or_else(|| format!("no {what} port"));
@@ -257,54 +232,59 @@ pub(crate) fn decode_entry(frame: &Frame<'_>) -> Result<Option<FlowEntry>, Malfo
     }))
 }
 
-fn fixed<const N: usize>(value: &[u8], what: &str) -> Result<[u8; N], Malformed> {
-    value
-        .try_into()
-        .map_err(|_| format!("{what} of {} bytes, expected {N}", value.len()))
-}
-
 /// The parts of one direction's tuple the reconciler uses.
 struct Parsed {
     src: IpAddr,
     dst: IpAddr,
-    protocol: CtProtocol,
+    protocol: u8,
     sport: Option<u16>,
     dport: Option<u16>,
 }
 
-fn tuple(parts: &[Tuple], direction: &str) -> Result<Parsed, Malformed> {
-    let (mut src, mut dst, mut protocol, mut sport, mut dport) = (None, None, None, None, None);
-    for part in parts {
-        match part {
-            Tuple::Ip(ips) => {
-                for ip in ips {
-                    match ip {
-                        IPTuple::SourceAddress(a) => src = Some(*a),
-                        IPTuple::DestinationAddress(a) => dst = Some(*a),
-                        _ => {}
-                    }
-                }
-            }
-            Tuple::Proto(protos) => {
-                for p in protos {
-                    match p {
-                        ProtoTuple::Protocol(n) => protocol = Some(*n),
-                        ProtoTuple::SourcePort(n) => sport = Some(*n),
-                        ProtoTuple::DestinationPort(n) => dport = Some(*n),
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
+fn address(payload: Option<&[u8]>, what: &str) -> Result<Option<IpAddr>, Malformed> {
+    Ok(match payload {
+        None => None,
+        Some(&[a, b, c, d]) => Some(IpAddr::V4(Ipv4Addr::new(a, b, c, d))),
+        Some(p) => {
+            let octets: [u8; 16] = p
+                .try_into()
+                .map_err(|_| format!("{what} of {} bytes", p.len()))?;
+            Some(IpAddr::V6(Ipv6Addr::from(octets)))
         }
-    }
+    })
+}
+
+fn tuple(nest: &[u8], direction: &str) -> Result<Parsed, Malformed> {
     let missing = |what: &str| format!("{direction} tuple without {what}");
+    let t: [Option<&[u8]>; 3] = attr::table(nest)?;
+    let ip: [Option<&[u8]>; 5] = match t[usize::from(CTA_TUPLE_IP)] {
+        Some(ip) => attr::table(ip)?,
+        None => [None; 5],
+    };
+    let proto: [Option<&[u8]>; 4] = match t[usize::from(CTA_TUPLE_PROTO)] {
+        Some(p) => attr::table(p)?,
+        None => [None; 4],
+    };
+    let src = address(ip[usize::from(CTA_IP_V4_SRC)], "source address")?
+        .or(address(ip[usize::from(CTA_IP_V6_SRC)], "source address")?);
+    let dst = address(ip[usize::from(CTA_IP_V4_DST)], "destination address")?.or(address(
+        ip[usize::from(CTA_IP_V6_DST)],
+        "destination address",
+    )?);
+    let port = |i: u16, what: &str| {
+        proto[usize::from(i)]
+            .map(|p| attr::be16(Some(p), what))
+            .transpose()
+    };
     Ok(Parsed {
         src: src.ok_or_else(|| missing("source address"))?,
         dst: dst.ok_or_else(|| missing("destination address"))?,
-        protocol: protocol.ok_or_else(|| missing("protocol"))?,
-        sport,
-        dport,
+        protocol: match proto[usize::from(CTA_PROTO_NUM)] {
+            Some(p) => attr::u8(Some(p), "protocol")?,
+            None => return Err(missing("protocol")),
+        },
+        sport: port(CTA_PROTO_SRC_PORT, "source port")?,
+        dport: port(CTA_PROTO_DST_PORT, "destination port")?,
     })
 }
 

@@ -51,7 +51,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{Endpoint, IpFamily, Protocol, ServiceKey, ServicePort};
+use crate::frontend::Frontends;
+use crate::model::{Endpoint, IpFamily, Protocol, ServiceKey};
 use crate::track::ProxyState;
 
 /// How many [`ConntrackPlanner::update`]s a forgotten frontend is remembered for when no
@@ -124,7 +125,9 @@ impl fmt::Display for SocketDisplay {
     }
 }
 
-/// A Service frontend: where clients send Service traffic.
+/// A Service frontend as conntrack entries are matched against it: its protocol, address (or
+/// NodePort family) and port. The frontends themselves, with their endpoints, come from
+/// [`crate::frontend::Frontends`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Frontend {
     /// A ClusterIP, external IP or LoadBalancer IP with the Service port.
@@ -439,15 +442,6 @@ impl ConntrackPlanner {
     }
 }
 
-/// The addresses a port's IP frontends use.
-fn frontend_ips(port: &ServicePort) -> impl Iterator<Item = IpAddr> + '_ {
-    port.cluster_ips
-        .iter()
-        .chain(&port.external_ips)
-        .chain(&port.load_balancer_ips)
-        .copied()
-}
-
 /// The UDP and SCTP frontends of one Service in `state` (none if it is gone or TCP only). Two
 /// ports of the Service sharing one frontend allow the endpoints of both.
 fn contribution(state: &ProxyState, key: &ServiceKey, families: &[IpFamily]) -> Contribution {
@@ -469,15 +463,12 @@ fn contribution(state: &ProxyState, key: &ServiceKey, families: &[IpFamily]) -> 
             allowed.insert(ep);
         }
         let allowed = Arc::new(allowed);
-        let protocol = port.name.protocol;
-        for ip in frontend_ips(port) {
-            if families.contains(&IpFamily::of(&ip)) {
-                add(&mut c.ips, (protocol, ip, port.port), &allowed);
-            }
-        }
-        if let Some(np) = port.node_port {
-            for family in families {
-                add(&mut c.node_ports, (protocol, *family, np), &allowed);
+        for family in families {
+            for f in Frontends::of(&sps, *family).iter() {
+                match f.address {
+                    Some(ip) => add(&mut c.ips, (f.protocol, ip, f.port), &allowed),
+                    None => add(&mut c.node_ports, (f.protocol, f.family, f.port), &allowed),
+                }
             }
         }
     }

@@ -12,6 +12,7 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use crate::model::{
     Endpoint, IpFamily, NodeInfo, Protocol, ServiceKey, ServicePort, ServicePortName,
@@ -54,6 +55,19 @@ pub enum InvalidObject {
         field: &'static str,
         /// The offending value.
         value: String,
+    },
+    /// An address parses but is one the API server refuses for this field (loopback,
+    /// link-local, multicast, unspecified, broadcast, IPv4-mapped IPv6). Programming one would
+    /// capture traffic the node needs: a ClusterIP of 127.0.0.1 with a reject rule for its
+    /// unknown ports refuses every TCP connection to the node's own loopback.
+    #[error("invalid {field} {value:?}: {reason}")]
+    SpecialAddress {
+        /// Which field.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// Which range it falls in.
+        reason: &'static str,
     },
     /// A port is out of range.
     #[error("invalid {field} {value}: must be 1-65535")]
@@ -148,6 +162,65 @@ fn parse_ip(field: &'static str, value: &str) -> Result<IpAddr, InvalidObject> {
     })
 }
 
+/// Why `ip` cannot be a Service or endpoint address, if it cannot: the ranges the API server
+/// refuses for external IPs and endpoint addresses (`ValidateNonSpecialIP`, `validateEndpointIP`)
+/// plus the rest of multicast and the IPv4 broadcast address, which no allocator hands out as a
+/// ClusterIP. IPv4-mapped IPv6 addresses are refused too: they would be programmed into the IPv6
+/// table, where no IPv4 connection ever matches them, and so are the deprecated IPv4-compatible
+/// ones (`::a.b.c.d`).
+pub fn special_address(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(a) => {
+            if a.is_unspecified() {
+                Some("may not be unspecified (0.0.0.0)")
+            } else if a.is_loopback() {
+                Some("may not be in the loopback range (127.0.0.0/8)")
+            } else if a.is_link_local() {
+                Some("may not be in the link-local range (169.254.0.0/16)")
+            } else if a.is_multicast() {
+                Some("may not be multicast (224.0.0.0/4)")
+            } else if a.is_broadcast() {
+                Some("may not be the broadcast address (255.255.255.255)")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(a) => {
+            if a.is_unspecified() {
+                Some("may not be unspecified (::)")
+            } else if a.is_loopback() {
+                Some("may not be the loopback address (::1)")
+            } else if a.is_unicast_link_local() {
+                Some("may not be in the link-local range (fe80::/10)")
+            } else if a.is_multicast() {
+                Some("may not be multicast (ff00::/8)")
+            } else if a.to_ipv4_mapped().is_some() {
+                Some("may not be an IPv4-mapped IPv6 address (::ffff:0:0/96)")
+            } else if a.segments()[..6] == [0; 6] {
+                // Deprecated (RFC 4291), and printed in dotted form by iptables-save
+                // (`::10.0.0.1`), so no rule holding one ever reads back as written.
+                Some("may not be an IPv4-compatible IPv6 address (::/96)")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// Parses an address that traffic is sent to or from (a ClusterIP, external IP, LoadBalancer
+/// IP or endpoint), refusing the special ranges of [`special_address`].
+fn parse_service_ip(field: &'static str, value: &str) -> Result<IpAddr, InvalidObject> {
+    let ip = parse_ip(field, value)?;
+    match special_address(ip) {
+        Some(reason) => Err(InvalidObject::SpecialAddress {
+            field,
+            value: value.to_string(),
+            reason,
+        }),
+        None => Ok(ip),
+    }
+}
+
 fn parse_cidr(field: &'static str, value: &str) -> Result<IpNet, InvalidObject> {
     let net = IpNet::from_str(value.trim()).map_err(|_| InvalidObject::Address {
         field,
@@ -222,7 +295,7 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
     }
     let mut cluster_ips: Vec<IpAddr> = Vec::new();
     for s in cluster_ip_strings {
-        let ip = parse_ip("spec.clusterIPs", s)?;
+        let ip = parse_service_ip("spec.clusterIPs", s)?;
         if !cluster_ips
             .iter()
             .any(|c| IpFamily::of(c) == IpFamily::of(&ip))
@@ -234,7 +307,7 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
         .external_ips
         .iter()
         .flatten()
-        .map(|s| parse_ip("spec.externalIPs", s))
+        .map(|s| parse_service_ip("spec.externalIPs", s))
         .collect::<Result<Vec<_>, _>>()?;
     let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
     let mut load_balancer_ips = Vec::new();
@@ -251,7 +324,7 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
                 continue;
             }
             if let Some(ip) = &ing.ip {
-                load_balancer_ips.push(parse_ip("status.loadBalancer.ingress.ip", ip)?);
+                load_balancer_ips.push(parse_service_ip("status.loadBalancer.ingress.ip", ip)?);
             }
         }
     }
@@ -370,7 +443,7 @@ pub fn slice_endpoints(
         let Some(addr) = ep.addresses.first() else {
             return Err(InvalidObject::Missing("endpoints.addresses"));
         };
-        let ip = parse_ip("endpoints.addresses", addr)?;
+        let ip = parse_service_ip("endpoints.addresses", addr)?;
         if IpFamily::of(&ip) != family {
             return Err(InvalidObject::Address {
                 field: "endpoints.addresses (family differs from addressType)",
@@ -449,7 +522,15 @@ pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
         _ => spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect(),
     };
     for c in cidrs {
-        pod_cidrs.push(parse_cidr("spec.podCIDRs", c)?);
+        let net = parse_cidr("spec.podCIDRs", c)?;
+        if ipv4_embedded(&net) {
+            return Err(InvalidObject::SpecialAddress {
+                field: "spec.podCIDRs",
+                value: c.clone(),
+                reason: "may not be an IPv4-mapped or IPv4-compatible IPv6 range",
+            });
+        }
+        pod_cidrs.push(net);
     }
     let to_be_deleted = spec
         .and_then(|s| s.taints.as_ref())
@@ -463,6 +544,15 @@ pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
             .filter(|a| a.type_ == wanted)
         {
             let ip = parse_ip("status.addresses", &a.address)?;
+            // NodePort rules match the node's address; one the kernel tools print back in
+            // another form (IPv4-mapped or -compatible IPv6) could never be verified.
+            if ipv4_embedded(&IpNet::from(ip)) {
+                return Err(InvalidObject::SpecialAddress {
+                    field: "status.addresses",
+                    value: a.address.clone(),
+                    reason: "may not be an IPv4-mapped or IPv4-compatible IPv6 address",
+                });
+            }
             if !addresses
                 .iter()
                 .any(|x| IpFamily::of(x) == IpFamily::of(&ip))
@@ -485,6 +575,117 @@ pub fn node_info(node: &Node) -> Result<NodeInfo, InvalidObject> {
         pod_cidrs,
         addresses,
     })
+}
+
+/// The special ranges of [`special_address`] as networks, for checking whole CIDRs.
+const SPECIAL_NETS: [(IpNet, &str); 11] = {
+    const fn v4(a: u8, b: u8, c: u8, d: u8, len: u8) -> IpNet {
+        IpNet::V4(ipnet::Ipv4Net::new_assert(
+            std::net::Ipv4Addr::new(a, b, c, d),
+            len,
+        ))
+    }
+    const fn v6(seg: [u16; 8], len: u8) -> IpNet {
+        let [a, b, c, d, e, f, g, h] = seg;
+        IpNet::V6(ipnet::Ipv6Net::new_assert(
+            std::net::Ipv6Addr::new(a, b, c, d, e, f, g, h),
+            len,
+        ))
+    }
+    [
+        (v4(0, 0, 0, 0, 8), "may not overlap 0.0.0.0/8"),
+        (
+            v4(127, 0, 0, 0, 8),
+            "may not overlap the loopback range (127.0.0.0/8)",
+        ),
+        (
+            v4(169, 254, 0, 0, 16),
+            "may not overlap the link-local range (169.254.0.0/16)",
+        ),
+        (
+            v4(224, 0, 0, 0, 4),
+            "may not overlap multicast (224.0.0.0/4)",
+        ),
+        (
+            v4(255, 255, 255, 255, 32),
+            "may not hold the broadcast address (255.255.255.255)",
+        ),
+        (v6([0; 8], 128), "may not hold the unspecified address (::)"),
+        (
+            v6([0, 0, 0, 0, 0, 0, 0, 1], 128),
+            "may not hold the loopback address (::1)",
+        ),
+        (
+            v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10),
+            "may not overlap the link-local range (fe80::/10)",
+        ),
+        (
+            v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8),
+            "may not overlap multicast (ff00::/8)",
+        ),
+        (
+            v6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96),
+            "may not overlap IPv4-mapped addresses (::ffff:0:0/96)",
+        ),
+        (
+            v6([0; 8], 96),
+            "may not overlap IPv4-compatible addresses (::/96)",
+        ),
+    ]
+};
+
+/// Whether `net` is an IPv6 range of IPv4-mapped (`::ffff:0:0/96`) or IPv4-compatible
+/// (`::/96`) addresses. The kernel tools print such addresses in dotted form, so a rule holding
+/// one never reads back as written; the IPv4 range is what is meant.
+pub fn ipv4_embedded(net: &IpNet) -> bool {
+    let IpNet::V6(v6) = net else {
+        return false;
+    };
+    if v6.prefix_len() < 96 {
+        return false;
+    }
+    let segments = v6.network().segments();
+    let mapped = segments[..6] == [0, 0, 0, 0, 0, 0xffff];
+    // `::/96`, but the unspecified and loopback addresses alone: they are not IPv4 in disguise.
+    let lone_special = v6.prefix_len() == 128 && u128::from(v6.network()) <= 1;
+    let compatible = segments[..6] == [0; 6] && !lone_special;
+    mapped || compatible
+}
+
+/// Converts a ServiceCIDR (networking.k8s.io/v1) into its ranges.
+///
+/// Traffic to an address inside a Service CIDR that no Service holds is dropped, so a range
+/// that overlaps loopback, link-local or multicast (or a `/0`, which overlaps all of them) would
+/// cut the node off: such an object is refused whole.
+pub fn service_cidrs(obj: &ServiceCIDR) -> Result<Vec<IpNet>, InvalidObject> {
+    let name = obj
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(InvalidObject::Missing("metadata.name"))?;
+    validate_dns_subdomain("metadata.name", name)?;
+    let mut out = Vec::new();
+    for c in obj.spec.iter().flat_map(|s| s.cidrs.iter().flatten()) {
+        let net = parse_cidr("spec.cidrs", c)?;
+        if let Some(reason) = special_service_cidr(&net) {
+            return Err(InvalidObject::SpecialAddress {
+                field: "spec.cidrs",
+                value: c.clone(),
+                reason,
+            });
+        }
+        out.push(net);
+    }
+    Ok(out)
+}
+
+/// Why `net` cannot be a Service CIDR, if it cannot: it overlaps a special range of
+/// [`special_address`]. For ServiceCIDR objects and the `serviceCIDRs` setting alike.
+pub fn special_service_cidr(net: &IpNet) -> Option<&'static str> {
+    SPECIAL_NETS
+        .iter()
+        .find(|(special, _)| net.contains(special) || special.contains(net))
+        .map(|(_, reason)| *reason)
 }
 
 /// Parses an RFC 3339 UTC timestamp (`2024-01-02T03:04:05Z`, optional fraction) to Unix seconds.

@@ -1,7 +1,18 @@
-//! The contract every dataplane mode implements.
+//! The contract every dataplane mode implements, and the error every mode reports in.
+//!
+//! The trait is object-safe: the sync loop holds a `Box<dyn Dataplane>` chosen from the mode
+//! registry at start, so one loop serves every mode. Mirrors upstream's `proxy.Provider`
+//! (`pkg/proxy/types.go`), with the lifecycle a mode that is not a set of kernel rules needs
+//! (a userspace proxy binds listeners; IPVS and UDP proxies expire state on a timer).
 
-use crate::flow::{Packet, Verdict};
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Instant;
+
 use crate::track::{Changes, ProxyState};
+
+#[cfg(test)]
+mod tests;
 
 /// What one sync did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -15,17 +26,128 @@ pub struct SyncReport {
     pub no_local_endpoints: (u64, u64),
 }
 
+/// Whether trying a failed operation again can help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// A later attempt may succeed (a refused transaction, a busy lock, a read that raced a
+    /// writer): the loop retries with backoff, and the retry is a full sync.
+    WithBackoff,
+    /// Nothing changes until an operator acts (no permission, a kernel module or a tool
+    /// missing): retrying would only repeat the failure, so the proxy stops and says why. The
+    /// rules already in the kernel stay in place.
+    Never,
+}
+
+/// Linux errno values that mean "retrying cannot help". Raw numbers, as the kernel's ABI
+/// defines them, so the pure core needs no libc.
+mod errno {
+    /// Operation not permitted.
+    pub const EPERM: i32 = 1;
+    /// Permission denied.
+    pub const EACCES: i32 = 13;
+    /// Protocol not supported (a netlink family whose module is not loaded).
+    pub const EPROTONOSUPPORT: i32 = 93;
+    /// Address family not supported.
+    pub const EAFNOSUPPORT: i32 = 97;
+}
+
+impl Retry {
+    /// What a kernel errno says about retrying: permission and missing-support errors never
+    /// heal by themselves; everything else may.
+    pub fn of_errno(errno: i32) -> Retry {
+        match errno {
+            errno::EPERM | errno::EACCES | errno::EPROTONOSUPPORT | errno::EAFNOSUPPORT => {
+                Retry::Never
+            }
+            _ => Retry::WithBackoff,
+        }
+    }
+
+    /// What an error starting or feeding a kernel tool says about retrying: a program that is
+    /// not installed or not permitted stays so.
+    pub fn of_spawn(e: &std::io::Error) -> Retry {
+        match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => Retry::Never,
+            _ => e.raw_os_error().map_or(Retry::WithBackoff, Retry::of_errno),
+        }
+    }
+}
+
+/// A dataplane operation failed. Carries the mode's own error (its typed detail stays
+/// reachable through [`DataplaneError::source`]) and whether retrying can help.
+pub struct DataplaneError {
+    retry: Retry,
+    inner: Box<dyn StdError + Send + Sync + 'static>,
+}
+
+impl DataplaneError {
+    /// `inner`, with what it says about retrying.
+    pub fn new(retry: Retry, inner: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        DataplaneError {
+            retry,
+            inner: inner.into(),
+        }
+    }
+
+    /// A failure that a later attempt may not repeat.
+    pub fn transient(inner: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        DataplaneError::new(Retry::WithBackoff, inner)
+    }
+
+    /// A failure no retry can cure.
+    pub fn permanent(inner: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        DataplaneError::new(Retry::Never, inner)
+    }
+
+    /// Whether retrying can help.
+    pub fn retry(&self) -> Retry {
+        self.retry
+    }
+
+    /// The mode's own error, to match on its typed detail.
+    pub fn inner(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        self.inner.as_ref()
+    }
+}
+
+impl fmt::Debug for DataplaneError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataplaneError")
+            .field("retry", &self.retry)
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl fmt::Display for DataplaneError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl StdError for DataplaneError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.inner.source()
+    }
+}
+
 /// A dataplane mode: programs the node so that Service traffic reaches endpoints.
 ///
 /// A mode keeps its own record of what it believes the kernel holds, so a partial sync sends
 /// only what `changes` touched, and [`Dataplane::verify`] can compare that record with the
-/// kernel.
+/// kernel. The loop calls, in order: [`Dataplane::start`] once, then [`Dataplane::sync`] for
+/// every change batch (the first one full, after every initial list) and
+/// [`Dataplane::tick`] whenever [`Dataplane::next_deadline`] passes, and
+/// [`Dataplane::shutdown`] once when the proxy stops.
 pub trait Dataplane: Send {
-    /// The mode's error type.
-    type Error: std::error::Error + Send + Sync + 'static;
-
     /// Upstream's name for the mode (`nftables`, `iptables`, ...).
     fn mode(&self) -> &'static str;
+
+    /// Prepares the mode before its first sync, on the loop's runtime (a userspace mode binds
+    /// its listeners here). Called once; a failure stops the proxy.
+    fn start(&mut self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
 
     /// Programs the kernel from `state`. With `full`, everything is rewritten and drift
     /// repaired; otherwise only the Services in `changes` are. After an error the caller makes
@@ -35,26 +157,28 @@ pub trait Dataplane: Send {
         state: &ProxyState,
         changes: &Changes,
         full: bool,
-    ) -> Result<SyncReport, Self::Error>;
+    ) -> Result<SyncReport, DataplaneError>;
 
     /// Reads the kernel state back and compares it with what the mode believes it programmed.
     /// Returns a description of every difference.
-    fn verify(&mut self) -> Result<Vec<String>, Self::Error>;
+    fn verify(&mut self) -> Result<Vec<String>, DataplaneError>;
 
     /// Removes everything this mode installed.
-    fn cleanup(&mut self) -> Result<(), Self::Error>;
+    fn cleanup(&mut self) -> Result<(), DataplaneError>;
 
-    /// What a periodic full sync acts on: [`Dataplane::verify`]'s differences, or, when the
-    /// kernel cannot be read, one difference saying so (nothing then proves the rules right,
-    /// so the caller rebuilds them).
-    fn drift(&mut self) -> Vec<String> {
-        self.verify()
-            .unwrap_or_else(|e| vec![format!("cannot read the kernel's rules back: {e}")])
+    /// When the mode next has work that no change triggers (IPVS graceful termination, UDP
+    /// idle expiry): the loop calls [`Dataplane::tick`] once that time has passed.
+    fn next_deadline(&self) -> Option<Instant> {
+        None
     }
-}
 
-/// Follows a packet through a mode's rendered rules, without a kernel.
-pub trait Tracer {
-    /// What happens to `packet`.
-    fn trace(&self, packet: &Packet) -> Verdict;
+    /// Does the timed work due at `now`.
+    fn tick(&mut self, _now: Instant) -> Result<(), DataplaneError> {
+        Ok(())
+    }
+
+    /// The proxy is stopping: release what [`Dataplane::start`] took. Kernel rules stay in
+    /// place, as upstream leaves them, so traffic keeps flowing until the next proxy adopts
+    /// them.
+    fn shutdown(&mut self) {}
 }

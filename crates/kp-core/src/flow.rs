@@ -65,3 +65,9 @@ pub enum Verdict {
     /// Rejected (ICMP unreachable or TCP reset).
     Reject,
 }
+
+/// Follows a packet through a mode's rendered rules, without a kernel.
+pub trait Tracer {
+    /// What happens to `packet`.
+    fn trace(&self, packet: &Packet) -> Verdict;
+}

@@ -10,6 +10,8 @@ pub mod conntrack;
 pub mod convert;
 pub mod dataplane;
 pub mod flow;
+pub mod frontend;
+pub mod logsafe;
 pub mod model;
 pub mod node;
 pub mod select;

@@ -11,8 +11,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::convert::{self, InvalidObject, ServiceDisposition};
+use crate::logsafe::Escaped;
+use ipnet::IpNet;
+
 use crate::model::{Endpoint, NodeInfo, ServiceKey, ServicePort, ServicePortName, SliceEndpoints};
 use crate::select::{self, SelectedEndpoints};
 
@@ -25,6 +30,8 @@ pub enum Kind {
     EndpointSlice,
     /// core/v1 Node (only this node).
     Node,
+    /// networking.k8s.io/v1 ServiceCIDR: the ranges ClusterIPs are allocated from.
+    ServiceCidr,
 }
 
 impl fmt::Display for Kind {
@@ -33,6 +40,7 @@ impl fmt::Display for Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         })
     }
 }
@@ -46,6 +54,8 @@ pub enum Object {
     EndpointSlice(Box<EndpointSlice>),
     /// A Node.
     Node(Box<Node>),
+    /// A ServiceCIDR.
+    ServiceCidr(Box<ServiceCIDR>),
 }
 
 impl Object {
@@ -55,19 +65,26 @@ impl Object {
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Node(_) => Kind::Node,
+            Object::ServiceCidr(_) => Kind::ServiceCidr,
         }
     }
 
-    /// The object's namespace (empty for Nodes) and name.
-    pub fn key(&self) -> ObjectKey {
-        let meta = match self {
+    /// The object's metadata.
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
             Object::Service(s) => &s.metadata,
             Object::EndpointSlice(s) => &s.metadata,
             Object::Node(n) => &n.metadata,
-        };
+            Object::ServiceCidr(c) => &c.metadata,
+        }
+    }
+
+    /// The object's namespace (empty for cluster-scoped Nodes and ServiceCIDRs) and name.
+    pub fn key(&self) -> ObjectKey {
+        let meta = self.metadata();
         ObjectKey {
             namespace: match self {
-                Object::Node(_) => String::new(),
+                Object::Node(_) | Object::ServiceCidr(_) => String::new(),
                 _ => meta.namespace.clone().unwrap_or_else(|| "default".into()),
             },
             name: meta.name.clone().unwrap_or_default(),
@@ -84,12 +101,14 @@ pub struct ObjectKey {
     pub name: String,
 }
 
+/// `namespace/name` (or `name`), with control characters escaped: the key of a rejected object
+/// is whatever its author wrote, and goes into log lines.
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.namespace.is_empty() {
-            f.write_str(&self.name)
+            Escaped(&self.name).fmt(f)
         } else {
-            write!(f, "{}/{}", self.namespace, self.name)
+            write!(f, "{}/{}", Escaped(&self.namespace), Escaped(&self.name))
         }
     }
 }
@@ -137,7 +156,8 @@ pub struct Changes {
     pub service_changes: u64,
     /// Number of EndpointSlice object changes included.
     pub endpoint_changes: u64,
-    /// The Node changed in a way that affects rules (zone, pod CIDRs, primary addresses).
+    /// The node-wide context of the rules changed: this Node in a way that affects them (zone,
+    /// pod CIDRs, primary addresses), or the Service CIDRs. Every Service is planned again.
     pub node_changed: bool,
     /// `last-change-trigger-time` of the EndpointSlice changes included, as Unix seconds.
     pub trigger_times: Vec<f64>,
@@ -170,6 +190,10 @@ pub struct ProxyState {
     /// a `BTreeSet`'s node at 10k Services).
     slices_by_service: HashMap<ServiceKey, Vec<ObjectKey>>,
     node: NodeInfo,
+    /// Service CIDRs from the configuration (our `serviceCIDRs` setting).
+    configured_service_cidrs: Vec<IpNet>,
+    /// Service CIDRs from ServiceCIDR objects, by object name.
+    api_service_cidrs: BTreeMap<String, Vec<IpNet>>,
     synced: BTreeSet<Kind>,
     pending: Changes,
 }
@@ -186,6 +210,29 @@ impl ProxyState {
             node_name,
             ..ProxyState::default()
         }
+    }
+
+    /// Sets the Service CIDRs given by configuration; they count alongside those of ServiceCIDR
+    /// objects. Meant for start-up, before the first sync (it records a node-wide change).
+    pub fn set_configured_service_cidrs(&mut self, cidrs: Vec<IpNet>) {
+        let before = self.service_cidrs();
+        self.configured_service_cidrs = cidrs.into_iter().map(|n| n.trunc()).collect();
+        if self.service_cidrs() != before {
+            self.pending.node_changed = true;
+        }
+    }
+
+    /// The ranges ClusterIPs are allocated from, as far as this proxy knows them (configured,
+    /// and from ServiceCIDR objects), aggregated: traffic to an address inside them that no
+    /// Service holds is dropped, as upstream's nftables mode does. Empty when none is known.
+    pub fn service_cidrs(&self) -> Vec<IpNet> {
+        let all: Vec<IpNet> = self
+            .configured_service_cidrs
+            .iter()
+            .chain(self.api_service_cidrs.values().flatten())
+            .copied()
+            .collect();
+        IpNet::aggregate(&all)
     }
 
     /// This node's name.
@@ -261,7 +308,14 @@ impl ProxyState {
                         let info = convert::node_info(&node).map_err(reject)?;
                         Ok(self.set_node(info))
                     }
+                    Object::ServiceCidr(c) => {
+                        let cidrs = convert::service_cidrs(&c).map_err(reject)?;
+                        Ok(self.set_service_cidrs(key.name, Some(cidrs)))
+                    }
                 }
+            }
+            SourceEvent::Delete(Kind::ServiceCidr, key) => {
+                Ok(self.set_service_cidrs(key.name, None))
             }
             SourceEvent::Delete(Kind::Service, key) => {
                 Ok(self.set_service(ServiceKey::new(key.namespace, key.name), Vec::new()))
@@ -341,6 +395,23 @@ impl ProxyState {
             self.pending.node_changed = true;
         }
         self.node = info;
+        Applied::Changed
+    }
+
+    fn set_service_cidrs(&mut self, name: String, cidrs: Option<Vec<IpNet>>) -> Applied {
+        if self.api_service_cidrs.get(&name) == cidrs.as_ref() {
+            return Applied::Unchanged;
+        }
+        let before = self.service_cidrs();
+        match cidrs {
+            Some(c) => self.api_service_cidrs.insert(name, c),
+            None => self.api_service_cidrs.remove(&name),
+        };
+        if self.service_cidrs() == before {
+            // Another object or the configuration already covers the same ranges.
+            return Applied::Unchanged;
+        }
+        self.pending.node_changed = true;
         Applied::Changed
     }
 

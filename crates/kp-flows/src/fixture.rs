@@ -6,13 +6,14 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::{Kind, Object, ProxyState, SourceEvent};
 use serde_json::{json, Value};
 
 use crate::{
     CLUSTER_CIDR, CLUSTER_CIDR6, NODE, NODE_IP, NODE_IP6, OTHER_NODE, POD_CIDR, POD_CIDR6,
-    SCTP_PORT, TCP_PORT, UDP_PORT, ZONE,
+    SCTP_PORT, SERVICE_CIDR, SERVICE_CIDR6, TCP_PORT, UDP_PORT, ZONE,
 };
 
 /// A pod of the fixture.
@@ -424,7 +425,17 @@ fn node() -> Node {
     .unwrap_or_else(|e| panic!("fixture node: {e}"))
 }
 
-/// The cluster's objects: Services, EndpointSlices and this Node.
+/// The cluster's Service CIDRs, as the API server's default ServiceCIDR object holds them.
+fn service_cidr() -> ServiceCIDR {
+    serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": [SERVICE_CIDR, SERVICE_CIDR6]},
+    }))
+    .unwrap_or_else(|e| panic!("fixture ServiceCIDR: {e}"))
+}
+
+/// The cluster's objects: Services, EndpointSlices, this Node and the ServiceCIDR.
 pub fn objects() -> Vec<Object> {
     services()
         .into_iter()
@@ -434,7 +445,10 @@ pub fn objects() -> Vec<Object> {
                 .into_iter()
                 .map(|s| Object::EndpointSlice(Box::new(s))),
         )
-        .chain([Object::Node(Box::new(node()))])
+        .chain([
+            Object::Node(Box::new(node())),
+            Object::ServiceCidr(Box::new(service_cidr())),
+        ])
         .collect()
 }
 
@@ -449,6 +463,11 @@ pub fn manifest(object: &Object) -> Value {
             serde_json::to_value(s),
         ),
         Object::Node(n) => ("v1", "Node", serde_json::to_value(n)),
+        Object::ServiceCidr(c) => (
+            "networking.k8s.io/v1",
+            "ServiceCIDR",
+            serde_json::to_value(c),
+        ),
     };
     let mut v =
         value.unwrap_or_else(|e| panic!("{} {} serialises: {e}", object.kind(), object.key()));
@@ -500,11 +519,17 @@ pub fn node_context() -> NodeContext {
     NodeContext::resolve(
         &DetectLocal::ClusterCidr(vec![cidr(CLUSTER_CIDR), cidr(CLUSTER_CIDR6)]),
         &NodePortAddresses::Primary,
-        state().node(),
+        &state(),
     )
 }
 
 /// The fixture's `web` EndpointSlice with only the named pods.
 pub fn web_slice(pods: &[&'static str]) -> EndpointSlice {
     tcp4("web", &ready(pods))
+}
+
+/// The fixture's `sticky` EndpointSlice (the ClientIP affinity Service) with only the named
+/// pods.
+pub fn sticky_slice(pods: &[&'static str]) -> EndpointSlice {
+    tcp4("sticky", &ready(pods))
 }

@@ -34,10 +34,13 @@ pub mod synthetic;
 pub mod table;
 
 pub use fixture::{
-    load, manifest, manifest_list, manifest_list_of, node_context, objects, pods, state, web_slice,
-    Pod,
+    load, manifest, manifest_list, manifest_list_of, node_context, objects, pods, state,
+    sticky_slice, web_slice, Pod,
 };
-pub use table::{cases, check_tracer, expected_verdict, node_addresses, Case, Expect};
+pub use table::{
+    cases, check_tracer, check_tracer_for, expected_verdict, node_addresses, Case, Expect, Support,
+    NODE_FROM_LB_IP,
+};
 
 /// This node's name.
 pub const NODE: &str = "node-a";
@@ -62,6 +65,11 @@ pub const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
 pub const POD_CIDR: &str = "10.244.1.0/24";
 /// This node's IPv6 pod network.
 pub const POD_CIDR6: &str = "fd00:10:244:1::/64";
+/// The cluster's IPv4 Service CIDR (its ServiceCIDR object `kubernetes`): every fixture
+/// ClusterIP is inside it, and an address inside it that no Service holds is dropped.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The cluster's IPv6 Service CIDR.
+pub const SERVICE_CIDR6: &str = "fd00:10:96::/112";
 /// External client inside the LoadBalancer source range.
 pub const CLIENT: &str = "192.0.2.2";
 /// The same client's IPv6 address.

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use kp_core::dataplane::Tracer;
+use kp_core::flow::Tracer;
 use kp_core::flow::{Origin, Packet, Verdict};
 use kp_core::model::Protocol;
 
@@ -16,6 +16,10 @@ use crate::{
     CLIENT, CLIENT6, CLIENT_OUTSIDE, CLIENT_OUTSIDE6, NODE, NODE_IP, NODE_IP6, NODE_POD_GATEWAY,
     NODE_POD_GATEWAY_V6, SCTP_PORT, TCP_PORT, UDP_PORT,
 };
+
+/// A row's `from` for the node sending from the LoadBalancer IP it connects to (the IP is local
+/// on the node); real-packet runs add it to the node's loopback for the row.
+pub const NODE_FROM_LB_IP: &str = "node-from-lb-ip";
 
 /// What a row expects.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +48,8 @@ pub enum Expect {
 pub struct Case {
     /// What the row shows.
     pub name: &'static str,
-    /// Where the client sits: `client`, `client-outside`, `node`, or a pod name.
+    /// Where the client sits: `client`, `client-outside`, `node`, [`NODE_FROM_LB_IP`], or a pod
+    /// name.
     pub from: &'static str,
     /// The packet.
     pub packet: Packet,
@@ -59,6 +64,32 @@ impl Case {
     pub fn needs_sctp(&self) -> bool {
         self.packet.protocol == Protocol::Sctp
     }
+
+    /// The row as a mode with `support` must pass it: unchanged, except that a mode without
+    /// SCTP must reject an SCTP row (as it rejects an unknown port), not leave it unanswered.
+    pub fn for_mode(&self, support: Support) -> Case {
+        let mut case = self.clone();
+        if self.needs_sctp() && !support.sctp {
+            case.expect = Expect::Reject;
+        }
+        case
+    }
+}
+
+/// What a mode proxies of the protocols the table holds. Every row is checked in every mode;
+/// a mode that does not carry a protocol declares it here and is held to rejecting it
+/// ([`Case::for_mode`]), so the row is neither dropped nor weakened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Support {
+    /// Whether SCTP Services are proxied.
+    pub sctp: bool,
+}
+
+impl Support {
+    /// Every protocol of the table (the kernel modes).
+    pub const ALL: Support = Support { sctp: true };
+    /// TCP and UDP only (userspace mode: the proxy has no SCTP socket).
+    pub const NO_SCTP: Support = Support { sctp: false };
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -75,6 +106,9 @@ fn source_of(from: &str, dst: IpAddr) -> (Origin, IpAddr) {
         "client-outside" => (Origin::External, pick(CLIENT_OUTSIDE, CLIENT_OUTSIDE6)),
         // A connection to a loopback address leaves from the same loopback address.
         "node" if dst.is_loopback() => (Origin::Node, dst),
+        // The node reaching its own LoadBalancer IP where that IP is local (bound, or routed
+        // locally as GCE does): the connection leaves from the LoadBalancer IP itself.
+        NODE_FROM_LB_IP => (Origin::Node, dst),
         "node" => (Origin::Node, pick(NODE_IP, NODE_IP6)),
         p => {
             let pod = pod(p);
@@ -178,6 +212,49 @@ pub fn cases() -> Vec<Case> {
             "10.96.0.20",
             80,
             Expect::Reject,
+        ),
+        // Upstream nftables: after the ClusterIP checks, anything still addressed to a Service
+        // CIDR is for an address no Service holds ("Drop traffic to unallocated ClusterIPs").
+        // The fixture's ServiceCIDR object holds 10.96.0.0/16 and fd00:10:96::/112.
+        row(
+            "traffic to an unallocated ClusterIP is dropped",
+            "pod-4",
+            Tcp,
+            "10.96.0.99",
+            80,
+            Expect::Drop,
+        ),
+        row(
+            "the node's traffic to an unallocated ClusterIP is dropped",
+            "node",
+            Tcp,
+            "10.96.0.99",
+            80,
+            Expect::Drop,
+        ),
+        row(
+            "UDP to an unallocated ClusterIP is dropped",
+            "pod-4",
+            Udp,
+            "10.96.0.99",
+            53,
+            Expect::Drop,
+        ),
+        row(
+            "traffic to an unallocated IPv6 ClusterIP is dropped",
+            "pod-4",
+            Tcp,
+            "fd00:10:96::99",
+            80,
+            Expect::Drop,
+        ),
+        row(
+            "traffic outside the Service CIDRs is left alone",
+            "pod-4",
+            Tcp,
+            "10.97.0.10",
+            80,
+            Expect::Untouched,
         ),
         // --- NodePort and nodePortAddresses --------------------------------------------
         row(
@@ -305,6 +382,17 @@ pub fn cases() -> Vec<Case> {
             "198.51.100.20",
             80,
             Expect::Drop,
+        ),
+        // Upstream (both proxiers, "allowFromNode"): source ranges that hold a node address
+        // also admit the node's own traffic to the LoadBalancer IP, which carries that IP as
+        // its source. External policy Cluster: masqueraded, as any node-sourced external hit.
+        row(
+            "the node reaches its LoadBalancer IP when the source ranges hold its address",
+            NODE_FROM_LB_IP,
+            Tcp,
+            "198.51.100.20",
+            80,
+            to(&["pod-1", "pod-2"], MASQUERADED),
         ),
         row(
             "LoadBalancer NodePort is not subject to source ranges",
@@ -608,10 +696,16 @@ pub fn node_addresses() -> Vec<IpAddr> {
 
 /// Runs every row through `tracer`; returns one message per failing row.
 pub fn check_tracer(tracer: &impl Tracer) -> Vec<String> {
+    check_tracer_for(tracer, Support::ALL)
+}
+
+/// [`check_tracer`] for a mode with `support`: each row as [`Case::for_mode`] makes it.
+pub fn check_tracer_for(tracer: &impl Tracer, support: Support) -> Vec<String> {
     cases()
         .iter()
+        .map(|case| case.for_mode(support))
         .filter_map(|case| {
-            let want = expected_verdict(case);
+            let want = expected_verdict(&case);
             let got = tracer.trace(&case.packet);
             (got != want).then(|| {
                 format!(

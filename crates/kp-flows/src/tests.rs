@@ -142,3 +142,21 @@ fn sources_follow_the_destination_family() {
         "fd00:10:244:1::14".parse::<IpAddr>().unwrap()
     );
 }
+
+#[test]
+fn a_mode_without_sctp_is_held_to_rejecting_the_sctp_rows_and_to_every_other_row_as_is() {
+    let mut sctp_rows = 0;
+    for case in cases() {
+        let all = case.for_mode(Support::ALL);
+        let no_sctp = case.for_mode(Support::NO_SCTP);
+        assert_eq!(all.expect, case.expect, "{}", case.name);
+        if case.needs_sctp() {
+            sctp_rows += 1;
+            assert_ne!(case.expect, Expect::Reject, "{}", case.name);
+            assert_eq!(no_sctp.expect, Expect::Reject, "{}", case.name);
+        } else {
+            assert_eq!(no_sctp.expect, case.expect, "{}", case.name);
+        }
+    }
+    assert!(sctp_rows > 0);
+}

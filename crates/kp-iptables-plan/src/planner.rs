@@ -28,41 +28,14 @@ use kp_core::node::NodeContext;
 use kp_core::track::ProxyState;
 
 use crate::names::{self, ChainId};
-use crate::render::{self, Dispatch, PortRules, RenderContext};
-use crate::restore::{ChainWrite, LazyGroup, LazyGroups, Restore, ServiceChains, Table};
+use crate::render::{
+    self, render_service, ChainWrite, Dispatch, PortRules, RenderContext, ServiceChains, Table,
+};
+use crate::restore::{LazyGroup, LazyGroups, Restore};
+use crate::validate::{self, RuleError};
 
-/// How the planner renders rules (upstream's `iptables` configuration for one family).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanConfig {
-    /// The family of the tables planned (`iptables` or `ip6tables`).
-    pub family: IpFamily,
-    /// `iptables.masqueradeBit`: the mark bit for SNAT, 0 to 31 (validated by the
-    /// configuration; an out-of-range bit falls back to 14).
-    pub masquerade_bit: u32,
-    /// `masqueradeAll`: masquerade all ClusterIP traffic.
-    pub masquerade_all: bool,
-    /// `iptables.localhostNodePorts`: NodePorts also answer on 127.0.0.0/8 (IPv4 only), with
-    /// kubelet's `KUBE-FIREWALL` anti-martian rule. Upstream turns it off when
-    /// `nodePortAddresses` excludes loopback; the configuration layer does that here.
-    pub localhost_node_ports: bool,
-}
-
-impl PlanConfig {
-    /// Defaults for `family`: mark bit 14, no `masqueradeAll`, no localhost NodePorts.
-    pub fn new(family: IpFamily) -> Self {
-        PlanConfig {
-            family,
-            masquerade_bit: 14,
-            masquerade_all: false,
-            localhost_node_ports: false,
-        }
-    }
-
-    /// The masquerade mark, `1 << masquerade_bit`.
-    pub fn mark(&self) -> u32 {
-        1u32.checked_shl(self.masquerade_bit).unwrap_or(1 << 14)
-    }
-}
+pub use crate::render::PlanConfig;
+pub use crate::validate::PlanError;
 
 /// A rule in a built-in chain that reaches one of ours (upstream's `iptablesJumpChains`). The
 /// applier makes sure each exists, inserted at the top of its chain.
@@ -87,10 +60,50 @@ pub fn digest<S: AsRef<str>>(rules: &[S]) -> u64 {
     h.finish()
 }
 
+/// Every rule of one rendered Service port through [`validate`]: the first that fails, as
+/// (table, chain, rule, why).
+fn check_port(family: IpFamily, p: &PortRules) -> Result<(), (Table, String, String, RuleError)> {
+    for c in &p.chains {
+        validate::chain_name(&c.chain).map_err(|e| (c.table, c.chain.clone(), String::new(), e))?;
+        for r in &c.rules {
+            validate::rule(family, c.table, &c.chain, r)
+                .map_err(|e| (c.table, c.chain.clone(), r.clone(), e))?;
+        }
+    }
+    for d in Dispatch::ALL {
+        for r in &p.dispatch[d as usize] {
+            validate::rule(family, d.table(), d.chain(), r)
+                .map_err(|e| (d.table(), d.chain().to_string(), r.clone(), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Every rule of the fixed and shared chains through [`validate`].
+fn check_shared(family: IpFamily, shared: &Shared) -> Result<(), Box<PlanError>> {
+    for ((table, chain), rules) in shared {
+        for r in rules {
+            validate::rule(family, *table, chain, r).map_err(|error| {
+                Box::new(PlanError::Shared {
+                    family,
+                    table: *table,
+                    chain: chain.to_string(),
+                    rule: r.clone(),
+                    error,
+                })
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// One chain of a Service port as planned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct ChainRec {
     digest: u64,
+    /// Its rules (kept so a full plan trimmed by [`Restore::retain`] still counts what it
+    /// writes; the field fits in the padding after `id`, so the record stays 24 bytes).
+    rules: u32,
     id: ChainId,
 }
 
@@ -150,6 +163,7 @@ fn record_port(p: &PortRules) -> PortRec {
                 // Every Service chain is named by `names`, so it has an id.
                 ChainId::parse(&c.chain).map(|id| ChainRec {
                     digest: digest(&c.rules),
+                    rules: c.rules.len() as u32,
                     id,
                 })
             })
@@ -161,27 +175,27 @@ fn record_port(p: &PortRules) -> PortRec {
     }
 }
 
-/// A Service's ports with a ClusterIP of `ctx`'s family, rendered, by port name.
-fn render_service(
+/// [`render_service`] with chains, every rule validated: the Service's first refused rule
+/// fails it whole (a Service is planned entirely or not at all).
+fn render_checked(
     ctx: &RenderContext,
     state: &ProxyState,
     key: &ServiceKey,
-    with_chains: bool,
-) -> Vec<(ServicePortName, PortRules)> {
-    let mut ports: Vec<(ServicePortName, PortRules)> = state
-        .service_state(key)
-        .iter()
-        .filter_map(|ps| {
-            let r = if with_chains {
-                render::render_port(ctx, &ps.port, &ps.endpoints)
-            } else {
-                render::render_dispatch(ctx, &ps.port, &ps.endpoints)
-            };
-            r.map(|r| (ps.port.name.clone(), r))
-        })
-        .collect();
-    ports.sort_by(|a, b| a.0.cmp(&b.0));
-    ports
+) -> Result<Vec<(ServicePortName, PortRules)>, Box<PlanError>> {
+    let ports = render_service(ctx, state, key, true);
+    for (_, p) in &ports {
+        check_port(ctx.family, p).map_err(|(table, chain, rule, error)| {
+            Box::new(PlanError::Service {
+                service: key.clone(),
+                family: ctx.family,
+                table,
+                chain,
+                rule,
+                error,
+            })
+        })?;
+    }
+    Ok(ports)
 }
 
 /// Rules of one port in the shared chains, indexed like [`Dispatch::ALL`].
@@ -190,20 +204,31 @@ type PortDispatch = [Vec<String>; 6];
 /// Below this many Services a full plan renders on one thread.
 const PARALLEL_SERVICES: usize = 512;
 
-/// Renders and records every Service of `counts` (with its endpoint count), in order: its
-/// plan and each port's rules in the shared chains. Services without a port of the family are
-/// left out. Large clusters are rendered on two threads (the restore tool is not running yet,
+/// A Service's record in a full plan: its plan and each port's rules in the shared chains.
+type Recorded = (ServiceKey, ServicePlan, Vec<PortDispatch>);
+
+/// Renders, validates and records every Service of `counts` (with its endpoint count), in
+/// order: its plan and each port's rules in the shared chains. Services without a port of the
+/// family are left out, and so are Services with a rule [`validate`] refuses (returned as
+/// errors). Large clusters are rendered on two threads (the restore tool is not running yet,
 /// so the full plan has the machine to itself); each keeps only the records, never a chain's
 /// text.
 fn record_services(
     ctx: &RenderContext,
     state: &ProxyState,
     counts: Vec<(ServiceKey, usize)>,
-) -> Vec<(ServiceKey, ServicePlan, Vec<PortDispatch>)> {
+) -> (Vec<Recorded>, Vec<PlanError>) {
     let record = |services: &[(ServiceKey, usize)]| {
         let mut out = Vec::with_capacity(services.len());
+        let mut errors = Vec::new();
         for (key, n) in services {
-            let ports = render_service(ctx, state, key, true);
+            let ports = match render_checked(ctx, state, key) {
+                Ok(ports) => ports,
+                Err(e) => {
+                    errors.push(*e);
+                    continue;
+                }
+            };
             if ports.is_empty() {
                 continue;
             }
@@ -219,7 +244,7 @@ fn record_services(
             }
             out.push((key.clone(), plan, dispatch));
         }
-        out
+        (out, errors)
     };
     if counts.len() < PARALLEL_SERVICES {
         return record(&counts);
@@ -227,31 +252,18 @@ fn record_services(
     let (first, second) = counts.split_at(counts.len() / 2);
     std::thread::scope(|scope| {
         let other = scope.spawn(|| record(second));
-        let mut out = record(first);
+        let (mut out, mut errors) = record(first);
         match other.join() {
-            Ok(rest) => out.extend(rest),
+            Ok((rest, more)) => {
+                out.extend(rest);
+                errors.extend(more);
+            }
             // Rendering has no panicking path; if one appeared, it surfaces as it would have
             // on this thread.
             Err(panic) => std::panic::resume_unwind(panic),
         }
-        out
+        (out, errors)
     })
-}
-
-/// A Service's chain groups as a full plan writes them: its ports with chains, by name.
-pub(crate) fn service_groups(
-    ctx: &RenderContext,
-    state: &ProxyState,
-    key: &ServiceKey,
-) -> Vec<ServiceChains> {
-    render_service(ctx, state, key, true)
-        .into_iter()
-        .filter(|(_, p)| !p.chains.is_empty())
-        .map(|(name, p)| ServiceChains {
-            service_port: name.to_string(),
-            chains: p.chains,
-        })
-        .collect()
 }
 
 fn service_vip(ctx: &RenderContext, state: &ProxyState, key: &ServiceKey) -> Option<IpAddr> {
@@ -534,11 +546,10 @@ impl Planner {
         self.cfg.localhost_node_ports && self.cfg.family == IpFamily::V4
     }
 
-    fn context(&self, state: &ProxyState, node: &NodeContext, total: usize) -> RenderContext {
+    fn context(&self, node: &NodeContext, total: usize) -> RenderContext {
         RenderContext::new(
             &self.cfg,
             node,
-            &state.node().addresses,
             total > names::LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
         )
     }
@@ -596,7 +607,11 @@ impl Planner {
             .filter_map(|(key, s)| s.vip.map(|vip| (key.to_string(), vip)))
             .collect();
         if let Some(rules) = shared.get_mut(&(Table::Filter, names::KUBE_SERVICES)) {
-            rules.extend(render::cluster_ip_rejects(ctx.family, &vips));
+            rules.extend(render::cluster_ip_rejects(
+                ctx.family,
+                &vips,
+                &ctx.service_cidrs,
+            ));
         }
         shared.insert(
             (Table::Nat, names::KUBE_POSTROUTING),
@@ -664,7 +679,7 @@ impl Planner {
             .map(|k| (k.clone(), self.count_endpoints(state, k)))
             .collect();
         let total: usize = counts.iter().map(|(_, n)| n).sum();
-        let ctx = self.context(state, node, total);
+        let ctx = self.context(node, total);
         let old = std::mem::take(&mut self.services);
         let mut dispatch: [Vec<String>; 6] = Default::default();
         let mut lazy = LazyGroups {
@@ -673,9 +688,11 @@ impl Planner {
             services: Vec::new(),
             groups: Vec::new(),
             ids: Vec::new(),
+            rule_counts: Vec::new(),
             rules: 0,
         };
-        for (key, plan, ports) in record_services(&ctx, state, counts) {
+        let (recorded, errors) = record_services(&ctx, state, counts);
+        for (key, plan, ports) in recorded {
             let service = lazy.services.len() as u32;
             let mut nth = 0;
             for (rec, port_dispatch) in plan.ports.iter().zip(ports) {
@@ -688,6 +705,7 @@ impl Planner {
                     });
                     nth += 1;
                     lazy.ids.extend(rec.chains.iter().map(|c| c.id));
+                    lazy.rule_counts.extend(rec.chains.iter().map(|c| c.rules));
                     lazy.rules += rec.rules as usize;
                 }
                 for (i, rules) in port_dispatch.into_iter().enumerate() {
@@ -704,6 +722,7 @@ impl Planner {
         });
         let shared = self.assemble(&ctx, &dispatch);
         drop(dispatch);
+        let fatal = check_shared(ctx.family, &shared).err();
         let old_shared = std::mem::replace(&mut self.shared, Self::record_shared(&shared));
         self.ctx = Some(ctx);
 
@@ -734,8 +753,11 @@ impl Planner {
             }
         }
         drop(planned);
-        let (base_chains, dispatch_chains) = Self::shared_writes(shared, |_, _| true);
         self.maybe_stale = deleted.clone();
+        if let Some(fatal) = fatal {
+            return self.refuse(true, errors, *fatal);
+        }
+        let (base_chains, dispatch_chains) = Self::shared_writes(shared, |_, _| true);
         self.programmed = true;
         Restore {
             full: true,
@@ -743,7 +765,26 @@ impl Planner {
             service_chains: Vec::new(),
             dispatch_chains,
             deleted_chains: deleted.into_iter().collect(),
+            errors,
             lazy: Some(lazy).filter(|l| !l.groups.is_empty()),
+        }
+    }
+
+    /// The empty restore of a plan whose fixed or shared chains failed validation: nothing is
+    /// sent, and, as after a failed restore, the next plan is full and deletes what this one
+    /// would have (remembered in `maybe_stale`).
+    fn refuse<'a>(
+        &mut self,
+        full: bool,
+        mut errors: Vec<PlanError>,
+        fatal: PlanError,
+    ) -> Restore<'a> {
+        self.programmed = false;
+        errors.push(fatal);
+        Restore {
+            full,
+            errors,
+            ..Restore::default()
         }
     }
 
@@ -770,7 +811,7 @@ impl Planner {
             total = total + n - self.services.get(key).map_or(0, |s| s.endpoints);
             counts.insert(key.clone(), n);
         }
-        let ctx = self.context(state, node, total);
+        let ctx = self.context(node, total);
         let everything = node_changed || self.ctx.as_ref() != Some(&ctx);
         let keys: BTreeSet<ServiceKey> = if everything {
             state
@@ -790,10 +831,18 @@ impl Planner {
                 Some(n) => *n,
                 None => self.services.get(key).map_or(0, |s| s.endpoints),
             };
-            let ports = render_service(&ctx, state, key, true);
+            let ports = match render_checked(&ctx, state, key) {
+                Ok(ports) => ports,
+                Err(e) => {
+                    // Left out: planned as if it had no port of this family.
+                    restore.errors.push(*e);
+                    Vec::new()
+                }
+            };
             let new = ServicePlan {
                 ports: ports.iter().map(|(_, p)| record_port(p)).collect(),
-                endpoints: n,
+                // A Service left out is not recorded, so its endpoints do not count.
+                endpoints: if ports.is_empty() { 0 } else { n },
                 vip: service_vip(&ctx, state, key).filter(|_| !ports.is_empty()),
             };
             let old = self.services.remove(key).unwrap_or_default();
@@ -838,8 +887,10 @@ impl Planner {
             }
         }
 
+        let mut fatal = None;
         if dispatch_changed {
             let shared = self.assemble(&ctx, &self.render_dispatch(&ctx, state));
+            fatal = check_shared(ctx.family, &shared).err();
             let recorded = Self::record_shared(&shared);
             // A shared chain that is no longer planned (none today) would be deleted.
             for key in self.shared.keys() {
@@ -860,6 +911,9 @@ impl Planner {
         deleted.dedup();
         for d in &deleted {
             self.maybe_stale.insert(d.clone());
+        }
+        if let Some(fatal) = fatal {
+            return self.refuse(false, restore.errors, *fatal);
         }
         restore.deleted_chains = deleted;
         restore

@@ -19,64 +19,16 @@ use kp_core::track::ProxyState;
 
 use crate::names::ChainId;
 use crate::render::RenderContext;
+use crate::validate::PlanError;
 
-/// An iptables table kube-proxy writes with `iptables-restore`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Table {
-    /// The filter table.
-    Filter,
-    /// The nat table.
-    Nat,
-}
-
-impl Table {
-    /// Both tables.
-    pub const ALL: [Table; 2] = [Table::Filter, Table::Nat];
-
-    /// The order a restore input lists (and so commits) them: nat, then filter. Both
-    /// iptables-restore backends commit table by table. Upstream commits filter first, so a
-    /// Service gaining its first endpoint loses its REJECT before its DNAT exists, for as long
-    /// as the (large) nat commit takes; nat first makes the only window the reverse case (a
-    /// Service losing its last endpoint, DNAT gone before the REJECT lands), bounded by the
-    /// small filter commit.
-    pub const COMMIT_ORDER: [Table; 2] = [Table::Nat, Table::Filter];
-
-    /// The table's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Table::Filter => "filter",
-            Table::Nat => "nat",
-        }
-    }
-}
-
-/// One chain, written whole: flushed (or created) and filled with `rules`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChainWrite {
-    /// Its table.
-    pub table: Table,
-    /// Its name.
-    pub chain: String,
-    /// Its rules in order, each as the arguments after `-A CHAIN `.
-    pub rules: Vec<String>,
-}
-
-/// The chains of one Service port (`KUBE-SVC`, `KUBE-SVL`, `KUBE-EXT`, `KUBE-FW` and its
-/// `KUBE-SEP` chains): they jump to each other and to the fixed chains only, so a group can be
-/// written in any step after the fixed chains exist.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceChains {
-    /// The Service port, upstream's spelling (`namespace/name:port`).
-    pub service_port: String,
-    /// Its chains; a chain appears after the chains it jumps to.
-    pub chains: Vec<ChainWrite>,
-}
+pub use crate::render::{ChainWrite, ServiceChains, Table};
 
 /// Groups of Service chains a full plan renders from the state only when they are written, so
 /// a full restore never holds the text of every chain (tens of megabytes at 10k Services).
 /// Group `i` is the `nth` Service port with chains of `services[service]`; its chain names are
 /// known up front (`ids[first..first + len]`), as restore inputs declare every chain before
-/// any rule.
+/// any rule. After [`Restore::retain`] a group may write only some of the chains its port
+/// renders: those named in its `ids`.
 #[derive(Clone)]
 pub(crate) struct LazyGroups<'a> {
     pub state: &'a ProxyState,
@@ -84,6 +36,8 @@ pub(crate) struct LazyGroups<'a> {
     pub services: Vec<ServiceKey>,
     pub groups: Vec<LazyGroup>,
     pub ids: Vec<ChainId>,
+    /// The rules of each chain of `ids`, in the same order.
+    pub rule_counts: Vec<u32>,
     pub rules: usize,
 }
 
@@ -102,7 +56,8 @@ impl LazyGroups<'_> {
         self.ids[a..a + n].iter().map(ChainId::name)
     }
 
-    /// Renders the groups in `range`, in order, one Service at a time.
+    /// Renders the groups in `range`, in order, one Service at a time: of each group, the
+    /// chains its `ids` name.
     fn render(
         &self,
         range: Range<usize>,
@@ -112,14 +67,55 @@ impl LazyGroups<'_> {
         for g in &self.groups[range] {
             if cached.as_ref().map(|(s, _)| *s) != Some(g.service) {
                 let key = &self.services[g.service as usize];
-                let groups = crate::planner::service_groups(&self.ctx, self.state, key);
+                let groups = crate::render::service_groups(&self.ctx, self.state, key);
                 cached = Some((g.service, groups));
             }
-            if let Some(group) = cached.as_ref().and_then(|(_, v)| v.get(g.nth as usize)) {
+            let Some(group) = cached.as_ref().and_then(|(_, v)| v.get(g.nth as usize)) else {
+                continue;
+            };
+            if group.chains.len() == g.len as usize {
                 each(group)?;
+                continue;
             }
+            // Trimmed by `retain`: the chains left out are in the kernel as planned.
+            let ids = &self.ids[g.first as usize..(g.first + g.len) as usize];
+            let part = ServiceChains {
+                service_port: group.service_port.clone(),
+                chains: group
+                    .chains
+                    .iter()
+                    .filter(|c| ChainId::parse(&c.chain).is_some_and(|id| ids.contains(&id)))
+                    .cloned()
+                    .collect(),
+            };
+            each(&part)?;
         }
         Ok(())
+    }
+
+    /// Keeps the chains `keep` accepts (all in nat), dropping groups left with none.
+    fn retain(&mut self, keep: &mut dyn FnMut(Table, &str) -> bool) {
+        let mut ids = Vec::new();
+        let mut counts = Vec::new();
+        let mut groups = Vec::new();
+        for g in &self.groups {
+            let first = ids.len() as u32;
+            let range = g.first as usize..(g.first + g.len) as usize;
+            for (id, n) in self.ids[range.clone()].iter().zip(&self.rule_counts[range]) {
+                if keep(Table::Nat, &id.name()) {
+                    ids.push(*id);
+                    counts.push(*n);
+                }
+            }
+            let len = ids.len() as u32 - first;
+            if len > 0 {
+                groups.push(LazyGroup { first, len, ..*g });
+            }
+        }
+        self.rules = counts.iter().map(|n| *n as usize).sum();
+        self.ids = ids;
+        self.rule_counts = counts;
+        self.groups = groups;
     }
 }
 
@@ -153,7 +149,8 @@ impl Eq for LazyGroups<'_> {}
 /// after the groups in `service_chains`. [`Restore::materialize`] renders them all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Restore<'a> {
-    /// Whether this rewrites every chain kube-proxy owns.
+    /// Whether this is a full plan: it rewrites every chain kube-proxy owns, unless the
+    /// applier trimmed it to what the kernel lacks ([`Restore::retain`]).
     pub full: bool,
     /// Fixed chains the Service chains jump to (`KUBE-MARK-MASQ`, ...), written first.
     pub base_chains: Vec<ChainWrite>,
@@ -164,6 +161,11 @@ pub struct Restore<'a> {
     pub dispatch_chains: Vec<ChainWrite>,
     /// Chains to delete, in the last step, after nothing jumps to them any more.
     pub deleted_chains: Vec<(Table, String)>,
+    /// What the plan left out because its rules failed validation ([`crate::validate`]): each
+    /// Service named in a [`PlanError::Service`] is left out of this family's tables (as if it
+    /// had no ClusterIP of the family) until a later plan renders it valid. After a
+    /// [`PlanError::Shared`] ([`Restore::fatal`]) the restore is empty: send nothing.
+    pub errors: Vec<PlanError>,
     pub(crate) lazy: Option<LazyGroups<'a>>,
 }
 
@@ -202,6 +204,15 @@ pub struct Extra<'e> {
 }
 
 impl<'a> Restore<'a> {
+    /// The error that left this plan empty: a rule of a fixed or shared chain failed
+    /// validation, so no restore could load (the kernel keeps what it has, and the planner
+    /// plans a full restore next).
+    pub fn fatal(&self) -> Option<&PlanError> {
+        self.errors
+            .iter()
+            .find(|e| matches!(e, PlanError::Shared { .. }))
+    }
+
     /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
         self.base_chains.is_empty()
@@ -259,6 +270,27 @@ impl<'a> Restore<'a> {
         }
     }
 
+    /// Keeps, of the chains this restore writes, only those `keep` accepts (by table and
+    /// name); deletions are kept. Service chain groups left with no chain are dropped, and
+    /// what remains keeps its order: a chain still comes after the chains of its group it
+    /// jumps to, and the dispatch chains and deletions still come last, nat committed before
+    /// filter. For adopting what the kernel already holds: a full plan trimmed to the chains
+    /// the kernel lacks or holds differently is what a partial plan of the same difference
+    /// would send (the chains left out must be in the kernel exactly as planned, so that
+    /// every jump of what is written finds its chain). [`Restore::full`] stays set.
+    pub fn retain(&mut self, mut keep: impl FnMut(Table, &str) -> bool) {
+        self.base_chains.retain(|c| keep(c.table, &c.chain));
+        for g in &mut self.service_chains {
+            g.chains.retain(|c| keep(c.table, &c.chain));
+        }
+        self.service_chains.retain(|g| !g.chains.is_empty());
+        self.dispatch_chains.retain(|c| keep(c.table, &c.chain));
+        if let Some(l) = &mut self.lazy {
+            l.retain(&mut keep);
+        }
+        self.lazy = self.lazy.take().filter(|l| !l.groups.is_empty());
+    }
+
     /// Renders every group: the restore then holds all its text.
     pub fn materialize(mut self) -> Restore<'static> {
         if let Some(l) = self.lazy.take() {
@@ -274,6 +306,7 @@ impl<'a> Restore<'a> {
             service_chains: self.service_chains,
             dispatch_chains: self.dispatch_chains,
             deleted_chains: self.deleted_chains,
+            errors: self.errors,
             lazy: None,
         }
     }
@@ -504,6 +537,7 @@ mod tests {
                 ),
             ],
             deleted_chains: vec![(Table::Nat, "KUBE-SVC-OLD".into())],
+            errors: Vec::new(),
             lazy: None,
         }
     }

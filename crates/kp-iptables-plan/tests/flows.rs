@@ -2,10 +2,13 @@
 
 use std::collections::BTreeSet;
 
-use kp_core::dataplane::Tracer;
+use kp_core::flow::Tracer;
 use kp_core::model::IpFamily;
 use kp_core::track::{ProxyState, SourceEvent};
-use kp_iptables_plan::{IptablesTracer, NodeContext, PlanConfig, Planner, Restore, Table};
+use kp_iptables_plan::{NodeContext, PlanConfig, Planner, Restore, Table};
+use kp_iptables_test::IptablesTracer;
+
+mod common;
 
 fn state() -> ProxyState {
     kp_flows::state()
@@ -22,20 +25,6 @@ fn node() -> NodeContext {
     kp_flows::node_context()
 }
 
-/// The applier's jumps from the built-in chains, as `-I` lines (each inserted first in turn,
-/// as upstream does).
-fn jumps(p: &Planner) -> String {
-    let mut out = String::new();
-    for table in ["filter", "nat"] {
-        out.push_str(&format!("*{table}\n"));
-        for j in p.jump_rules().iter().filter(|j| j.table == table) {
-            out.push_str(&format!("-I {} {}\n", j.chain, j.args));
-        }
-        out.push_str("COMMIT\n");
-    }
-    out
-}
-
 fn apply(tracer: &mut IptablesTracer, family: IpFamily, text: &str) {
     tracer
         .apply(family, text)
@@ -49,7 +38,7 @@ fn full_tracer(edit: impl Fn(&str) -> String) -> IptablesTracer {
         let family = p.config().family;
         let restore = p.full(&state, &node());
         apply(&mut tracer, family, &edit(&restore.text()));
-        apply(&mut tracer, family, &jumps(&p));
+        apply(&mut tracer, family, &common::jumps(&p));
     }
     tracer
 }
@@ -86,7 +75,7 @@ fn rows_still_pass_when_the_tables_were_built_by_partial_syncs_in_steps() {
     for p in &mut ps {
         let family = p.config().family;
         apply(&mut tracer, family, &p.full(&grown, &node()).text());
-        apply(&mut tracer, family, &jumps(p));
+        apply(&mut tracer, family, &common::jumps(p));
     }
     let mut steps = 0;
     for o in kp_flows::objects() {

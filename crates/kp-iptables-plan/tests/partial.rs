@@ -317,7 +317,7 @@ fn node_context(state: &ProxyState, node_cidr: bool) -> NodeContext {
     } else {
         DetectLocal::ClusterCidr(vec![kp_flows::CLUSTER_CIDR.parse().unwrap()])
     };
-    NodeContext::resolve(&detect, &NodePortAddresses::Primary, state.node())
+    NodeContext::resolve(&detect, &NodePortAddresses::Primary, state)
 }
 
 proptest! {

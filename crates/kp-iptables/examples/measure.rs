@@ -9,14 +9,19 @@
 //! `KP_MEASURE_VERIFY=0` skips the read-back checks; `KP_MEASURE_DUMP=PATH` writes the full
 //! restore input to PATH, its nft steps to PATH.NNNN and the first partial restore to
 //! PATH.partial; `KP_MEASURE_ONLY_FULL=1` stops after
-//! the first full sync; `KP_PERF_CTL=FIFO` writes `enable` and `disable` to a perf control fifo around
-//! the changes (scripts/profile.sh profiles them alone; name one backend then).
-//! `RUST_LOG=kp_iptables=debug` shows the dataplane's log.
+//! the first full sync; `KP_MEASURE_ONLY_RESTART=1` after the restarts; `KP_PERF_CTL=FIFO`
+//! writes `enable` and `disable` to a perf control fifo around the changes, or with
+//! `KP_PERF_WHAT=restart` around the adopting restart (scripts/profile.sh profiles them alone;
+//! name one backend then). `RUST_LOG=kp_iptables=debug` shows the dataplane's log.
+//!
+//! The restart: after the first full sync, a new dataplane (a restarted process, knowing
+//! nothing) syncs the same state over the table, once rewriting every chain (adoption off, as
+//! before adoption) and once adopting (read back, send only what differs). The adopting one
+//! then takes the changes, so they also show that its planner is programmed.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use kp_core::dataplane::Dataplane;
 use kp_core::model::IpFamily;
 use kp_core::node::NodeContext;
 use kp_core::track::{Changes, SourceEvent};
@@ -71,6 +76,13 @@ impl std::io::Write for Bytes {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// Writes `what` to the perf control fifo `KP_PERF_CTL`, if set.
+fn perf_ctl(what: &str) {
+    if let Ok(fifo) = std::env::var("KP_PERF_CTL") {
+        std::fs::write(&fifo, format!("{what}\n")).expect("perf control fifo");
     }
 }
 
@@ -183,8 +195,84 @@ fn main() {
             }
         }
 
-        if let Ok(fifo) = std::env::var("KP_PERF_CTL") {
-            std::fs::write(&fifo, "enable\n").expect("perf control fifo");
+        // The restart: a new process over what the first one programmed.
+        let perf_restart = std::env::var("KP_PERF_WHAT").is_ok_and(|w| w == "restart");
+        for (adopt, down) in [(false, 0), (true, 0), (true, 50)] {
+            // Changes made while the process was down (another stream than the changes
+            // measured below).
+            for k in 0..down {
+                state
+                    .apply(SourceEvent::Upsert(synthetic::endpoint_change(
+                        1000 + k,
+                        n,
+                        per,
+                    )))
+                    .unwrap();
+            }
+            state.take_changes();
+            let cfg = IptablesConfig {
+                adopt,
+                ..dp.config().clone()
+            };
+            let cmd = IptablesCommand::in_netns(&ns.0).with_wait_seconds(600);
+            let mut restarted = IptablesDataplane::new(cfg, cmd, Arc::new(Metrics::new()));
+            rss(&format!("[{backend}] before restart (adopt: {adopt})"));
+            reset_peak();
+            if adopt && down == 0 && perf_restart {
+                perf_ctl("enable");
+            }
+            let t = Instant::now();
+            let r = restarted
+                .sync(&state, &Changes::default(), true)
+                .expect("restart");
+            let took = t.elapsed().as_secs_f64();
+            if adopt && down == 0 && perf_restart {
+                perf_ctl("disable");
+            }
+            rss(&format!("[{backend}] after restart (adopt: {adopt})"));
+            let label = match (adopt, down) {
+                (false, _) => "rewriting every chain (adoption off)".to_string(),
+                (true, 0) => "adopting an unchanged table".to_string(),
+                (true, d) => format!("adopting after {d} one-endpoint changes while down"),
+            };
+            println!(
+                "[{backend}] restart, {label}: {took:.3} s, {} operations",
+                r.operations
+            );
+            for a in restarted.last_adoption() {
+                println!(
+                    "    {:?}: plan {:.3} s, read {:.3} s (while planning), compare + send {:.3} s; {} chains planned, {} kept, {} written, {} deleted{}",
+                    a.family,
+                    a.plan.as_secs_f64(),
+                    a.read.as_secs_f64(),
+                    a.send.as_secs_f64(),
+                    a.planned,
+                    a.kept,
+                    a.written,
+                    a.deleted,
+                    a.fallback.as_ref().map(|f| format!(" ({f})")).unwrap_or_default()
+                );
+            }
+            if adopt {
+                dp = restarted;
+            }
+        }
+        rss(&format!("[{backend}] after the restarts"));
+        if verify {
+            let t = Instant::now();
+            let diffs = dp.verify().expect("verify");
+            println!(
+                "[{backend}] read-back after the restarts: {:.3} s, {} differences",
+                t.elapsed().as_secs_f64(),
+                diffs.len()
+            );
+        }
+        if std::env::var("KP_MEASURE_ONLY_RESTART").is_ok_and(|v| v == "1") {
+            continue;
+        }
+
+        if !perf_restart {
+            perf_ctl("enable");
         }
         let mut times = Vec::new();
         for k in 0..50 {
@@ -202,8 +290,8 @@ fn main() {
                 }
             }
         }
-        if let Ok(fifo) = std::env::var("KP_PERF_CTL") {
-            std::fs::write(&fifo, "disable\n").expect("perf control fifo");
+        if !perf_restart {
+            perf_ctl("disable");
         }
         times.sort_by(|a, b| a.0.total_cmp(&b.0));
         let p = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize].0;

@@ -9,55 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::model::IpFamily;
 
+use crate::names::{is_owned_chain, CANARY_CHAIN, CANARY_TABLES, LOCALNET_CHAIN, LOCALNET_COMMENT};
 use crate::readback::split_args;
-use crate::runner::{Backend, IptablesCommand};
+use crate::runner::{Backend, IptablesCommand, IptablesRunner};
 use crate::view::{chain_rules, deletion_inputs, scan_tables, ChainList, ReadRules, Seen};
 use crate::Error;
-
-/// The canary chain kube-proxy keeps in mangle, nat and filter: if it vanishes, someone flushed
-/// the tables.
-pub const CANARY_CHAIN: &str = "KUBE-PROXY-CANARY";
-
-/// The tables a canary lives in.
-pub const CANARY_TABLES: [&str; 3] = ["mangle", "nat", "filter"];
-
-/// Fixed chains kube-proxy owns in nat and filter.
-pub const FIXED_CHAINS: [&str; 8] = [
-    "KUBE-SERVICES",
-    "KUBE-EXTERNAL-SERVICES",
-    "KUBE-NODEPORTS",
-    "KUBE-FORWARD",
-    "KUBE-PROXY-FIREWALL",
-    "KUBE-POSTROUTING",
-    "KUBE-MARK-MASQ",
-    CANARY_CHAIN,
-];
-
-/// Prefixes of the per-Service and per-endpoint chains.
-pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
-    "KUBE-SVC-",
-    "KUBE-SVL-",
-    "KUBE-EXT-",
-    "KUBE-FW-",
-    "KUBE-SEP-",
-];
-
-/// The chain kubelet created before 1.27 and kube-proxy now fills with one rule when localhost
-/// NodePorts are on; it is ours to delete only if that rule is all it holds.
-pub const LOCALNET_CHAIN: &str = "KUBE-FIREWALL";
-
-/// The comment of that rule.
-pub const LOCALNET_COMMENT: &str = "block incoming localnet connections";
-
-/// Whether `chain` is a per-Service or per-endpoint chain.
-pub fn is_service_chain(chain: &str) -> bool {
-    SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
-}
-
-/// Whether `chain` in a nat or filter table belongs to kube-proxy by its name alone.
-pub fn is_owned_chain(chain: &str) -> bool {
-    FIXED_CHAINS.contains(&chain) || is_service_chain(chain)
-}
 
 fn is_localnet_rule(rule: &str) -> bool {
     let words = split_args(rule);
@@ -129,7 +85,7 @@ pub(crate) fn plan_cleanup(
 /// More than `batch` chains are deleted in several inputs (see `deletion_inputs`). Returns the
 /// number of chains deleted.
 pub fn cleanup_tables(
-    cmd: &IptablesCommand,
+    cmd: &dyn IptablesRunner,
     backend: Backend,
     family: IpFamily,
     batch: usize,
@@ -248,7 +204,7 @@ pub fn cleanup_all(netns: Option<&str>) -> Result<(), Error> {
 
 /// [`cleanup_all`] through a given command (its namespace and wait), deleting at most `batch`
 /// chains per input with the nft backend.
-pub fn cleanup_with(cmd: &IptablesCommand, batch: usize) -> Result<(), Error> {
+pub fn cleanup_with(cmd: &dyn IptablesRunner, batch: usize) -> Result<(), Error> {
     let mut first = None;
     for backend in Backend::ALL {
         for family in IpFamily::ALL {
@@ -375,29 +331,5 @@ COMMIT
             cleanup_input("mangle", &saved).unwrap(),
             "*mangle\n:KUBE-PROXY-CANARY - [0:0]\n-X KUBE-PROXY-CANARY\nCOMMIT\n"
         );
-    }
-
-    #[test]
-    fn ownership_is_by_name() {
-        for c in [
-            "KUBE-SVC-ABC",
-            "KUBE-SEP-X",
-            "KUBE-FW-1",
-            "KUBE-SVL-2",
-            "KUBE-EXT-3",
-            "KUBE-MARK-MASQ",
-        ] {
-            assert!(is_owned_chain(c), "{c}");
-        }
-        for c in [
-            "KUBE-MARK-DROP",
-            "KUBE-KUBELET-CANARY",
-            "KUBE-IPTABLES-HINT",
-            "KUBE-FIREWALL",
-            "KUBE-SVCX",
-            "MY-CHAIN",
-        ] {
-            assert!(!is_owned_chain(c), "{c}");
-        }
     }
 }

@@ -5,11 +5,9 @@
 
 use kp_core::model::IpFamily;
 
+use crate::names::HINT_CHAINS;
 use crate::readback::parse_save;
 use crate::runner::{Backend, IptablesCommand};
-
-/// Chains kubelet creates in the backend it programs.
-pub const HINT_CHAINS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
 
 /// What one backend shows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

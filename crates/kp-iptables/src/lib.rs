@@ -2,32 +2,37 @@
 //! `iptables-restore --noflush --counters` on the node's backend (iptables-nft or
 //! iptables-legacy, [`detect_backend`]), keeps upstream's canary chains, reads the tables back
 //! with `iptables-save` to prove the kernel holds what we planned, and forgets its record after
-//! any failure so the next sync rebuilds everything. [`cleanup_all`] removes every chain the mode
+//! any failure so the next sync is a full one. A full sync (the first of a process, a repair)
+//! adopts what the kernel already holds: it reads our chains back and writes only those that
+//! differ from the plan ([`Adoption`]). [`cleanup_all`] removes every chain the mode
 //! owns from both backends, for `--cleanup` and for switching modes.
 //!
 //! Planning (what to send) is `kp-iptables-plan`'s; this crate only talks to the kernel.
 //! Mirrors upstream `pkg/proxy/iptables/proxier.go` (`syncProxyRules`, `CleanupLeftovers`) and
 //! `pkg/util/iptables` (the runner, `-w`, restore errors).
 
+mod adopt;
 mod cleanup;
 mod dataplane;
 mod detect;
+mod names;
 mod readback;
 mod runner;
 mod view;
 
-pub use cleanup::{
-    cleanup_all, cleanup_tables, cleanup_with, is_owned_chain, is_service_chain, CANARY_CHAIN,
-    CANARY_TABLES, FIXED_CHAINS, LOCALNET_CHAIN, SERVICE_CHAIN_PREFIXES,
-};
+pub use cleanup::{cleanup_all, cleanup_tables, cleanup_with};
 pub use dataplane::{
-    IptablesConfig, IptablesDataplane, DEFAULT_FULL_READBACK_LIMIT, DEFAULT_STEP_CHAINS,
-    LIVE_STEP_FACTOR, READBACK_SAMPLE_CHAINS,
+    Adoption, IptablesConfig, IptablesDataplane, DEFAULT_ADOPT_CHAIN_LIMIT,
+    DEFAULT_FULL_READBACK_LIMIT, DEFAULT_STEP_CHAINS, LIVE_STEP_FACTOR, READBACK_SAMPLE_CHAINS,
 };
-pub use detect::{choose, detect_backend, evidence, BackendEvidence, HINT_CHAINS};
+pub use detect::{choose, detect_backend, evidence, BackendEvidence};
 pub use kp_core::node::{DetectLocal, NodePortAddresses};
+pub use names::{
+    is_owned_chain, is_service_chain, CANARY_CHAIN, CANARY_TABLES, FIXED_CHAINS, HINT_CHAINS,
+    LOCALNET_CHAIN, LOCALNET_COMMENT, SERVICE_CHAIN_PREFIXES,
+};
 pub use readback::{canonical, compare, parse_save, split_args, SavedTable};
-pub use runner::{Backend, CommandOutput, IptablesCommand, DEFAULT_WAIT_SECONDS};
+pub use runner::{Backend, CommandOutput, IptablesCommand, IptablesRunner, DEFAULT_WAIT_SECONDS};
 
 /// What went wrong talking to the kernel. Every variant is retryable: the next sync is a full
 /// rebuild.
@@ -69,6 +74,11 @@ pub enum Error {
     /// `iptables-save` printed something this crate does not understand.
     #[error("cannot parse iptables-save output: {0}")]
     Parse(String),
+    /// The planner refused a rule of a fixed or shared chain ([`kp_iptables_plan::validate`]):
+    /// no restore of that family could load, so none was sent and the kernel keeps its rules.
+    /// (A refused rule of one Service only leaves that Service out; the sync goes on.)
+    #[error("planned rules failed validation: {0}")]
+    Plan(Box<kp_iptables_plan::PlanError>),
     /// A sysctl could not be set (`route_localnet` for localhost NodePorts).
     #[error("cannot set sysctl {key}: {detail}")]
     Sysctl {
@@ -77,4 +87,19 @@ pub enum Error {
         /// Why.
         detail: String,
     },
+}
+
+impl Error {
+    /// Whether retrying can help: a tool that is missing or not permitted stays so.
+    pub fn retry(&self) -> kp_core::dataplane::Retry {
+        match self {
+            Error::Spawn { source, .. } => kp_core::dataplane::Retry::of_spawn(source),
+            _ => kp_core::dataplane::Retry::WithBackoff,
+        }
+    }
+
+    /// The error as the sync loop handles it.
+    pub fn into_dataplane(self) -> kp_core::dataplane::DataplaneError {
+        kp_core::dataplane::DataplaneError::new(self.retry(), self)
+    }
 }

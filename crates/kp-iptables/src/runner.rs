@@ -69,6 +69,99 @@ impl CommandOutput {
 /// Seconds every command waits for the xtables lock by default (upstream's `-w 5`).
 pub const DEFAULT_WAIT_SECONDS: u32 = 5;
 
+/// What the dataplane asks of the iptables tools, so tests can put a fake behind it (as
+/// upstream's `utiliptables.Interface` and its `iptablestest` fake). [`IptablesCommand`] runs
+/// the real tools; `kp-iptables-test` has `FakeIptables`, which keeps the tables in memory.
+///
+/// Only what [`crate::IptablesDataplane`] and [`crate::cleanup_with`] use: backend detection
+/// reads `/proc` and stays on [`IptablesCommand`].
+pub trait IptablesRunner: Send + Sync {
+    /// `iptables-restore -w N --noflush --counters` of `backend` and `family`, with its input
+    /// written by `write` (called again, into a sink, if the tool names a failing line: see
+    /// [`IptablesCommand::restore_with`]). Each table's `COMMIT` is a commit of its own.
+    fn restore_with(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<(), Error>;
+
+    /// [`IptablesRunner::restore_with`] of a whole input.
+    fn restore(&self, backend: Backend, family: IpFamily, input: &str) -> Result<(), Error> {
+        self.restore_with(backend, family, &mut |w| w.write_all(input.as_bytes()))
+    }
+
+    /// `iptables -w N ARGS…`, whatever its exit status (callers decide what a failure means).
+    fn run(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        args: &[&str],
+    ) -> Result<CommandOutput, Error>;
+
+    /// `iptables-save [-t TABLE]`, each line handed to `each` without its newline, stopping at
+    /// the first error `each` returns.
+    fn save_lines(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        table: Option<&str>,
+        each: &mut dyn FnMut(&str) -> Result<(), Error>,
+    ) -> Result<(), Error>;
+
+    /// `nft list chains ip|ip6`, line by line: the chain names of the nft backend's tables.
+    fn nft_chain_lines(
+        &self,
+        family: IpFamily,
+        each: &mut dyn FnMut(&str) -> Result<(), Error>,
+    ) -> Result<(), Error>;
+
+    /// Sets sysctl `key` to `value` in the namespace the tools run in.
+    fn sysctl(&self, key: &str, value: &str) -> Result<(), Error>;
+}
+
+impl IptablesRunner for IptablesCommand {
+    fn restore_with(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<(), Error> {
+        IptablesCommand::restore_with(self, backend, family, write)
+    }
+
+    fn run(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        args: &[&str],
+    ) -> Result<CommandOutput, Error> {
+        IptablesCommand::run(self, backend, family, args)
+    }
+
+    fn save_lines(
+        &self,
+        backend: Backend,
+        family: IpFamily,
+        table: Option<&str>,
+        each: &mut dyn FnMut(&str) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        IptablesCommand::save_lines(self, backend, family, table, each)
+    }
+
+    fn nft_chain_lines(
+        &self,
+        family: IpFamily,
+        each: &mut dyn FnMut(&str) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        IptablesCommand::nft_chain_lines(self, family, each)
+    }
+
+    fn sysctl(&self, key: &str, value: &str) -> Result<(), Error> {
+        IptablesCommand::sysctl(self, key, value)
+    }
+}
+
 /// Runs `iptables`, `iptables-save` and `iptables-restore` of a backend and family, optionally
 /// inside a named network namespace (tests and benchmarks program namespaces they created; the
 /// proxy itself runs in its node's namespace).
@@ -77,6 +170,8 @@ pub struct IptablesCommand {
     netns: Option<String>,
     /// Replaces every `…-restore` program (tests make restores fail with it).
     restore_program: Option<PathBuf>,
+    /// Replaces the `…-save` program of streamed reads (tests make read-backs fail with it).
+    save_program: Option<PathBuf>,
     wait_seconds: u32,
 }
 
@@ -85,6 +180,7 @@ impl Default for IptablesCommand {
         IptablesCommand {
             netns: None,
             restore_program: None,
+            save_program: None,
             wait_seconds: DEFAULT_WAIT_SECONDS,
         }
     }
@@ -113,6 +209,14 @@ impl IptablesCommand {
     /// called with the same arguments and input.
     pub fn with_restore_program(mut self, program: impl Into<PathBuf>) -> Self {
         self.restore_program = Some(program.into());
+        self
+    }
+
+    /// Runs `program` instead of `…-save` in [`IptablesCommand::save_lines`], which every
+    /// read-back and scan of a whole table uses (tests make read-backs fail with it). It is
+    /// called with the same arguments.
+    pub fn with_save_program(mut self, program: impl Into<PathBuf>) -> Self {
+        self.save_program = Some(program.into());
         self
     }
 
@@ -235,7 +339,11 @@ impl IptablesCommand {
         each: &mut dyn FnMut(&str) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let program = backend.program(family, "-save");
-        let mut cmd = self.command(Path::new(&program));
+        let path = self
+            .save_program
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(&program));
+        let mut cmd = self.command(&path);
         if let Some(t) = table {
             cmd.args(["-t", t]);
         }
@@ -600,9 +708,7 @@ mod tests {
 
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let path = dir.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
-        let st = Command::new("chmod").arg("+x").arg(&path).status().unwrap();
-        assert!(st.success());
+        kp_test::write_executable(&path, &format!("#!/bin/sh\n{body}")).unwrap();
         path
     }
 

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::model::IpFamily;
 
-use crate::cleanup::CANARY_CHAIN;
-use crate::runner::{Backend, IptablesCommand};
+use crate::names::CANARY_CHAIN;
+use crate::runner::{Backend, IptablesRunner};
 use crate::Error;
 
 /// The chains of one table.
@@ -131,7 +131,7 @@ pub(crate) fn parse_listing(text: &str, chain: &str) -> Vec<String> {
 
 /// `iptables -t TABLE -S CHAIN`: one chain's rules, or `None` if it does not exist.
 pub(crate) fn chain_rules(
-    cmd: &IptablesCommand,
+    cmd: &dyn IptablesRunner,
     backend: Backend,
     family: IpFamily,
     table: &str,
@@ -188,7 +188,7 @@ impl TableScan {
     /// The rules of a built-in chain, or `None` if the table has no such chain.
     pub fn builtin_rules(
         &self,
-        cmd: &IptablesCommand,
+        cmd: &dyn IptablesRunner,
         backend: Backend,
         family: IpFamily,
         chain: &str,
@@ -201,12 +201,13 @@ impl TableScan {
     }
 }
 
-/// Reads `tables` of one backend and family as a stream, (whole with legacy or with
-/// `whole`, else chain names from `nft`; legacy tables that do not exist are empty, as reading
-/// them would create them), handing every chain and, when read
-/// whole, every non-built-in chain's rules to `visit` without keeping them.
+/// Reads `tables` of one backend and family as a stream (whole with legacy or with `whole`,
+/// in one `iptables-save` run; else chain names from `nft`), handing every chain and, when read
+/// whole, every non-built-in chain's rules to `visit` without keeping them. A table that does
+/// not exist is empty (a legacy one is not created by reading). A table iptables-nft-save
+/// cannot print (made incompatible with `nft`) is an error, not an empty table.
 pub(crate) fn scan_tables(
-    cmd: &IptablesCommand,
+    cmd: &dyn IptablesRunner,
     backend: Backend,
     family: IpFamily,
     tables: &[&'static str],
@@ -262,70 +263,95 @@ pub(crate) fn scan_tables(
             }
         }
     }
-    let legacy = (backend == Backend::Legacy).then(|| cmd.legacy_tables(family));
-    for scan in &mut scans {
-        let t = scan.table;
-        if legacy.as_ref().is_some_and(|l| !l.iter().any(|x| x == t)) {
-            continue;
+    // Whole tables: one `iptables-save` for all of them. iptables-nft-save dumps the rules of
+    // every table whichever `-t` it is given (at 10k Services × 10 endpoints `-t nat` took
+    // 1.3 s, `-t filter` 1.0 s, both at once 1.4 s); a legacy table that does not exist is not
+    // printed (nor created, as reading it by name would).
+    let mut inside: Option<usize> = None;
+    let mut current: Option<(String, Vec<String>)> = None;
+    let mut line_no = 0;
+    let flush = |inside: Option<usize>,
+                 current: &mut Option<(String, Vec<String>)>,
+                 visit: &mut dyn FnMut(&'static str, Seen<'_>)| {
+        if let (Some(i), Some((chain, rules))) = (inside, current.take()) {
+            visit(
+                tables[i],
+                Seen::Rules {
+                    chain: &chain,
+                    rules: &rules,
+                },
+            );
         }
-        let mut inside = false;
-        let mut current: Option<(String, Vec<String>)> = None;
-        let mut line_no = 0;
-        let flush = |current: &mut Option<(String, Vec<String>)>,
-                     visit: &mut dyn FnMut(&'static str, Seen<'_>)| {
-            if let Some((chain, rules)) = current.take() {
-                visit(
-                    t,
-                    Seen::Rules {
-                        chain: &chain,
-                        rules: &rules,
-                    },
-                );
-            }
-        };
-        cmd.save_lines(backend, family, Some(t), &mut |line| {
-            line_no += 1;
-            if let Some(name) = line.strip_prefix('*') {
-                inside = name.trim() == t;
-                return Ok(());
-            }
-            if !inside || line.is_empty() || line.starts_with('#') || line == "COMMIT" {
-                return Ok(());
-            }
-            if let Some(decl) = line.strip_prefix(':') {
-                let mut words = decl.split_whitespace();
-                let name = words.next().unwrap_or_default();
-                let builtin = words.next().is_some_and(|policy| policy != "-");
-                if builtin {
-                    scan.builtin.insert(name.to_string(), Some(Vec::new()));
-                } else if name == CANARY_CHAIN {
-                    scan.canary = true;
-                }
-                visit(t, Seen::Chain { name, builtin });
-            } else if let Some(rule) = line.strip_prefix("-A ") {
-                let (chain, args) = rule.split_once(' ').unwrap_or((rule, ""));
-                if let Some(Some(rules)) = scan.builtin.get_mut(chain) {
-                    rules.push(args.to_string());
-                    return Ok(());
-                }
-                if current.as_ref().map(|(c, _)| c.as_str()) != Some(chain) {
-                    flush(&mut current, visit);
-                    current = Some((chain.to_string(), Vec::new()));
-                }
-                if let Some((_, rules)) = current.as_mut() {
-                    rules.push(args.to_string());
-                }
-            } else {
+    };
+    cmd.save_lines(backend, family, None, &mut |line| {
+        line_no += 1;
+        if let Some(name) = line.strip_prefix('*') {
+            flush(inside, &mut current, visit);
+            inside = tables.iter().position(|t| *t == name.trim());
+            return Ok(());
+        }
+        if let Some(name) = incompatible_table(line) {
+            if tables.contains(&name) {
                 return Err(Error::Parse(format!(
-                    "iptables-save line {line_no}: unexpected `{}`",
-                    line.chars().take(200).collect::<String>()
+                    "table {name} holds rules iptables cannot show: `{line}`"
                 )));
             }
-            Ok(())
-        })?;
-        flush(&mut current, visit);
-    }
+            return Ok(());
+        }
+        let Some(i) = inside else {
+            return Ok(());
+        };
+        if line.is_empty() || line.starts_with('#') {
+            return Ok(());
+        }
+        if line == "COMMIT" {
+            flush(inside, &mut current, visit);
+            return Ok(());
+        }
+        let scan = &mut scans[i];
+        let t = scan.table;
+        if let Some(decl) = line.strip_prefix(':') {
+            let mut words = decl.split_whitespace();
+            let name = words.next().unwrap_or_default();
+            let builtin = words.next().is_some_and(|policy| policy != "-");
+            if builtin {
+                scan.builtin.insert(name.to_string(), Some(Vec::new()));
+            } else if name == CANARY_CHAIN {
+                scan.canary = true;
+            }
+            visit(t, Seen::Chain { name, builtin });
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let (chain, args) = rule.split_once(' ').unwrap_or((rule, ""));
+            if let Some(Some(rules)) = scan.builtin.get_mut(chain) {
+                rules.push(args.to_string());
+                return Ok(());
+            }
+            if current.as_ref().map(|(c, _)| c.as_str()) != Some(chain) {
+                flush(inside, &mut current, visit);
+                current = Some((chain.to_string(), Vec::new()));
+            }
+            if let Some((_, rules)) = current.as_mut() {
+                rules.push(args.to_string());
+            }
+        } else {
+            return Err(Error::Parse(format!(
+                "iptables-save line {line_no}: unexpected `{}`",
+                line.chars().take(200).collect::<String>()
+            )));
+        }
+        Ok(())
+    })?;
+    flush(inside, &mut current, visit);
     Ok(scans)
+}
+
+/// The table an `iptables-nft-save` comment says it cannot print (``# Table `nat' is
+/// incompatible, use 'nft' tool.``: it holds rules made with `nft` that iptables cannot
+/// express). Read as empty, such a table would look like one that lost all our chains.
+fn incompatible_table(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("# Table `")?;
+    let (name, tail) = rest.split_once('\'')?;
+    tail.contains("incompatible").then_some(name)
 }
 
 /// Restore inputs that first run `pre` (rule deletions), then flush every chain of `doomed` and
@@ -422,6 +448,24 @@ table ip kube-proxy {
         assert!(lists["filter"].builtin.contains("INPUT"));
         assert_eq!(lists["mangle"], ChainList::default());
         assert!(!lists.values().any(|l| l.contains("services")));
+    }
+
+    #[test]
+    fn a_table_iptables_cannot_print_is_named() {
+        assert_eq!(
+            incompatible_table("# Table `nat' is incompatible, use 'nft' tool."),
+            Some("nat")
+        );
+        assert_eq!(
+            incompatible_table(
+                "# Warning: iptables-legacy tables present, use iptables-legacy-save to see them"
+            ),
+            None
+        );
+        assert_eq!(
+            incompatible_table("# Generated by iptables-nft-save v1.8.9 on Mon"),
+            None
+        );
     }
 
     #[test]

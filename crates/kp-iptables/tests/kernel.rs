@@ -5,12 +5,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use kp_core::dataplane::Dataplane;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_core::model::IpFamily;
 use kp_core::track::{Changes, Object, SourceEvent};
 use kp_iptables::{
-    parse_save, Backend, DetectLocal, IptablesCommand, IptablesConfig, IptablesDataplane,
-    NodePortAddresses,
+    parse_save, Backend, IptablesCommand, IptablesConfig, IptablesDataplane, NodePortAddresses,
 };
 use kp_metrics::Metrics;
 use kp_test::echo::{tally, Outcome, Proto, Request};
@@ -18,40 +18,10 @@ use kp_test::lab::Lab;
 use kp_test::netns::Netns;
 
 mod common;
-use common::{assert_in_sync, chains_named, delete_first_nat_rule};
-
-/// The flow table's configuration (see `kp_flows::node_context`): detect-local by the cluster
-/// CIDRs, NodePorts on the primary addresses, so no localhost NodePorts.
-fn config(backend: Backend) -> IptablesConfig {
-    IptablesConfig {
-        detect_local: DetectLocal::ClusterCidr(vec![
-            kp_flows::CLUSTER_CIDR.parse().unwrap(),
-            kp_flows::CLUSTER_CIDR6.parse().unwrap(),
-        ]),
-        node_ports: NodePortAddresses::Primary,
-        backend,
-        ..IptablesConfig::default()
-    }
-}
-
-/// The tools in `ns`. The legacy backend's lock is one file for every namespace on the
-/// machine, so tests running in parallel wait for each other longer than the default 5 s.
-fn command(ns: &Netns) -> IptablesCommand {
-    IptablesCommand::in_netns(ns.name()).with_wait_seconds(120)
-}
+use common::{assert_in_sync, chains_named, command, config, delete_first_nat_rule};
 
 fn dataplane(ns: &Netns, backend: Backend, metrics: Arc<Metrics>) -> IptablesDataplane {
     IptablesDataplane::new(config(backend), command(ns), metrics)
-}
-
-fn assert_flows(lab: &Lab) {
-    let failures = kp_test::flows::check_all(lab);
-    assert!(
-        failures.is_empty(),
-        "{} rows failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
 }
 
 const WEB: &str = "10.96.0.10";
@@ -84,7 +54,7 @@ fn flow_table(backend: Backend) {
         .expect("first sync");
     assert!(report.full);
     assert_in_sync(&mut dp, "read-back");
-    assert_flows(&lab);
+    kp_test::flows::assert_all(&lab);
     // The real-packet checker can fail: the first row, expecting a drop, must not pass.
     let mut wrong = kp_flows::cases()[0].clone();
     wrong.expect = kp_flows::Expect::Drop;
@@ -182,7 +152,7 @@ fn flow_table(backend: Backend) {
     let report = dp.sync(&state, &changes, false).expect("partial sync back");
     assert!(!report.full);
     assert_in_sync(&mut dp, "read-back");
-    assert_flows(&lab);
+    kp_test::flows::assert_all(&lab);
 }
 
 #[test]
@@ -251,17 +221,11 @@ fn legacy_backend_rebuilds_after_someone_flushes_nat() {
 /// A stand-in for iptables-restore that reads its input and fails as a kernel refusal would.
 fn failing_restore(dir: &std::path::Path) -> std::path::PathBuf {
     let script = dir.join("restore");
-    std::fs::write(
+    kp_test::write_executable(
         &script,
         "#!/bin/sh\ncat >/dev/null\necho 'iptables-restore: line 3 failed' >&2\nexit 1\n",
     )
     .unwrap();
-    let ok = std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&script)
-        .status()
-        .unwrap();
-    assert!(ok.success());
     script
 }
 
@@ -505,4 +469,187 @@ fn nft_backend_answers_node_ports_on_localhost_when_asked_to() {
 #[ignore = "needs root"]
 fn legacy_backend_answers_node_ports_on_localhost_when_asked_to() {
     localhost_node_ports(Backend::Legacy);
+}
+
+/// Synthetic Service `i` moved to ClusterIP `ip` (of either family), with its endpoints when
+/// `with_endpoints` (IPv4 ones, so an IPv6 Service has none and is rejected in filter).
+fn moved_service(i: usize, ip: &str, with_endpoints: bool) -> Vec<Object> {
+    let mut svc = kp_flows::synthetic::service(i);
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.cluster_ip = Some(ip.to_string());
+        spec.cluster_ips = Some(vec![ip.to_string()]);
+        let family = if ip.contains(':') { "IPv6" } else { "IPv4" };
+        spec.ip_families = Some(vec![family.to_string()]);
+    }
+    let mut out = vec![Object::Service(Box::new(svc))];
+    if with_endpoints {
+        out.push(Object::EndpointSlice(Box::new(kp_flows::synthetic::slice(
+            i,
+            2,
+            &[],
+        ))));
+    }
+    out
+}
+
+/// ClusterIPs from two unrelated Service ranges (10.96.0.0/16 and 192.168.50.0/24;
+/// fd00:10:96::/112 and 2001:db8:50::/112), as clusters with several Service CIDRs have: the
+/// smallest network holding them is the whole address space. iptables-nft refuses the
+/// negated zero-length prefix `! -d 0.0.0.0/0` (`RULE_APPEND failed (Invalid argument)`), which
+/// once failed every restore of the filter table: a full sync, then a partial one adding a
+/// Service without endpoints in the second range, must load on both backends and in both
+/// families, and read back exactly as planned.
+fn two_service_ranges(backend: Backend) {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let ns = Netns::new("ipt-ranges").expect("netns");
+    let metrics = Arc::new(Metrics::new());
+    let mut dp = dataplane(&ns, backend, metrics.clone());
+    let mut objects = kp_flows::objects();
+    objects.extend(moved_service(1, "192.168.50.10", true));
+    objects.extend(moved_service(2, "2001:db8:50::10", false));
+    let mut state = kp_flows::load(kp_flows::NODE, objects);
+    let report = dp
+        .sync(&state, &Changes::default(), true)
+        .unwrap_or_else(|e| panic!("{backend}: full sync: {e}"));
+    assert!(report.full);
+    assert_in_sync(&mut dp, "full sync");
+
+    for o in moved_service(3, "192.168.50.30", false)
+        .into_iter()
+        .chain(moved_service(4, "2001:db8:50::40", false))
+    {
+        state.apply(SourceEvent::Upsert(o)).unwrap();
+    }
+    let changes = state.take_changes();
+    let report = dp
+        .sync(&state, &changes, false)
+        .unwrap_or_else(|e| panic!("{backend}: partial sync: {e}"));
+    assert!(!report.full);
+    assert_in_sync(&mut dp, "partial sync");
+    assert_eq!(metrics.iptables_restore_failures.get(), 0);
+    let filter = dp.last_inputs().join("\n");
+    for vip in ["192.168.50.30/32", "2001:db8:50::40/128"] {
+        assert!(
+            filter.contains(&format!(
+                "-d {vip} -p tcp -m comment --comment \"bench/svc-"
+            )),
+            "the new Service's REJECT for {vip} was not sent:\n{filter}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nft_backend_loads_clusterips_from_two_unrelated_ranges() {
+    two_service_ranges(Backend::Nft);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn legacy_backend_loads_clusterips_from_two_unrelated_ranges() {
+    two_service_ranges(Backend::Legacy);
+}
+
+/// A rule the planner's validator refuses never reaches iptables-restore. Of one Service (an
+/// IPv4-compatible IPv6 `loadBalancerSourceRanges` entry, `::102:300/120`, which kp-core accepts
+/// as any CIDR but iptables-save prints `::1.2.3.0/120`, so it would never read back as planned):
+/// that Service is left out of the IPv6 tables, logged and counted, and everything else syncs.
+/// Of a shared chain (a `nodePortAddresses` CIDR of that form, in nat `KUBE-SERVICES`' NodePort
+/// jump): the sync fails with a plan error before sending anything for IPv6, whose rules stay as
+/// they were, and a good configuration syncs again.
+fn validation_failures(backend: Backend) {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let ns = Netns::new("ipt-valid").expect("netns");
+    let metrics = Arc::new(Metrics::new());
+    let mut dp = dataplane(&ns, backend, metrics.clone());
+    let odd: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "odd", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.200",
+            "clusterIPs": ["10.96.0.200", "fd00:10:96::200"], "ipFamilies": ["IPv4", "IPv6"],
+            "ipFamilyPolicy": "RequireDualStack",
+            "loadBalancerSourceRanges": ["192.0.2.0/24", "::102:300/120"],
+            "ports": [{"protocol": "TCP", "port": 80, "nodePort": 30200}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.200"},
+            {"ip": "2001:db8:b::200"}]}},
+    }))
+    .unwrap();
+    let odd_endpoints: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "odd-v6", "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "odd"}},
+        "addressType": "IPv6",
+        "ports": [{"name": "", "protocol": "TCP", "port": 8080}],
+        "endpoints": [{"addresses": ["fd00:10:244:1::11"], "conditions": {"ready": true},
+            "nodeName": kp_flows::NODE}],
+    }))
+    .unwrap();
+    let mut objects = kp_flows::objects();
+    objects.push(Object::Service(Box::new(odd)));
+    objects.push(Object::EndpointSlice(Box::new(odd_endpoints)));
+    let state = kp_flows::load(kp_flows::NODE, objects);
+    dp.sync(&state, &Changes::default(), true)
+        .unwrap_or_else(|e| panic!("{backend}: one invalid Service must not fail the sync: {e}"));
+    assert_in_sync(&mut dp, "with a Service left out");
+    let counted = metrics.encode();
+    assert!(
+        counted.contains("kubeproxy_rs_invalid_objects_total{kind=\"Service\"} 1"),
+        "{counted}"
+    );
+    let cmd = command(&ns);
+    let (_, v4_rules) = dump(&cmd, backend, IpFamily::V4);
+    assert!(v4_rules.iter().any(|r| r.contains("-d 10.96.0.200/32")));
+    let (_, v6_rules) = dump(&cmd, backend, IpFamily::V6);
+    assert!(v6_rules.iter().all(|r| !r.contains("fd00:10:96::200")));
+    assert!(v6_rules.iter().any(|r| r.contains("-d fd00:10:96::10/128")));
+
+    // The same rules, planned by a process whose nodePortAddresses the validator refuses.
+    let odd_config = IptablesConfig {
+        node_ports: NodePortAddresses::Cidrs(vec![
+            "192.0.2.1/32".parse().unwrap(),
+            "::102:300/120".parse().unwrap(),
+        ]),
+        ..config(backend)
+    };
+    let mut odd_dp = IptablesDataplane::new(odd_config, command(&ns), metrics.clone());
+    let err = odd_dp.sync(&state, &Changes::default(), true).unwrap_err();
+    match &err {
+        kp_iptables::Error::Plan(e) => match e.as_ref() {
+            kp_iptables_plan::PlanError::Shared { chain, .. } => {
+                assert_eq!(chain, "KUBE-SERVICES", "{err}")
+            }
+            other => panic!("expected a shared chain's error, got {other}"),
+        },
+        other => panic!("expected a plan error, got {other}"),
+    }
+    assert_eq!(
+        dump(&cmd, backend, IpFamily::V6).1,
+        v6_rules,
+        "IPv6 rules touched"
+    );
+    assert_eq!(
+        metrics.iptables_restore_failures.get(),
+        0,
+        "nothing was refused"
+    );
+
+    dp.sync(&state, &Changes::default(), true)
+        .expect("a good configuration syncs");
+    assert_in_sync(&mut dp, "after the good configuration synced");
+    assert_eq!(dump(&cmd, backend, IpFamily::V6).1, v6_rules);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn nft_backend_leaves_out_services_with_invalid_rules_and_sends_nothing_for_invalid_shared_rules() {
+    validation_failures(Backend::Nft);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn legacy_backend_leaves_out_services_with_invalid_rules_and_sends_nothing_for_invalid_shared_rules(
+) {
+    validation_failures(Backend::Legacy);
 }

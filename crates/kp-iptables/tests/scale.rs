@@ -6,7 +6,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kp_core::dataplane::Dataplane;
 use kp_core::model::IpFamily;
 use kp_core::track::{Changes, Object, SourceEvent};
 use kp_iptables::{

@@ -39,6 +39,15 @@ pub struct SourceErrorLabel {
     pub reason: String,
 }
 
+/// Labels of a proxy mode fallback.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabel {
+    /// The mode configured (`iptables`).
+    pub from: String,
+    /// The mode that runs instead (`userspace`).
+    pub to: String,
+}
+
 /// Label naming a table (`ip`, `ip6`, `nat`, `filter`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
@@ -97,6 +106,25 @@ pub struct Metrics {
     pub invalid_objects: Family<KindLabel, Counter>,
     /// `kubeproxy_rs_source_errors_total{source,reason}`: watch failures, unreadable files.
     pub source_errors: Family<SourceErrorLabel, Counter>,
+    /// `kubeproxy_rs_proxy_mode_fallbacks_total{from,to}`: starts that ran another mode than the
+    /// configured one because the node cannot run it (iptables → userspace, as older releases).
+    pub proxy_mode_fallbacks: Family<FallbackLabel, Counter>,
+    /// `kubeproxy_rs_userspace_active_connections`: TCP connections being relayed now.
+    pub userspace_active_connections: Gauge,
+    /// `kubeproxy_rs_userspace_connections_total`: TCP connections accepted for a Service.
+    pub userspace_connections: Counter,
+    /// `kubeproxy_rs_userspace_endpoint_connect_failures_total`: attempts to an endpoint refused or timed out.
+    pub userspace_connect_failures: Counter,
+    /// `kubeproxy_rs_userspace_endpoint_connect_retries_total`: attempts made after another endpoint failed.
+    pub userspace_connect_retries: Counter,
+    /// `kubeproxy_rs_userspace_connections_failed_total`: client connections reset because every endpoint failed.
+    pub userspace_connections_failed: Counter,
+    /// `kubeproxy_rs_userspace_udp_sessions`: UDP sessions held now.
+    pub userspace_udp_sessions: Gauge,
+    /// `kubeproxy_rs_userspace_udp_sessions_created_total`: UDP sessions opened.
+    pub userspace_udp_sessions_created: Counter,
+    /// `kubeproxy_rs_userspace_bytes_relayed_total`: bytes relayed, both directions, TCP and UDP.
+    pub userspace_bytes_relayed: Counter,
 }
 
 impl Default for Metrics {
@@ -147,6 +175,15 @@ impl Metrics {
             conntrack_reconciler_errors: Counter::default(),
             invalid_objects: Family::default(),
             source_errors: Family::default(),
+            proxy_mode_fallbacks: Family::default(),
+            userspace_active_connections: Gauge::default(),
+            userspace_connections: Counter::default(),
+            userspace_connect_failures: Counter::default(),
+            userspace_connect_retries: Counter::default(),
+            userspace_connections_failed: Counter::default(),
+            userspace_udp_sessions: Gauge::default(),
+            userspace_udp_sessions_created: Counter::default(),
+            userspace_bytes_relayed: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -270,6 +307,51 @@ impl Metrics {
             "Errors reading the Kubernetes API or the manifest directory",
             m.source_errors.clone(),
         );
+        r.register(
+            "kubeproxy_rs_proxy_mode_fallbacks",
+            "Starts that ran another proxy mode than the configured one, because the node cannot run it",
+            m.proxy_mode_fallbacks.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_active_connections",
+            "TCP connections the userspace proxy relays now",
+            m.userspace_active_connections.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_connections",
+            "TCP connections the userspace proxy accepted for a Service",
+            m.userspace_connections.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_endpoint_connect_failures",
+            "Connection attempts to an endpoint that were refused or timed out",
+            m.userspace_connect_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_endpoint_connect_retries",
+            "Connection attempts made after another endpoint failed",
+            m.userspace_connect_retries.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_connections_failed",
+            "Client connections reset because every endpoint failed",
+            m.userspace_connections_failed.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_udp_sessions",
+            "UDP sessions the userspace proxy holds now",
+            m.userspace_udp_sessions.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_udp_sessions_created",
+            "UDP sessions the userspace proxy opened",
+            m.userspace_udp_sessions_created.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_userspace_bytes_relayed",
+            "Bytes the userspace proxy relayed, both directions, TCP and UDP",
+            m.userspace_bytes_relayed.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -288,6 +370,16 @@ impl Metrics {
             .get_or_create(&SourceErrorLabel {
                 source: source.to_string(),
                 reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a start that runs mode `to` because the node cannot run the configured `from`.
+    pub fn mode_fallback(&self, from: &str, to: &str) {
+        self.proxy_mode_fallbacks
+            .get_or_create(&FallbackLabel {
+                from: from.to_string(),
+                to: to.to_string(),
             })
             .inc();
     }
@@ -315,6 +407,7 @@ mod tests {
             })
             .set(2);
         m.sync_full_duration.observe(0.5);
+        m.mode_fallback("iptables", "userspace");
         let text = m.encode();
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
@@ -326,6 +419,7 @@ mod tests {
             "kubeproxy_sync_proxy_rules_service_changes_pending 0",
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total 1",
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
+            "kubeproxy_rs_proxy_mode_fallbacks_total{from=\"iptables\",to=\"userspace\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in:\n{text}");
         }

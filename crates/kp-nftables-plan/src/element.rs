@@ -80,6 +80,22 @@ impl fmt::Display for Tuple {
     }
 }
 
+/// Makes atoms comparable whatever way they were spelled: slots and ports are both numbers (the
+/// kernel and nft's listing cannot tell them apart), and a single-address network is an
+/// address. Read-back tables are kept in this form.
+pub fn canonical(t: &Tuple) -> Tuple {
+    Tuple::new(
+        t.atoms()
+            .iter()
+            .map(|a| match *a {
+                Atom::Slot(s) if s <= u32::from(u16::MAX) => Atom::Port(s as u16),
+                Atom::Net(n) if n.prefix_len() == n.max_prefix_len() => Atom::Ip(n.addr()),
+                a => a,
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
 /// Why element text did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot parse element atom {0:?}")]

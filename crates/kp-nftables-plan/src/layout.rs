@@ -6,6 +6,7 @@
 //! by a jump on each commit, so per-service and per-endpoint chains make every change pay for
 //! the whole table. Elements cost the same whatever the table's size.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use kp_core::model::IpFamily;
@@ -123,6 +124,8 @@ pub enum SetId {
     ClusterIps,
     /// [`names::POD_CIDRS`].
     PodCidrs,
+    /// [`names::SERVICE_CIDRS`].
+    ServiceCidrs,
     /// [`names::NODEPORT_ADDRESSES`].
     NodePortAddresses,
     /// [`names::MASQ_VIPS`].
@@ -157,9 +160,10 @@ pub enum SetId {
 
 impl SetId {
     /// The fixed sets and maps, present in every table.
-    pub const FIXED: [SetId; 12] = [
+    pub const FIXED: [SetId; 13] = [
         SetId::ClusterIps,
         SetId::PodCidrs,
+        SetId::ServiceCidrs,
         SetId::NodePortAddresses,
         SetId::MasqVips,
         SetId::MasqNodePorts,
@@ -177,6 +181,7 @@ impl SetId {
         match self {
             SetId::ClusterIps => CLUSTER_IPS.into(),
             SetId::PodCidrs => POD_CIDRS.into(),
+            SetId::ServiceCidrs => SERVICE_CIDRS.into(),
             SetId::NodePortAddresses => NODEPORT_ADDRESSES.into(),
             SetId::MasqVips => MASQ_VIPS.into(),
             SetId::MasqNodePorts => MASQ_NODEPORTS.into(),
@@ -193,6 +198,49 @@ impl SetId {
             SetId::AffinityNodePorts(t) => format!("affinity-{t}-nodeports"),
             SetId::Affinity(t) => format!("affinity-{t}"),
         }
+    }
+
+    /// The set or map called `name` in our table, if it is one of ours: the inverse of
+    /// [`SetId::name`], so a table read back from the kernel can be recognised set by set
+    /// (`vips-3-endpoints` is `ClassEndpoints(Vips, 3)`). Endpoint counts and timeouts are
+    /// positive and spelled without leading zeros, as `name` spells them.
+    pub fn from_name(name: &str) -> Option<SetId> {
+        if let Some(id) = SetId::FIXED.into_iter().find(|s| s.name() == name) {
+            return Some(id);
+        }
+        let number = |s: &str| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0 && n.to_string() == s)
+        };
+        if let Some(rest) = name.strip_prefix("affinity-") {
+            let id = match rest.split_once('-') {
+                None => SetId::Affinity(number(rest)?),
+                Some((t, "vips")) => SetId::AffinityVips(number(t)?),
+                Some((t, "nodeports")) => SetId::AffinityNodePorts(number(t)?),
+                Some(_) => return None,
+            };
+            return Some(id);
+        }
+        // Longest prefixes first: `local-source-vips-` before `vips-`.
+        for route in [
+            Route::LocalSourceVips,
+            Route::LocalSourceNodePorts,
+            Route::Vips,
+            Route::NodePorts,
+        ] {
+            let Some(rest) = name
+                .strip_prefix(route.prefix())
+                .and_then(|r| r.strip_prefix('-'))
+            else {
+                continue;
+            };
+            return match rest.strip_suffix("-endpoints") {
+                Some(n) => Some(SetId::ClassEndpoints(route, number(n)?)),
+                None => Some(SetId::Class(route, number(rest)?)),
+            };
+        }
+        None
     }
 
     /// Whether the kernel writes this object's elements (so the read-back check skips them).
@@ -222,7 +270,9 @@ impl SetId {
         let np = "inet_proto . inet_service";
         match self {
             SetId::ClusterIps => format!("type {addr};"),
-            SetId::PodCidrs | SetId::NodePortAddresses => format!("type {addr}; flags interval;"),
+            SetId::PodCidrs | SetId::ServiceCidrs | SetId::NodePortAddresses => {
+                format!("type {addr}; flags interval;")
+            }
             SetId::MasqVips | SetId::LocalPolicyVips | SetId::FirewallVips => format!("type {vip};"),
             SetId::AffinityVips(_) => format!("type {vip};"),
             SetId::MasqNodePorts | SetId::LocalPolicyNodePorts | SetId::AffinityNodePorts(_) => {
@@ -247,6 +297,57 @@ impl SetId {
             ),
         }
     }
+}
+
+/// What the table's comment says about the table: the version of its layout for `cfg`.
+///
+/// The read-back check recognises rules by their ids (comments), not by their text, so a table
+/// left by another version of the layout, or by another configuration (another masquerade bit,
+/// detect-local mode, NodePort addresses), can hold the same ids with other rules in them. The
+/// comment is a hash of everything the layout renders for `cfg` besides elements (chains and
+/// hooks, fixed rules, the rules and declarations of every kind of class), so a table that
+/// carries it has exactly the rules and set types this version would make for the same classes,
+/// and one that does not must be replaced rather than adopted.
+pub fn table_comment(cfg: &PlanConfig) -> String {
+    // FNV-1a (64 bits): stable across builds and Rust versions, unlike `DefaultHasher`.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |s: &str| {
+        for b in s.bytes().chain([0]) {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for c in chains() {
+        feed(c.name);
+        feed(c.hook.unwrap_or(""));
+    }
+    let mut rules = fixed_rules(cfg);
+    let mut sets = SetId::FIXED.to_vec();
+    for route in [
+        Route::Vips,
+        Route::NodePorts,
+        Route::LocalSourceVips,
+        Route::LocalSourceNodePorts,
+    ] {
+        rules.extend(class_rules(cfg, route, 1));
+        sets.extend([SetId::Class(route, 1), SetId::ClassEndpoints(route, 1)]);
+    }
+    rules.extend(affinity_rules(cfg, 1));
+    sets.extend([
+        SetId::Affinity(1),
+        SetId::AffinityVips(1),
+        SetId::AffinityNodePorts(1),
+    ]);
+    for r in &rules {
+        feed(r.chain);
+        feed(&r.id);
+        feed(&r.text);
+    }
+    for s in sets {
+        feed(&s.name());
+        feed(&s.declaration(cfg.family));
+    }
+    format!("kube-proxy-rs layout {hash:016x}")
 }
 
 /// A chain of the table: base chains carry their hook.
@@ -496,6 +597,14 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
         "cluster-ip-unknown-port",
         format!("{ip} daddr @{CLUSTER_IPS} reject"),
     );
+    // ... and one still addressed to a Service CIDR is for an address no Service holds:
+    // dropped, as upstream's nftables mode does ("Drop traffic to unallocated ClusterIPs"),
+    // rather than routed out of the node.
+    add(
+        ENDPOINTS_CHECK,
+        "unallocated-cluster-ip",
+        format!("{ip} daddr @{SERVICE_CIDRS} drop"),
+    );
     add(REJECT_PACKET, "reject", "reject".into());
     add(
         MASQUERADING,
@@ -606,4 +715,42 @@ pub fn affinity_rules(cfg: &PlanConfig, timeout: u32) -> Vec<RuleDef> {
         });
     }
     v
+}
+
+/// The rules of a table holding `classes` and `affinities`, in order per chain.
+pub fn rules_for(
+    cfg: &PlanConfig,
+    classes: &BTreeSet<(Route, u32)>,
+    affinities: &BTreeSet<u32>,
+) -> Vec<RuleDef> {
+    let mut rules = fixed_rules(cfg);
+    for &(route, n) in classes {
+        rules.extend(class_rules(cfg, route, n));
+    }
+    for &t in affinities {
+        rules.extend(affinity_rules(cfg, t));
+    }
+    rules
+}
+
+/// Rule ids per chain of a table holding `classes` and `affinities`, every chain listed;
+/// chains whose rule order does not matter ([`UNORDERED_CHAINS`]) sorted.
+pub fn chains_for(
+    cfg: &PlanConfig,
+    classes: &BTreeSet<(Route, u32)>,
+    affinities: &BTreeSet<u32>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut chains: BTreeMap<String, Vec<String>> = chains()
+        .into_iter()
+        .map(|c| (c.name.to_string(), Vec::new()))
+        .collect();
+    for r in rules_for(cfg, classes, affinities) {
+        chains.entry(r.chain.to_string()).or_default().push(r.id);
+    }
+    for c in UNORDERED_CHAINS {
+        if let Some(v) = chains.get_mut(*c) {
+            v.sort();
+        }
+    }
+    chains
 }

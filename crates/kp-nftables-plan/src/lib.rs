@@ -1,5 +1,5 @@
-//! Plans kube-proxy-rs's nftables table: what the kernel should hold, the smallest atomic
-//! transaction that gets it there, and a tracer that follows packets through the rendered text.
+//! Plans kube-proxy-rs's nftables table: what the kernel should hold, and the smallest atomic
+//! transaction that gets it there (`kp-nftables-test` holds the tracer that replays it).
 //!
 //! Pure: no processes, no sockets, no clock. `kp-nftables` sends the transactions (the structure
 //! as nft text, element changes as a netlink batch encoded by [`netlink`]) and reads the table
@@ -12,9 +12,7 @@ pub mod layout;
 pub mod names;
 pub mod netlink;
 pub mod planner;
-pub mod tracer;
 
 pub use layout::{PlanConfig, Route, SetId};
 pub use netlink::{ElementBatch, EncodedBatch, SetSchema};
-pub use planner::{NodeContext, Planner, Transaction};
-pub use tracer::NftTracer;
+pub use planner::{KernelTable, Mismatch, NodeContext, Planner, Transaction};

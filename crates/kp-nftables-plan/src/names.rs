@@ -61,6 +61,9 @@ pub const AFFINITY_UPDATE: &str = "affinity-update";
 
 /// Set: every ClusterIP (masquerade of off-cluster sources).
 pub const CLUSTER_IPS: &str = "cluster-ips";
+/// Set: the Service CIDRs; traffic still addressed to one after DNAT is dropped (unallocated
+/// ClusterIP).
+pub const SERVICE_CIDRS: &str = "service-cidrs";
 /// Set: pod-network CIDRs for detect-local.
 pub const POD_CIDRS: &str = "pod-cidrs";
 /// Set: `nodePortAddresses` CIDRs (only when configured).

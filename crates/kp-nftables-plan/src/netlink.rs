@@ -9,8 +9,8 @@
 //!
 //! [`SetSchema`] describes each set's key and value components; the read-back decoder in
 //! `kp-nftables` uses the same schema in the other direction. Layouts are the kernel UAPI's
-//! (`linux/netlink.h`, `linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`) and the
-//! encodings are the ones nft 1.0.6 sends for the same `add element` / `delete element`
+//! (`linux/netlink.h`, `linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`), written
+//! with `kp-netlink`'s pure framing and attributes, and the encodings are the ones nft 1.0.6 sends for the same `add element` / `delete element`
 //! statements (captured with `strace`; see the unit tests):
 //! - a concatenation pads every component to 4 bytes; addresses and ports are big-endian, the
 //!   protocol one byte, the `numgen` slot a host-order `u32`;
@@ -70,7 +70,7 @@ pub fn strides(
     let concat = kinds.len() > 1;
     kinds.iter().map(move |k| {
         let w = k.width(family);
-        (*k, if concat { align4(w) } else { w })
+        (*k, if concat { attr::align(w) } else { w })
     })
 }
 
@@ -108,7 +108,7 @@ impl SetSchema {
         let nodeport = || vec![Proto, Port];
         match set {
             SetId::ClusterIps => plain(vec![Addr]),
-            SetId::PodCidrs | SetId::NodePortAddresses => SetSchema {
+            SetId::PodCidrs | SetId::ServiceCidrs | SetId::NodePortAddresses => SetSchema {
                 interval: true,
                 ..plain(vec![Addr])
             },
@@ -157,6 +157,13 @@ impl SetSchema {
 pub mod abi;
 
 use abi::*;
+use kp_netlink::abi::{
+    NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES, NLA_HDRLEN, NLA_TYPE_MASK,
+    NLM_F_ACK, NLM_F_CREATE,
+};
+use kp_netlink::attr::{self, Nest};
+use kp_netlink::message::{self, Start};
+use kp_netlink::nfnl;
 
 /// nft's (libnftnl's) element user data marking an interval open at the top of the address
 /// space: record `NFTNL_UDATA_SET_ELEM_FLAGS` (1), length 4, value
@@ -165,10 +172,6 @@ const OPEN_INTERVAL_UDATA: [u8; 6] = [1, 4, 1, 0, 0, 0];
 
 /// The most bytes of elements one message carries: nested attribute lengths are 16 bits.
 const MESSAGE_ELEMENTS_LIMIT: usize = 60 * 1024;
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
 
 /// Why an element could not be encoded (the planner never makes such an element; the sender
 /// treats it as a failed sync).
@@ -187,10 +190,10 @@ struct Open {
     set: SetId,
     delete: bool,
     schema: SetSchema,
-    /// Offset of the message header.
-    start: usize,
-    /// Offset of the `NFTA_SET_ELEM_LIST_ELEMENTS` attribute.
-    elements: usize,
+    /// The message header.
+    start: Start,
+    /// The `NFTA_SET_ELEM_LIST_ELEMENTS` attribute.
+    elements: Nest,
     /// Attribute types of the list entries so far: nft numbers them 1, 2, 3… (the kernel
     /// ignores the number).
     entries: u16,
@@ -208,8 +211,8 @@ pub struct ElementBatch {
     open: Option<Open>,
     messages: u32,
     elements: usize,
-    /// Offset of the last finished message's header.
-    last: Option<usize>,
+    /// The last finished message.
+    last: Option<Start>,
     errors: Vec<EncodeError>,
 }
 
@@ -248,7 +251,7 @@ impl ElementBatch {
     /// An empty batch.
     pub fn new() -> Self {
         // Room for BATCH_BEGIN, written by `finish`.
-        let buf = vec![0; NLMSG_HDRLEN + 4];
+        let buf = vec![0; nfnl::batch_control_len()];
         ElementBatch {
             buf,
             open: None,
@@ -304,7 +307,7 @@ impl ElementBatch {
         let full = self
             .open
             .as_ref()
-            .is_some_and(|o| self.buf.len() - o.elements > MESSAGE_ELEMENTS_LIMIT);
+            .is_some_and(|o| self.buf.len() - o.elements.offset() > MESSAGE_ELEMENTS_LIMIT);
         if !same || full {
             self.close();
             self.open_message(family, set, delete);
@@ -342,18 +345,23 @@ impl ElementBatch {
     }
 
     fn open_message(&mut self, family: IpFamily, set: SetId, delete: bool) {
-        let start = self.buf.len();
         let (kind, flags) = if delete {
-            (NFT_MSG_DELSETELEM, NLM_F_REQUEST)
+            (NFT_MSG_DELSETELEM, 0)
         } else {
-            (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE)
+            (NFT_MSG_NEWSETELEM, NLM_F_CREATE)
         };
-        header(&mut self.buf, (NFNL_SUBSYS_NFTABLES << 8) | kind, flags);
-        self.buf
-            .extend_from_slice(&[nfproto(family), NFNETLINK_V0, 0, 0]);
-        attr(&mut self.buf, NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE));
-        attr(&mut self.buf, NFTA_SET_ELEM_LIST_SET, &cstr(&set.name()));
-        let elements = nest_start(&mut self.buf, NFTA_SET_ELEM_LIST_ELEMENTS);
+        // Sequence zero for now: `close` numbers the messages that keep an element.
+        let start = nfnl::begin(
+            &mut self.buf,
+            NFNL_SUBSYS_NFTABLES,
+            kind,
+            flags,
+            0,
+            nfproto(family),
+        );
+        attr::put_str(&mut self.buf, NFTA_SET_ELEM_LIST_TABLE, TABLE);
+        attr::put_str(&mut self.buf, NFTA_SET_ELEM_LIST_SET, &set.name());
+        let elements = attr::nest_start(&mut self.buf, NFTA_SET_ELEM_LIST_ELEMENTS);
         self.open = Some(Open {
             family,
             set,
@@ -370,16 +378,14 @@ impl ElementBatch {
         let Some(open) = self.open.take() else {
             return;
         };
-        if self.buf.len() == open.elements + NLA_HDRLEN {
-            self.buf.truncate(open.start);
+        if self.buf.len() == open.elements.offset() + NLA_HDRLEN {
+            self.buf.truncate(open.start.offset());
             return;
         }
-        nest_end(&mut self.buf, open.elements);
-        let len = (self.buf.len() - open.start) as u32;
-        self.buf[open.start..open.start + 4].copy_from_slice(&len.to_ne_bytes());
+        attr::nest_end(&mut self.buf, open.elements);
+        message::end(&mut self.buf, open.start);
         self.messages += 1;
-        let seq = self.messages;
-        self.buf[open.start + 8..open.start + 12].copy_from_slice(&seq.to_ne_bytes());
+        message::set_seq(&mut self.buf, open.start, self.messages);
         self.last = Some(open.start);
     }
 
@@ -387,12 +393,16 @@ impl ElementBatch {
     pub fn finish(mut self) -> Option<EncodedBatch> {
         self.close();
         let last = self.last?;
-        let flags = u16::from_ne_bytes([self.buf[last + 6], self.buf[last + 7]]) | NLM_F_ACK;
-        self.buf[last + 6..last + 8].copy_from_slice(&flags.to_ne_bytes());
-        let mut begin = Vec::with_capacity(NLMSG_HDRLEN + 4);
-        control(&mut begin, NFNL_MSG_BATCH_BEGIN, 0);
+        message::add_flags(&mut self.buf, last, NLM_F_ACK);
+        let mut begin = Vec::with_capacity(nfnl::batch_control_len());
+        nfnl::batch_control(&mut begin, NFNL_MSG_BATCH_BEGIN, 0, NFNL_SUBSYS_NFTABLES);
         self.buf[..begin.len()].copy_from_slice(&begin);
-        control(&mut self.buf, NFNL_MSG_BATCH_END, self.messages + 1);
+        nfnl::batch_control(
+            &mut self.buf,
+            NFNL_MSG_BATCH_END,
+            self.messages + 1,
+            NFNL_SUBSYS_NFTABLES,
+        );
         Some(EncodedBatch {
             bytes: self.buf,
             ack_seq: self.messages,
@@ -401,51 +411,26 @@ impl ElementBatch {
     }
 }
 
-/// A `BATCH_BEGIN` or `BATCH_END` message: `nfgenmsg` with family unspecified and the
-/// subsystem id (big-endian) as resource id.
-fn control(buf: &mut Vec<u8>, kind: u16, seq: u32) {
-    let start = buf.len();
-    header(buf, kind, NLM_F_REQUEST);
-    buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
-    buf.push(NFPROTO_UNSPEC);
-    buf.push(NFNETLINK_V0);
-    buf.extend_from_slice(&NFNL_SUBSYS_NFTABLES.to_be_bytes());
-    let len = (buf.len() - start) as u32;
-    buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
-}
-
-/// `nlmsghdr` with length and sequence zero (patched later) and port id zero.
-fn header(buf: &mut Vec<u8>, kind: u16, flags: u16) {
-    buf.extend_from_slice(&[0; 4]);
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&[0; 8]);
-}
-
-fn attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
-    buf.extend_from_slice(&((NLA_HDRLEN + payload.len()) as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(payload);
-    buf.resize(align4(buf.len()), 0);
-}
-
-fn nest_start(buf: &mut Vec<u8>, kind: u16) -> usize {
-    let at = buf.len();
-    buf.extend_from_slice(&[0, 0]);
-    buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-    at
-}
-
-fn nest_end(buf: &mut [u8], at: usize) {
-    let len = (buf.len() - at) as u16;
-    buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-}
-
-fn cstr(s: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(s.len() + 1);
-    v.extend_from_slice(s.as_bytes());
-    v.push(0);
-    v
+/// The elements of a `NFT_MSG_GETSETELEM` request for `keys` of `set` (the payload of its
+/// `NFTA_SET_ELEM_LIST_ELEMENTS` nest, keys only, encoded as for a deletion): the kernel looks each
+/// one up and answers with the element, or stops at the first it lacks with `-ENOENT`. For sets
+/// that are not intervals. Errors name the first key that cannot be encoded.
+pub fn encode_keys<'a>(
+    family: IpFamily,
+    set: SetId,
+    keys: impl IntoIterator<Item = &'a [Atom]>,
+) -> Result<Vec<u8>, String> {
+    let schema = SetSchema::of(set);
+    if schema.interval {
+        return Err(format!("{} is an interval set", set.name()));
+    }
+    let mut buf = Vec::new();
+    let mut entries = NFTA_LIST_ELEM - 1;
+    for key in keys {
+        encode_element(&mut buf, &schema, family, key, None, true, &mut entries)
+            .map_err(|e| format!("{}: {e}", set.name()))?;
+    }
+    Ok(buf)
 }
 
 /// Which bound of an interval a key spells.
@@ -526,30 +511,27 @@ fn data_attr(
     atoms: &[Atom],
     bound: Bound,
 ) -> Result<(), String> {
-    let outer = nest_start(buf, kind);
-    let inner = buf.len();
-    buf.extend_from_slice(&[0, 0]);
-    buf.extend_from_slice(&NFTA_DATA_VALUE.to_ne_bytes());
-    encode_fields(kinds, family, atoms, bound, buf)?;
-    let len = (buf.len() - inner) as u16;
-    buf[inner..inner + 2].copy_from_slice(&len.to_ne_bytes());
-    buf.resize(align4(buf.len()), 0);
-    nest_end(buf, outer);
-    Ok(())
+    let outer = attr::nest_start(buf, kind);
+    let mut r = Ok(());
+    attr::put_with(buf, NFTA_DATA_VALUE, |b| {
+        r = encode_fields(kinds, family, atoms, bound, b)
+    });
+    attr::nest_end(buf, outer);
+    r
 }
 
 fn verdict_attr(buf: &mut Vec<u8>, verdict: NoEndpointVerdict) {
-    let data = nest_start(buf, NFTA_SET_ELEM_DATA);
-    let v = nest_start(buf, NFTA_DATA_VERDICT);
+    let data = attr::nest_start(buf, NFTA_SET_ELEM_DATA);
+    let v = attr::nest_start(buf, NFTA_DATA_VERDICT);
     match verdict {
-        NoEndpointVerdict::Drop => attr(buf, NFTA_VERDICT_CODE, &NF_DROP.to_be_bytes()),
+        NoEndpointVerdict::Drop => attr::put(buf, NFTA_VERDICT_CODE, &NF_DROP.to_be_bytes()),
         NoEndpointVerdict::Reject => {
-            attr(buf, NFTA_VERDICT_CODE, &NFT_GOTO.to_be_bytes());
-            attr(buf, NFTA_VERDICT_CHAIN, &cstr(REJECT_PACKET));
+            attr::put(buf, NFTA_VERDICT_CODE, &NFT_GOTO.to_be_bytes());
+            attr::put_str(buf, NFTA_VERDICT_CHAIN, REJECT_PACKET);
         }
     }
-    nest_end(buf, v);
-    nest_end(buf, data);
+    attr::nest_end(buf, v);
+    attr::nest_end(buf, data);
 }
 
 /// One element (two for a closed network in a single-field interval set), each in its own
@@ -564,8 +546,8 @@ fn encode_element(
     entries: &mut u16,
 ) -> Result<(), String> {
     let mut entry = |buf: &mut Vec<u8>| {
-        *entries = entries.wrapping_add(1) & !(NLA_F_NESTED | 0x4000);
-        nest_start(buf, *entries)
+        *entries = entries.wrapping_add(1) & NLA_TYPE_MASK;
+        attr::nest_start(buf, *entries)
     };
     if schema.interval && schema.key.len() == 1 {
         // rbtree: the first address; then the address after the last, flagged as an end.
@@ -594,16 +576,12 @@ fn encode_element(
             Bound::First,
         )?;
         if next.is_none() {
-            attr(buf, NFTA_SET_ELEM_USERDATA, &OPEN_INTERVAL_UDATA);
+            attr::put(buf, NFTA_SET_ELEM_USERDATA, &OPEN_INTERVAL_UDATA);
         }
-        nest_end(buf, e);
+        attr::nest_end(buf, e);
         if let Some(next) = next {
             let e = entry(buf);
-            attr(
-                buf,
-                NFTA_SET_ELEM_FLAGS,
-                &NFT_SET_ELEM_INTERVAL_END.to_be_bytes(),
-            );
+            attr::put_be32(buf, NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
             data_attr(
                 buf,
                 NFTA_SET_ELEM_KEY,
@@ -612,7 +590,7 @@ fn encode_element(
                 &[Atom::Ip(next)],
                 Bound::First,
             )?;
-            nest_end(buf, e);
+            attr::nest_end(buf, e);
         }
         return Ok(());
     }
@@ -651,7 +629,7 @@ fn encode_element(
             }
         }
     }
-    nest_end(buf, e);
+    attr::nest_end(buf, e);
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 
 use kp_core::model::IpFamily;
 use kp_core::track::{ProxyState, SourceEvent};
-use kp_nftables_plan::{NftTracer, NodeContext, PlanConfig, Planner};
+use kp_nftables_plan::{NodeContext, PlanConfig, Planner};
+use kp_nftables_test::NftTracer;
 
 fn state() -> ProxyState {
     kp_flows::state()

@@ -3,7 +3,8 @@
 use kp_core::model::IpFamily;
 use kp_core::track::{Kind, Object, ProxyState, SourceEvent};
 use kp_flows::synthetic;
-use kp_nftables_plan::{NftTracer, NodeContext, PlanConfig, Planner};
+use kp_nftables_plan::{NodeContext, PlanConfig, Planner};
+use kp_nftables_test::NftTracer;
 
 fn loaded(n: usize, per: usize) -> (ProxyState, Planner, String) {
     let mut state = ProxyState::new("node-0");

@@ -6,12 +6,17 @@
 //! `KP_MEASURE_DUMP=PATH` writes the full text transaction to PATH; `KP_MEASURE_ONLY_FULL=1`
 //! stops after the first full sync and its read-back; `KP_MEASURE_CHANGES=N` sets the number of
 //! one-endpoint changes (default 50); `KP_PERF_CTL=FIFO` writes `enable` and `disable` to a perf
-//! control fifo around the changes (scripts/profile.sh profiles them alone).
+//! control fifo around the changes (scripts/profile.sh profiles them alone);
+//! `KP_MEASURE_RESTART=1` measures restarts instead of changes: a new dataplane (a restarted
+//! process) syncs full over the table the first one left, with the cluster unchanged and after
+//! `KP_MEASURE_CHANGES` one-endpoint changes made while it was down; each both with the read-back
+//! inside the sync and with the tables read ahead (`read_ahead`, started 2 s before the sync, as
+//! a proxy would while its informers list the cluster); first, for comparison, the replace a
+//! restart did before (the all-text path).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use kp_core::dataplane::Dataplane;
 use kp_core::track::{Changes, SourceEvent};
 use kp_flows::synthetic;
 use kp_metrics::Metrics;
@@ -105,7 +110,11 @@ fn main() {
         node_ports: NodePortAddresses::AllLocal,
         ..NftablesConfig::default()
     };
-    let mut dp = NftablesDataplane::new(cfg, NftCommand::in_netns(&ns), Arc::new(Metrics::new()));
+    let mut dp = NftablesDataplane::new(
+        cfg.clone(),
+        NftCommand::in_netns(&ns),
+        Arc::new(Metrics::new()),
+    );
     let t = Instant::now();
     dp.sync(&state, &Changes::default(), true)
         .expect("full sync");
@@ -126,6 +135,11 @@ fn main() {
     }
 
     if std::env::var("KP_MEASURE_ONLY_FULL").is_ok_and(|v| v == "1") {
+        return;
+    }
+    if std::env::var("KP_MEASURE_RESTART").is_ok_and(|v| v == "1") {
+        drop(dp);
+        restart(&ns, &cfg, &mut state, n, per);
         return;
     }
     // scripts/profile.sh profiles the changes alone: it starts perf with sampling off and
@@ -171,5 +185,91 @@ fn main() {
         .filter(|l| l.starts_with("VmHWM") || l.starts_with("VmRSS"))
     {
         println!("{l}");
+    }
+}
+
+/// Restarts over the existing table: unchanged, then after changes made while down.
+fn restart(
+    ns: &str,
+    cfg: &NftablesConfig,
+    state: &mut kp_core::track::ProxyState,
+    n: usize,
+    per: usize,
+) {
+    let changes: usize = std::env::var("KP_MEASURE_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    // The replace a restart did before adoption: the all-text path (a stand-in nft program sends
+    // everything as text) replaces an existing table in one `nft -f`.
+    {
+        let mut dp = NftablesDataplane::new(
+            cfg.clone(),
+            NftCommand::in_netns(ns).with_program("nft"),
+            Arc::new(Metrics::new()),
+        );
+        let t = Instant::now();
+        let r = dp
+            .sync(state, &Changes::default(), true)
+            .expect("replacing sync");
+        println!(
+            "restart by replacing the table (as before adoption): first sync {:.3} s, {} operations",
+            t.elapsed().as_secs_f64(),
+            r.operations
+        );
+    }
+    let cases = [
+        ("unchanged cluster", 0, false),
+        ("unchanged cluster", 0, true),
+        ("after changes while down", changes, false),
+        ("after more changes while down", changes, true),
+    ];
+    let mut done = 0;
+    for (what, k, ahead) in cases {
+        for i in done..done + k {
+            state
+                .apply(SourceEvent::Upsert(synthetic::endpoint_change(i, n, per)))
+                .unwrap();
+        }
+        done += k;
+        let _ = state.take_changes();
+        let mut dp = NftablesDataplane::new(
+            cfg.clone(),
+            NftCommand::in_netns(ns),
+            Arc::new(Metrics::new()),
+        );
+        if ahead {
+            dp.read_ahead();
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        }
+        let t = Instant::now();
+        let r = dp
+            .sync(state, &Changes::default(), true)
+            .expect("restart sync");
+        let took = t.elapsed().as_secs_f64();
+        let tx = dp.last_transaction();
+        let netlink = tx
+            .lines()
+            .find(|l| l.starts_with("# netlink"))
+            .unwrap_or("# netlink: none");
+        println!(
+            "restart, {what} ({k} endpoint changes){}: first sync {took:.3} s, {} operations, {} bytes of nft text, {netlink}",
+            if ahead { ", tables read ahead" } else { "" },
+            r.operations,
+            tx.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(|l| l.len() + 1)
+                .sum::<usize>(),
+        );
+        let t = Instant::now();
+        let diffs = dp.verify().expect("verify");
+        println!(
+            "  read-back after it: {:.3} s, {} differences",
+            t.elapsed().as_secs_f64(),
+            diffs.len()
+        );
+        for d in diffs.iter().take(5) {
+            println!("  {d}");
+        }
     }
 }

@@ -9,15 +9,32 @@
 //!   the kernel never sees a REJECT gone before its DNAT is there;
 //! - a full sync when no `kube-proxy` table exists yet (first start on a node): the structure with
 //!   `nft -f -`, then all elements in one netlink batch (no traffic is ours to lose in between);
-//! - a full sync when the table exists (restart, repair after a failure or drift): one atomic
-//!   `nft -f -` transaction that deletes and re-creates the table with everything in it.
+//! - a full sync when the table exists (restart, repair after a failure or drift): the table is
+//!   read back over netlink and *adopted* ([`Planner::adopt`]) when its structure is the one this
+//!   version and configuration make (the layout named in the table's comment, our sets, the rule
+//!   ids of its classes in every chain). Then only the element difference between the kernel
+//!   and the full plan is sent, like a partial sync: new classes' declarations and rules with
+//!   `nft -f -` if the plan needs any, then one netlink batch (empty when nothing changed). The
+//!   entries keep the kernel's slot assignment, the dynamic affinity maps keep their entries
+//!   (those pointing at endpoints no longer serving are purged), and established connections
+//!   and new ones are never without their DNAT. At 10k Services × 10 endpoints an unchanged
+//!   restart costs the read-back (most of it looking up the largest endpoint map's elements; see
+//!   `README.md`) and sends nothing; [`NftablesDataplane::read_ahead`] takes the read off the
+//!   first sync's path;
+//! - a family whose table is not adoptable (another layout, e.g. after an upgrade, a rule deleted
+//!   behind our back, a set that is not ours) or cannot be read: one atomic `nft -f -`
+//!   transaction that deletes and re-creates the table with everything in it, logged at info
+//!   with the reason. ClientIP affinity choices are lost with it.
 //!
 //! nft's text parser is most of the cost of a large load and every `nft` is a process, so the
 //! batch is what makes a first sync and a one-endpoint change cheap at scale.
 //!
-//! Planning (what to send) is `kp-nftables-plan`'s; this crate only talks to the kernel.
+//! Planning (what to send) is `kp-nftables-plan`'s; this crate only talks to the kernel, through
+//! [`NftablesBackend`]: [`NftCommand`] is the real kernel, `kp-nftables-test`'s `FakeNftables`
+//! the one tests use without root.
 //! Mirrors upstream `pkg/proxy/nftables/proxier.go` (`syncProxyRules`, `CleanupLeftovers`).
 
+mod backend;
 pub mod netlink;
 mod readback;
 mod runner;
@@ -25,16 +42,18 @@ mod runner;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kp_core::dataplane::{Dataplane, SyncReport};
+use kp_core::dataplane::{Dataplane, DataplaneError, Retry, SyncReport};
 use kp_core::model::IpFamily;
 use kp_core::track::{Changes, ProxyState};
 use kp_metrics::Metrics;
 use kp_nftables_plan::element::Tuple;
 use kp_nftables_plan::names::{self, TABLE};
-use kp_nftables_plan::{layout, ElementBatch, NodeContext, PlanConfig, Planner, SetId};
+use kp_nftables_plan::planner::{NftText, SplitSink, TransactionSink};
+use kp_nftables_plan::{ElementBatch, NodeContext, PlanConfig, Planner, SetId};
 
+pub use backend::{NftablesBackend, ReadAhead};
 pub use kp_core::node::{DetectLocal, NodePortAddresses};
-pub use readback::{canonical, parse_table, KernelTable};
+pub use readback::{canonical, compare, parse_table, parse_table_named, KernelTable};
 pub use runner::NftCommand;
 
 /// What went wrong talking to the kernel. Every variant is retryable: the next sync is a full
@@ -70,10 +89,30 @@ pub enum Error {
         op: String,
         /// Why it failed.
         detail: String,
+        /// The kernel's errno when the kernel refused the request: match on it (`ENOENT`, a
+        /// missing table), never on the text.
+        errno: Option<kp_netlink::KernelError>,
     },
     /// A listing could not be understood.
     #[error("cannot parse nft output: {0}")]
     Parse(String),
+}
+
+impl Error {
+    /// Whether retrying can help: an `nft` that is missing or not permitted stays so, and so
+    /// does a netlink socket the kernel refuses for want of permission or support.
+    pub fn retry(&self) -> Retry {
+        match self {
+            Error::Spawn(e) => Retry::of_spawn(e),
+            Error::Netlink { errno: Some(k), .. } => Retry::of_errno(k.errno),
+            _ => Retry::WithBackoff,
+        }
+    }
+
+    /// The error as the sync loop handles it.
+    pub fn into_dataplane(self) -> DataplaneError {
+        DataplaneError::new(self.retry(), self)
+    }
 }
 
 /// The mode's settings.
@@ -107,17 +146,27 @@ impl Default for NftablesConfig {
 pub struct NftablesDataplane {
     cfg: NftablesConfig,
     planners: Vec<Planner>,
-    nft: NftCommand,
+    /// The kernel: [`NftCommand`], or a fake in tests.
+    nft: Box<dyn NftablesBackend>,
     metrics: Arc<Metrics>,
     last_transaction: String,
-    /// The netlink socket for element batches, opened on first use and kept (closing one after a
-    /// commit costs the kernel an RCU grace period); dropped after any error.
-    session: Option<netlink::Session>,
+    /// The tables being read ahead of the first sync ([`NftablesDataplane::read_ahead`]): the
+    /// ruleset generation from before the read, and every family's table in the planners' order
+    /// (an error, a missing table say, kept as the answer).
+    ahead: Option<std::thread::JoinHandle<Result<TablesAhead, Error>>>,
 }
 
+/// What a read ahead returns: the generation before it, and each family's table.
+type TablesAhead = (u32, Vec<Result<KernelTable, Error>>);
+
 impl NftablesDataplane {
-    /// A dataplane that has programmed nothing yet; the first sync rebuilds the tables.
-    pub fn new(cfg: NftablesConfig, nft: NftCommand, metrics: Arc<Metrics>) -> Self {
+    /// A dataplane that has programmed nothing yet; the first sync rebuilds the tables. `nft` is
+    /// the kernel: an [`NftCommand`], or a fake ([`NftablesBackend`]).
+    pub fn new(
+        cfg: NftablesConfig,
+        nft: impl NftablesBackend + 'static,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let planners = cfg
             .families
             .iter()
@@ -134,10 +183,66 @@ impl NftablesDataplane {
         NftablesDataplane {
             cfg,
             planners,
-            nft,
+            nft: Box::new(nft),
             metrics,
             last_transaction: String::new(),
-            session: None,
+            ahead: None,
+        }
+    }
+
+    /// Starts reading the existing tables in the background, so that the first sync, which
+    /// adopts them (see the module docs), does not wait for the read: call it at start-up, before
+    /// waiting for the Kubernetes API's initial lists. At 10k Services the read is most of a
+    /// restart's first sync (0.3-0.45 s of 0.55-0.65 s on the test machine), and the initial
+    /// lists take longer than that.
+    ///
+    /// The first sync uses what was read only if the kernel's ruleset generation is still the
+    /// one from before the read (nothing in the namespace committed an nftables change since);
+    /// otherwise it reads again. Does nothing when element changes do not go over netlink, or
+    /// after the first sync.
+    pub fn read_ahead(&mut self) {
+        if !self.nft.netlink_elements()
+            || self.ahead.is_some()
+            || self.planners.iter().any(Planner::programmed)
+        {
+            return;
+        }
+        let families: Vec<IpFamily> = self.planners.iter().map(|p| p.config().family).collect();
+        let Some(read) = self.nft.read_ahead(families) else {
+            return;
+        };
+        match std::thread::Builder::new()
+            .name("kp-nft-read-ahead".into())
+            .spawn(read)
+        {
+            Ok(h) => self.ahead = Some(h),
+            // The first sync reads the tables itself.
+            Err(e) => tracing::debug!(error = %e, "cannot start reading the tables ahead"),
+        }
+    }
+
+    /// The tables read ahead, if there were any and the kernel has not changed since.
+    fn take_read_ahead(&mut self) -> Option<Vec<Result<KernelTable, Error>>> {
+        let (generation, tables) = match self.ahead.take()?.join() {
+            Ok(Ok(ahead)) => ahead,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "reading the tables ahead failed; reading them now");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        match self.nft.generation() {
+            Ok(now) if now == generation => Some(tables),
+            Ok(_) => {
+                tracing::debug!(
+                    "the nftables ruleset changed since it was read ahead; reading it again"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot ask the ruleset generation; reading the tables again");
+                None
+            }
         }
     }
 
@@ -148,7 +253,7 @@ impl NftablesDataplane {
     }
 
     fn node_context(&self, state: &ProxyState) -> NodeContext {
-        NodeContext::resolve(&self.cfg.detect_local, &self.cfg.node_ports, state.node())
+        NodeContext::resolve(&self.cfg.detect_local, &self.cfg.node_ports, state)
     }
 
     fn send(&mut self, text: String) -> Result<(), Error> {
@@ -156,22 +261,6 @@ impl NftablesDataplane {
         self.last_transaction = text;
         if let Err(e) = &r {
             self.failed(e);
-        }
-        r
-    }
-
-    /// Runs `f` on the netlink session (opening it if needed); drops the session if `f` fails.
-    fn with_session<T>(
-        &mut self,
-        f: impl FnOnce(&mut netlink::Session) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let mut session = match self.session.take() {
-            Some(s) => s,
-            None => netlink::Session::open(self.nft.netns())?,
-        };
-        let r = f(&mut session);
-        if r.is_ok() {
-            self.session = Some(session);
         }
         r
     }
@@ -204,8 +293,9 @@ impl NftablesDataplane {
             (Some(e), _) => Err(Error::Netlink {
                 op: "encode element batch".into(),
                 detail: format!("{e} ({} elements could not be encoded)", errors.len()),
+                errno: None,
             }),
-            (None, Some(b)) => self.with_session(|s| s.send_batch(b)),
+            (None, Some(b)) => self.nft.send_batch(b),
             (None, None) => Ok(()),
         };
         if let Err(e) = &r {
@@ -214,49 +304,31 @@ impl NftablesDataplane {
         r
     }
 
-    /// Whether no family's table exists, so a full sync can fill fresh tables over netlink. If
-    /// the kernel cannot be asked, answers false (the all-text rebuild is right either way).
-    fn tables_absent(&mut self) -> bool {
-        let families: Vec<IpFamily> = self.planners.iter().map(|p| p.config().family).collect();
-        families.into_iter().all(|family| {
-            match self.with_session(|s| s.table_exists(family)) {
-                Ok(exists) => !exists,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot ask whether the table exists; rebuilding with nft");
-                    false
-                }
-            }
-        })
-    }
-
     /// Deletes remembered ClientIP affinity choices that point at endpoints no longer serving
     /// their entry, so a client is not pinned to a removed pod until its timeout expires. Reads
     /// and deletes over netlink (with nft when a stand-in program replaces it).
     fn purge_stale_affinity(&mut self) -> Result<usize, Error> {
+        // The deletions go as the backend takes element changes: one netlink batch, or nft text.
         let netlink = self.nft.netlink_elements();
-        let mut script = String::new();
         let mut batch = ElementBatch::new();
+        let mut split = SplitSink::new(&mut batch);
+        let mut script = NftText::new();
+        let sink: &mut dyn TransactionSink = if netlink { &mut split } else { &mut script };
         let mut removed = 0;
-        let mut session = match (netlink, self.session.take()) {
-            (false, _) => None,
-            (true, Some(s)) => Some(s),
-            (true, None) => Some(netlink::Session::open(self.nft.netns())?),
-        };
         for p in &self.planners {
             let family = p.config().family;
             let fam = names::family(family);
             for t in p.affinity_timeouts() {
                 let set = SetId::Affinity(t);
                 let map = set.name();
-                let els = if let Some(session) = session.as_mut() {
+                let els = if netlink {
                     let schema = netlink::SetSchema::of(set);
-                    // On error the session is dropped with this function's frame.
-                    match session.read_set(family, &map, &schema)? {
+                    match self.nft.read_set(family, &map, &schema)? {
                         Some(els) => els,
                         None => continue,
                     }
                 } else {
-                    let json = self.nft.json(&["list", "map", fam, TABLE, &map])?;
+                    let json = self.nft.list_json(&["list", "map", fam, TABLE, &map])?;
                     match parse_table(&json)?.sets.remove(&map) {
                         Some(els) => els,
                         None => continue,
@@ -283,29 +355,20 @@ impl NftablesDataplane {
                     }
                 }
                 removed += stale.len();
-                if netlink {
-                    for k in stale {
-                        batch.delete(family, set, k.atoms());
-                    }
-                } else if !stale.is_empty() {
-                    let keys: Vec<String> = stale.iter().map(|k| k.to_string()).collect();
-                    script.push_str(&format!(
-                        "delete element {fam} {TABLE} {map} {{ {} }}\n",
-                        keys.join(", ")
-                    ));
+                for k in stale {
+                    sink.delete_element(family, set, k.atoms());
                 }
             }
         }
         // An entry may expire between listing and deleting; that fails this cleanup only, and
         // the next one catches whatever is left.
-        let r = match (batch.finish(), session.as_mut()) {
-            (Some(b), Some(s)) => s.send_batch(&b),
-            _ if !script.is_empty() => self.nft.run(&script),
-            _ => Ok(()),
+        let script = script.into_text();
+        drop(split);
+        let r = match batch.finish() {
+            Some(b) => self.nft.send_batch(&b),
+            None if !script.is_empty() => self.nft.run(&script),
+            None => Ok(()),
         };
-        if r.is_ok() {
-            self.session = session;
-        }
         if let Err(e) = r {
             tracing::debug!(error = %e, "stale affinity cleanup raced with expiry");
             return Ok(0);
@@ -313,19 +376,79 @@ impl NftablesDataplane {
         Ok(removed)
     }
 
+    /// A full sync: see the module docs. Returns the operations sent.
     fn rebuild(&mut self, state: &ProxyState, node: &NodeContext) -> Result<usize, Error> {
-        let mut text = String::new();
-        let mut ops = 0;
-        if self.nft.netlink_elements() && self.tables_absent() {
+        if !self.nft.netlink_elements() {
+            return self.replace(state, node);
+        }
+        let reads: Vec<Result<KernelTable, Error>> = match self.take_read_ahead() {
+            Some(tables) => tables,
+            None => self
+                .planners
+                .iter()
+                .map(|p| self.nft.read_table(p.config().family, &adoptable_schema))
+                .collect(),
+        };
+        if reads.iter().all(|r| r.as_ref().is_err_and(table_missing)) {
+            // The first start on this node: nothing of ours to keep, so the structure goes as
+            // text and every element in one batch.
             let mut batch = ElementBatch::new();
+            let mut split = SplitSink::new(&mut batch);
+            let mut ops = 0;
             for p in &mut self.planners {
-                let tx = p.full_split(state, node, &mut batch);
-                text.push_str(&tx.text);
-                ops += tx.operations;
+                ops += p.full_into(state, node, &mut split).operations;
             }
+            let text = split.into_text();
             self.send_split(text, batch)?;
             return Ok(ops);
         }
+        let mut text = String::new();
+        let mut ops = 0;
+        let mut batch = ElementBatch::new();
+        let mut adopted = Vec::new();
+        for (p, read) in self.planners.iter_mut().zip(reads) {
+            let family = names::family(p.config().family);
+            let reason = match read {
+                Ok(kernel) => match p.adopt(state, node, &kernel, &mut batch) {
+                    Ok(tx) => {
+                        text.push_str(&tx.text);
+                        ops += tx.operations;
+                        adopted.push((family, tx.operations));
+                        continue;
+                    }
+                    Err(mismatch) => mismatch.to_string(),
+                },
+                Err(e) if table_missing(&e) => "there is none".to_string(),
+                Err(e) => format!("it cannot be read back: {e}"),
+            };
+            tracing::info!(
+                family,
+                reason = %reason,
+                "replacing the nftables table in one transaction instead of adopting it"
+            );
+            // Atomic with whatever else the text holds: the table is never half there.
+            let tx = p.full(state, node);
+            text.push_str(&tx.text);
+            ops += tx.operations;
+        }
+        self.send_split(text, batch)?;
+        for (family, operations) in adopted {
+            tracing::info!(
+                family,
+                operations,
+                "adopted the existing nftables table: sent only its difference from the plan"
+            );
+        }
+        // Endpoints may have gone while no proxy watched; the affinity choices kept with the
+        // adopted table must not pin clients to them.
+        self.purge_stale_affinity_logged()?;
+        Ok(ops)
+    }
+
+    /// All families' tables replaced in one atomic `nft -f -` transaction, elements included.
+    fn replace(&mut self, state: &ProxyState, node: &NodeContext) -> Result<usize, Error> {
+        let mut text = String::new();
+        let mut ops = 0;
         for p in &mut self.planners {
             let tx = p.full(state, node);
             // A full table is megabytes of text: take the first one as it is, not a copy.
@@ -340,24 +463,43 @@ impl NftablesDataplane {
         Ok(ops)
     }
 
-    /// Reads one family's table from the kernel over netlink; falls back to `nft -j list table`
-    /// (ten times slower at scale) if netlink fails for another reason than a missing table.
-    fn read_back(&self, p: &Planner) -> Result<KernelTable, Error> {
-        let family = p.config().family;
-        let ids: HashMap<String, SetId> = p.all_sets().into_iter().map(|s| (s.name(), s)).collect();
-        let schema = |name: &str| {
-            ids.get(name)
-                .filter(|id| !id.is_dynamic())
-                .map(|id| netlink::SetSchema::of(*id))
-        };
-        match netlink::read_table(family, self.nft.netns(), &schema) {
-            Ok(t) => Ok(t),
-            Err(e @ Error::Netlink { .. }) if e.to_string().contains("ENOENT") => Err(e),
-            Err(e) => {
-                tracing::warn!(error = %e, "netlink read-back failed; reading with nft instead");
-                let fam = names::family(family);
-                parse_table(&self.nft.json(&["list", "table", fam, TABLE])?)
-            }
+    /// [`NftablesDataplane::purge_stale_affinity`] when any family uses affinity, logged.
+    fn purge_stale_affinity_logged(&mut self) -> Result<(), Error> {
+        if self
+            .planners
+            .iter()
+            .all(|p| p.affinity_timeouts().is_empty())
+        {
+            return Ok(());
+        }
+        let n = self.purge_stale_affinity()?;
+        if n > 0 {
+            tracing::info!(
+                entries = n,
+                "removed ClientIP affinity entries of removed endpoints"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Reads one family's table from the kernel over netlink; falls back to `nft -j list table`
+/// (ten times slower at scale) if netlink fails for another reason than a missing table.
+fn read_back(nft: &mut dyn NftablesBackend, p: &Planner) -> Result<KernelTable, Error> {
+    let family = p.config().family;
+    let ids: HashMap<String, SetId> = p.all_sets().into_iter().map(|s| (s.name(), s)).collect();
+    let schema = |name: &str| {
+        ids.get(name)
+            .filter(|id| !id.is_dynamic())
+            .map(|id| netlink::SetSchema::of(*id))
+    };
+    match nft.read_table(family, &schema) {
+        Ok(t) => Ok(t),
+        Err(e) if table_missing(&e) => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "netlink read-back failed; reading with nft instead");
+            let fam = names::family(family);
+            parse_table(&nft.list_json(&["list", "table", fam, TABLE])?)
         }
     }
 }
@@ -397,31 +539,25 @@ fn compare_elements(
     })
 }
 
-/// Rule ids expected per chain; chains whose rule order does not matter are sorted.
-fn expected_chains(p: &Planner) -> BTreeMap<String, Vec<String>> {
-    let mut chains: BTreeMap<String, Vec<String>> = layout::chains()
-        .into_iter()
-        .map(|c| (c.name.to_string(), Vec::new()))
-        .collect();
-    for r in p.all_rules() {
-        chains.entry(r.chain.to_string()).or_default().push(r.id);
-    }
-    for c in layout::UNORDERED_CHAINS {
-        if let Some(v) = chains.get_mut(*c) {
-            v.sort();
-        }
-    }
-    chains
+/// The schema of a table read to adopt it, over netlink only (the nft listing does not show the
+/// table's comment, so it could never be adopted anyway): every set of ours is read but the
+/// dynamic affinity maps, which adopting leaves alone.
+pub(crate) fn adoptable_schema(name: &str) -> Option<netlink::SetSchema> {
+    SetId::from_name(name)
+        .filter(|id| !id.is_dynamic())
+        .map(netlink::SetSchema::of)
 }
 
-impl Dataplane for NftablesDataplane {
-    type Error = Error;
+/// Whether a read failed because the table does not exist.
+fn table_missing(e: &Error) -> bool {
+    matches!(e, Error::Netlink { errno: Some(k), .. } if k.is_not_found())
+}
 
-    fn mode(&self) -> &'static str {
-        "nftables"
-    }
-
-    fn sync(
+/// The mode's operations with their own typed errors (tests match on them); the loop calls
+/// them through [`Dataplane`].
+impl NftablesDataplane {
+    /// See [`Dataplane::sync`].
+    pub fn sync(
         &mut self,
         state: &ProxyState,
         changes: &Changes,
@@ -447,40 +583,28 @@ impl Dataplane for NftablesDataplane {
         let ops = if rebuild {
             self.rebuild(state, &node)?
         } else {
-            let mut text = String::new();
+            // Every family's changes into one transaction: element changes into one netlink
+            // batch when the backend takes them, else all of it as nft text.
+            let netlink = self.nft.netlink_elements();
+            let mut batch = ElementBatch::new();
+            let mut split = SplitSink::new(&mut batch);
+            let mut script = NftText::new();
+            let sink: &mut dyn TransactionSink = if netlink { &mut split } else { &mut script };
             let mut ops = 0;
             let mut removes_endpoints = false;
-            let mut batch = self.nft.netlink_elements().then(ElementBatch::new);
             for p in &mut self.planners {
-                let tx = match batch.as_mut() {
-                    Some(b) => {
-                        p.partial_split(state, &changes.services, &node, changes.node_changed, b)
-                    }
-                    None => p.partial(state, &changes.services, &node, changes.node_changed),
-                };
-                text.push_str(&tx.text);
-                ops += tx.operations;
-                removes_endpoints |= tx.removes_endpoints;
+                let w = p.partial_into(state, &changes.services, &node, changes.node_changed, sink);
+                ops += w.operations;
+                removes_endpoints |= w.removes_endpoints;
             }
-            if ops > 0 {
-                match batch {
-                    Some(b) => self.send_split(text, b)?,
-                    None => self.send(text)?,
-                }
+            if ops > 0 && netlink {
+                let text = split.into_text();
+                self.send_split(text, batch)?;
+            } else if ops > 0 {
+                self.send(script.into_text())?;
             }
-            if removes_endpoints
-                && self
-                    .planners
-                    .iter()
-                    .any(|p| !p.affinity_timeouts().is_empty())
-            {
-                let n = self.purge_stale_affinity()?;
-                if n > 0 {
-                    tracing::info!(
-                        entries = n,
-                        "removed ClientIP affinity entries of removed endpoints"
-                    );
-                }
+            if removes_endpoints {
+                self.purge_stale_affinity_logged()?;
             }
             ops
         };
@@ -499,13 +623,14 @@ impl Dataplane for NftablesDataplane {
         })
     }
 
-    fn verify(&mut self) -> Result<Vec<String>, Error> {
+    /// See [`Dataplane::verify`].
+    pub fn verify(&mut self) -> Result<Vec<String>, Error> {
         let mut diffs = Vec::new();
         for p in &self.planners {
             let fam = names::family(p.config().family);
-            let mut kernel = match self.read_back(p) {
+            let mut kernel = match read_back(&mut *self.nft, p) {
                 Ok(k) => k,
-                Err(Error::Netlink { detail, .. }) if detail.contains("ENOENT") => {
+                Err(e) if table_missing(&e) => {
                     diffs.push(format!("{fam}: table {TABLE} is missing"));
                     continue;
                 }
@@ -515,7 +640,7 @@ impl Dataplane for NftablesDataplane {
                 }
                 Err(e) => return Err(e),
             };
-            for c in layout::UNORDERED_CHAINS {
+            for c in kp_nftables_plan::layout::UNORDERED_CHAINS {
                 if let Some(v) = kernel.chains.get_mut(*c) {
                     v.sort();
                 }
@@ -525,7 +650,12 @@ impl Dataplane for NftablesDataplane {
             // Services that copy was most of the proxy's peak memory).
             let all_sets = p.all_sets();
             let names = all_sets.iter().map(|s| (s.name(), None)).collect();
-            diffs.extend(readback::compare(fam, &expected_chains(p), &names, &kernel));
+            diffs.extend(readback::compare(
+                fam,
+                &p.expected_chains(),
+                &names,
+                &kernel,
+            ));
             for set in all_sets.into_iter().filter(|s| !s.is_dynamic()) {
                 let Some(actual) = kernel.sets.remove(&set.name()) else {
                     continue;
@@ -536,7 +666,8 @@ impl Dataplane for NftablesDataplane {
         Ok(diffs)
     }
 
-    fn cleanup(&mut self) -> Result<(), Error> {
+    /// See [`Dataplane::cleanup`].
+    pub fn cleanup(&mut self) -> Result<(), Error> {
         let mut script = String::new();
         for f in IpFamily::ALL {
             let fam = names::family(f);
@@ -553,5 +684,36 @@ impl Dataplane for NftablesDataplane {
             p.invalidate();
         }
         r
+    }
+
+    /// What a periodic full sync acts on: [`Self::verify`]'s differences, or, when the kernel
+    /// cannot be read, one difference saying so (nothing then proves the rules right, so the
+    /// sync rebuilds them).
+    pub fn drift(&mut self) -> Vec<String> {
+        self.verify()
+            .unwrap_or_else(|e| vec![format!("cannot read the kernel's rules back: {e}")])
+    }
+}
+
+impl Dataplane for NftablesDataplane {
+    fn mode(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &Changes,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        NftablesDataplane::sync(self, state, changes, full).map_err(Error::into_dataplane)
+    }
+
+    fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
+        NftablesDataplane::verify(self).map_err(Error::into_dataplane)
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        NftablesDataplane::cleanup(self).map_err(Error::into_dataplane)
     }
 }

@@ -9,31 +9,39 @@
 //!
 //! It also sends the element batches that `kp_nftables_plan::netlink` encodes ([`send_batch`],
 //! or [`Session::send_batch`] on a socket kept open), and asks whether our table exists
-//! ([`table_exists`]); everything else is a `GET`. Message layouts are the kernel UAPI's
-//! (`linux/netlink.h`, `linux/netfilter/nfnetlink.h`, `linux/netfilter/nf_tables.h`); constants
-//! keep their kernel names. The one layout that is nft's and not the kernel's is the rule
+//! ([`table_exists`]) and which ruleset generation the kernel is at ([`generation`]); everything
+//! else is a `GET`. Message layouts are the kernel UAPI's (`linux/netfilter/nf_tables.h`);
+//! constants keep their kernel names. The socket (opened inside the named namespace), framing,
+//! dumps, batches and the kernel's errno are `kp-netlink`'s; this module says what to ask and
+//! how to read the answers. The one layout that is nft's and not the kernel's is the rule
 //! comment, which nft keeps in the rule's opaque user data (a TLV record of type 0,
 //! `NFTNL_UDATA_RULE_COMMENT`).
 //!
 //! Cost: the kernel sends a dump in 32 KiB datagrams (about 730 endpoint-map elements each) and
 //! resumes each one by walking the set from its start, so one set's dump grows with the square of
-//! its size. At 10k Services × 10 endpoints the 114k-element `vips-10-endpoints` map takes
-//! 0.25-0.3 s of kernel time, most of a read; decoding everything takes 0.06 s.
+//! its size. At 10k Services × 10 endpoints the 114k-element `vips-10-endpoints` map took
+//! 0.3-0.45 s to dump (`rhashtable_walk_next` a third of all samples), at 30k Services 5 s. So a
+//! large endpoint map is read by lookups instead: its keys are `entry . slot` for the entries of
+//! its class set (read first) and the slots below its endpoint count, and when the kernel's count
+//! of its elements (`NFTA_SET_COUNT`, Linux 6.16 and later) equals the number found, nothing
+//! else is there (`Conn::class_endpoints`; otherwise, or on older kernels, it is dumped). Lookups
+//! cost the same per element whatever the map's size: 0.3 s for those 114k elements (a datagram
+//! per answer), 0.9 s for the 345k at 30k Services.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::Path;
 
 use ipnet::IpNet;
 use kp_core::model::{IpFamily, Protocol};
+use kp_netlink::abi::{
+    NFGENMSG_LEN, NFNL_SUBSYS_NFTABLES, NFPROTO_UNSPEC, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP,
+};
+use kp_netlink::attr::{self, cstr};
+use kp_netlink::socket::Error as SocketError;
+use kp_netlink::{message, nfnl, KernelError, Protocol as NetlinkProtocol, Socket};
 use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
 use kp_nftables_plan::names::{REJECT_PACKET, TABLE};
-#[cfg(test)]
 use kp_nftables_plan::SetId;
-use netlink_sys::protocols::NETLINK_NETFILTER;
-use netlink_sys::Socket;
-use nix::sys::time::TimeValLike;
 
 use crate::{Error, KernelTable};
 
@@ -46,22 +54,23 @@ use kp_nftables_plan::netlink::abi::*;
 /// value NUL-terminated. A userspace convention: the kernel stores the bytes without reading them.
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 
+/// nft's (libnftnl's) user-data record type for a table comment (`NFTNL_UDATA_TABLE_COMMENT`),
+/// laid out as a rule comment is.
+const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
+
 /// What [`parse_table`](crate::parse_table) reports for a rule without comment.
 const NO_COMMENT: &str = "<rule without comment>";
 
-/// Where `ip netns add` puts its namespaces.
-const NETNS_DIR: &str = "/var/run/netns";
+/// Endpoint maps smaller than this are dumped: a dump of a few thousand elements costs
+/// milliseconds, and fewer requests.
+const GET_INSTEAD_OF_DUMP: u32 = 4096;
+
+/// Keys per lookup request: the answers (a datagram each, a few KiB of receive buffer) must fit
+/// the receive buffer together.
+const GET_CHUNK: usize = 512;
 
 /// How often a read is repeated when the ruleset changes while it is being read.
 const ATTEMPTS: usize = 3;
-
-/// The receive buffer. The kernel fills a dump datagram up to the reader's last buffer size,
-/// capped at 32 KiB; twice that leaves room, and a longer datagram is reported, not cut.
-const RECV_BUFFER: usize = 64 * 1024;
-
-/// How long to wait for any kernel reply before giving up (it answers in microseconds; this only
-/// keeps a sync from hanging forever on a wedged socket).
-const RECV_TIMEOUT_SECS: i64 = 10;
 
 use kp_nftables_plan::netlink::{strides, total_len};
 pub use kp_nftables_plan::netlink::{AtomKind, SetSchema};
@@ -127,6 +136,13 @@ pub fn read_set(
     Session::open(netns)?.read_set(family, name, schema)
 }
 
+/// The ruleset generation of the named network namespace (or the current one): the kernel
+/// changes it with every committed nftables transaction, ours or anyone's, in any table. The
+/// same generation at two moments means nothing changed in between.
+pub fn generation(netns: Option<&str>) -> Result<u32, Error> {
+    Session::open(netns)?.generation()
+}
+
 /// A `NETLINK_NETFILTER` socket kept open for repeated requests and batches.
 ///
 /// Closing a socket that committed an nf_tables batch makes the kernel wait for that commit's
@@ -163,6 +179,11 @@ impl Session {
         read_set_with(conn, family, name, schema)
     }
 
+    /// See [`generation`].
+    pub fn generation(&mut self) -> Result<u32, Error> {
+        self.conn.generation()
+    }
+
     /// See [`table_exists`].
     pub fn table_exists(&mut self, family: IpFamily) -> Result<bool, Error> {
         table_exists_with(&mut self.conn, family)
@@ -182,7 +203,7 @@ fn read_set_with(
 ) -> Result<Option<BTreeMap<Tuple, Option<Tuple>>>, Error> {
     let sets = match conn.sets(family) {
         Ok((sets, _)) => sets,
-        Err(Error::Netlink { detail, .. }) if detail.contains("ENOENT") => return Ok(None),
+        Err(e) if not_found(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
     let Some(set) = sets.iter().find(|s| s.name == name) else {
@@ -190,7 +211,7 @@ fn read_set_with(
     };
     match conn.elements(family, set, schema) {
         Ok((elements, _)) => Ok(Some(elements)),
-        Err(Error::Netlink { detail, .. }) if detail.contains("ENOENT") => Ok(None),
+        Err(e) if not_found(&e) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -215,15 +236,9 @@ fn table_exists_with(conn: &mut Conn, family: IpFamily) -> Result<bool, Error> {
     );
     match r {
         Ok(_) => Ok(true),
-        Err(Error::Netlink { detail, .. }) if detail.contains("ENOENT") => Ok(false),
+        Err(e) if not_found(&e) => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-/// The send buffer a batch of `len` bytes needs: netlink refuses a datagram larger than the
-/// socket's send buffer (less a little overhead).
-fn send_buffer_for(len: usize) -> usize {
-    len + 64 * 1024
 }
 
 /// Sends one element batch (in the named network namespace, or the current one) and waits
@@ -246,71 +261,26 @@ fn send_batch_with(conn: &mut Conn, batch: &EncodedBatch) -> Result<(), Error> {
         batch.messages,
         batch.bytes.len()
     );
-    let fail = |detail: String| list_error(what.clone(), detail);
-    let len = batch.bytes.len();
-    // The default send buffer (208 KiB) holds a partial sync's batch; a full table's needs more,
-    // which only a privileged process may force (as nft does).
-    if len + 1024 > 200 * 1024 {
-        use nix::sys::socket::{setsockopt, sockopt};
-        setsockopt(&conn.socket, sockopt::SndBufForce, &send_buffer_for(len))
-            .map_err(|e| fail(format!("cannot grow the send buffer to {len} bytes: {e}")))?;
-        // Room for error reports, each of which echoes the refused message.
-        let _ = setsockopt(&conn.socket, sockopt::RcvBufForce, &(4 * 1024 * 1024));
-    }
-    let sent = conn
-        .socket
-        .send(&batch.bytes, 0)
-        .map_err(|e| fail(format!("netlink send: {e}")))?;
-    if sent != len {
-        return Err(fail(format!("sent {sent} of {len} bytes")));
-    }
-    let mut first_error: Option<(u32, i32)> = None;
-    loop {
-        conn.buf.clear();
-        let n = conn
-            .socket
-            .recv(&mut conn.buf, nix::libc::MSG_TRUNC)
-            .map_err(|e| fail(format!("netlink receive: {e}")))?;
-        if n > conn.buf.len() {
-            return Err(fail(format!("a reply of {n} bytes did not fit the buffer")));
-        }
-        let mut done = false;
-        for m in Messages(&conn.buf[..n]) {
-            let m = m.map_err(|e| parse_error(&what, e))?;
-            if m.kind != NLMSG_ERROR {
-                continue;
-            }
-            let code = m
-                .payload
-                .get(..4)
-                .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-                .ok_or_else(|| parse_error(&what, "an NLMSG_ERROR without error code".into()))?;
-            if code != 0 && first_error.is_none() {
-                first_error = Some((m.seq, -code));
-            }
-            // The batch as a whole was refused, or the acknowledged last message was reached.
-            if (m.seq == 0 && code != 0) || m.seq == batch.ack_seq {
-                done = true;
-            }
-        }
-        if done {
-            break;
-        }
-    }
-    match first_error {
-        None => Ok(()),
-        Some((0, errno)) => Err(fail(format!(
-            "the batch was refused: {}",
-            errno_message(errno, None)
-        ))),
-        Some((seq, errno)) => Err(fail(format!(
-            "message {seq} of {} was refused, so nothing was applied: {}",
-            batch.messages,
-            errno_message(
-                errno,
-                (errno == nix::libc::ENOENT).then_some("set or element missing")
-            )
-        ))),
+    match conn.socket.send_batch(&batch.bytes, batch.ack_seq) {
+        Ok(()) => Ok(()),
+        Err(SocketError::Kernel { seq: 0, error }) => Err(Error::Netlink {
+            op: what,
+            detail: format!("the batch was refused: {}", errno_message(error, None)),
+            errno: Some(error),
+        }),
+        Err(SocketError::Kernel { seq, error }) => Err(Error::Netlink {
+            op: what,
+            detail: format!(
+                "message {seq} of {} was refused, so nothing was applied: {}",
+                batch.messages,
+                errno_message(
+                    error,
+                    error.is_not_found().then_some("set or element missing")
+                )
+            ),
+            errno: Some(error),
+        }),
+        Err(e) => Err(socket_error(&what, e, None)),
     }
 }
 
@@ -319,7 +289,16 @@ fn family_name(family: IpFamily) -> &'static str {
 }
 
 fn list_error(op: String, detail: String) -> Error {
-    Error::Netlink { op, detail }
+    Error::Netlink {
+        op,
+        detail,
+        errno: None,
+    }
+}
+
+/// Whether the kernel answered a request with `ENOENT` (a table, set or element missing).
+fn not_found(e: &Error) -> bool {
+    matches!(e, Error::Netlink { errno: Some(k), .. } if k.is_not_found())
 }
 
 /// A reply that does not have the expected shape; `what` names the request.
@@ -332,18 +311,32 @@ type Malformed = String;
 
 /// `netlink error -ENOENT (No such file or directory)`, with `hint` instead of the generic
 /// description when there is one.
-fn errno_message(errno: i32, hint: Option<&str>) -> String {
-    let e = nix::errno::Errno::from_raw(errno);
-    let name = format!("{e:?}");
-    let desc = hint.unwrap_or(e.desc());
-    format!("netlink error -{name} ({desc})")
+fn errno_message(error: KernelError, hint: Option<&str>) -> String {
+    let desc = hint.map_or_else(|| error.description(), str::to_string);
+    format!("netlink error -{} ({desc})", error.errno_label())
 }
 
-/// A NETLINK_NETFILTER socket and the state of its request/reply exchange.
+/// The socket layer's error as this crate reports it: `what` names the request, `enoent`
+/// explains ENOENT.
+fn socket_error(what: &str, e: SocketError, enoent: Option<&str>) -> Error {
+    match e {
+        SocketError::Kernel { error, .. } => Error::Netlink {
+            op: what.to_string(),
+            detail: errno_message(error, enoent.filter(|_| error.is_not_found())),
+            errno: Some(error),
+        },
+        SocketError::Malformed(m) => parse_error(what, m.0),
+        e @ SocketError::Truncated { .. } => parse_error(what, e.to_string()),
+        SocketError::Open {
+            location, detail, ..
+        } => list_error(format!("netlink socket in {location}"), detail),
+        e => list_error(what.to_string(), e.to_string()),
+    }
+}
+
+/// A NETLINK_NETFILTER socket.
 struct Conn {
     socket: Socket,
-    seq: u32,
-    buf: Vec<u8>,
 }
 
 /// What the kernel says about one set of our table.
@@ -354,19 +347,15 @@ struct SetInfo {
     key_len: u32,
     data_type: Option<u32>,
     data_len: Option<u32>,
+    /// How many elements it holds, from kernels that say (6.16 and later).
+    count: Option<u32>,
 }
 
 impl Conn {
     fn open(netns: Option<&str>) -> Result<Conn, Error> {
-        let socket = match netns {
-            None => new_socket("the current network namespace")?,
-            Some(name) => socket_in_netns(name)?,
-        };
-        Ok(Conn {
-            socket,
-            seq: 0,
-            buf: Vec::with_capacity(RECV_BUFFER),
-        })
+        let socket = Socket::open(NetlinkProtocol::Netfilter, netns)
+            .map_err(|e| socket_error("netlink socket", e, None))?;
+        Ok(Conn { socket })
     }
 
     /// The ruleset generation: it changes with every committed transaction.
@@ -405,6 +394,7 @@ impl Conn {
         let mut complete = true;
 
         // The table itself: a missing table is an error, not an empty listing.
+        let mut comment = None;
         self.request(
             NFT_MSG_GETTABLE,
             NLM_F_ACK,
@@ -412,10 +402,19 @@ impl Conn {
             &[(NFTA_TABLE_NAME, &table_attr)],
             &format!("netlink list table {fam_name} {TABLE}"),
             Some("table missing"),
-            |_| Ok(()),
+            |body| {
+                let a: [Option<&[u8]>; 7] = attr_table(body)?;
+                comment = a[usize::from(NFTA_TABLE_USERDATA)]
+                    .and_then(|u| udata_string(u, NFTNL_UDATA_TABLE_COMMENT))
+                    .map(str::to_string);
+                Ok(())
+            },
         )?;
 
-        let mut t = KernelTable::default();
+        let mut t = KernelTable {
+            comment,
+            ..KernelTable::default()
+        };
         // Chains: the kernel dumps every chain of the family, so keep only ours.
         complete &= self.request(
             NFT_MSG_GETCHAIN,
@@ -461,19 +460,117 @@ impl Conn {
         let (sets, sets_complete) = self.sets(family)?;
         complete &= sets_complete;
         // Each set's elements: one dump per set, as the kernel only dumps one set at a time.
-        for set in sets {
-            if set.flags & NFT_SET_ANONYMOUS != 0 {
-                continue;
-            }
+        // Endpoint maps last: their keys can be asked for once their class sets are known.
+        let (endpoint_maps, others): (Vec<SetInfo>, Vec<SetInfo>) = sets
+            .into_iter()
+            .filter(|s| s.flags & NFT_SET_ANONYMOUS == 0)
+            .partition(|s| matches!(SetId::from_name(&s.name), Some(SetId::ClassEndpoints(..))));
+        for set in others.into_iter().chain(endpoint_maps) {
             let Some(schema) = schema(&set.name) else {
                 t.sets.insert(set.name, BTreeMap::new());
                 continue;
             };
+            if let Some(elements) = self.class_endpoints(family, &set, &schema, &t)? {
+                t.sets.insert(set.name, elements);
+                continue;
+            }
             let (elements, set_complete) = self.elements(family, &set, &schema)?;
             complete &= set_complete;
             t.sets.insert(set.name, elements);
         }
         Ok((t, complete))
+    }
+
+    /// An endpoint map read by asking for its elements one by one instead of dumping it, when
+    /// that is certain to find them all; `None` when it is not (dump it then).
+    ///
+    /// Why: the kernel resumes a dump by walking the set from its start for every 32 KiB
+    /// datagram, so dumping one set costs the square of its size (0.3 s for the 115k elements
+    /// of `vips-10-endpoints` at 10k Services, 5 s at 30k). Every element the proxy puts in the
+    /// map `X-N-endpoints` is `key . slot` for a key of the class set `X-N` (read before) and a
+    /// slot below N, so asking for those finds every element the map holds as long as the
+    /// kernel's count of its elements (`NFTA_SET_COUNT`, Linux 6.16 and later) says nothing else
+    /// is there. Lookups cost the same whatever the map's size.
+    fn class_endpoints(
+        &mut self,
+        family: IpFamily,
+        set: &SetInfo,
+        schema: &SetSchema,
+        read: &KernelTable,
+    ) -> Result<Option<BTreeMap<Tuple, Option<Tuple>>>, Error> {
+        let (Some(id @ SetId::ClassEndpoints(route, n)), Some(count)) =
+            (SetId::from_name(&set.name), set.count)
+        else {
+            return Ok(None);
+        };
+        if *schema != SetSchema::of(id) || count < GET_INSTEAD_OF_DUMP {
+            return Ok(None);
+        }
+        let Some(class) = read.sets.get(&SetId::Class(route, n).name()) else {
+            return Ok(None);
+        };
+        let mut keys: Vec<Vec<Atom>> = Vec::with_capacity(class.len() * n as usize);
+        for entry in class.keys() {
+            for slot in 0..n {
+                let mut k = entry.atoms().to_vec();
+                k.push(Atom::Slot(slot));
+                keys.push(k);
+            }
+        }
+        // Fewer candidates than elements: some element is of no entry, so only a dump finds it.
+        if keys.len() < count as usize {
+            return Ok(None);
+        }
+        let what = format!(
+            "netlink get elements {} {TABLE} {}",
+            family_name(family),
+            set.name
+        );
+        let mut decoder =
+            SetDecoder::new(set, family, schema).map_err(|e| parse_error(&what, e))?;
+        // Each answer is a datagram of its own, queued until read: room for a request's worth.
+        let _ = self.socket.force_receive_buffer(8 * 1024 * 1024);
+        let allowed_misses = keys.len() - count as usize;
+        let mut misses = 0;
+        let mut at = 0;
+        while at < keys.len() {
+            let chunk = &keys[at..(at + GET_CHUNK).min(keys.len())];
+            let payload =
+                kp_nftables_plan::netlink::encode_keys(family, id, chunk.iter().map(Vec::as_slice))
+                    .map_err(|e| parse_error(&what, e))?;
+            let before = decoder.elements.len();
+            let r = self.request(
+                NFT_MSG_GETSETELEM,
+                NLM_F_ACK,
+                nfproto(family),
+                &[
+                    (NFTA_SET_ELEM_LIST_TABLE, &cstr(TABLE)),
+                    (NFTA_SET_ELEM_LIST_SET, &cstr(&set.name)),
+                    (NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, &payload),
+                ],
+                &what,
+                Some("element or set missing"),
+                |body| decoder.message(body),
+            );
+            match r {
+                Ok(_) => at += chunk.len(),
+                // The kernel answered the keys before the first it lacks, then stopped.
+                Err(e) if not_found(&e) => {
+                    at += decoder.elements.len() - before + 1;
+                    misses += 1;
+                    // More keys missing than the count allows: something else is going on
+                    // (the set went away, say). A dump settles it.
+                    if misses > allowed_misses {
+                        return Ok(None);
+                    }
+                }
+                // Out of receive buffer, or a kernel that cannot look elements up: dump.
+                Err(Error::Netlink { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        let elements = decoder.finish().map_err(|e| parse_error(&what, e))?;
+        Ok((elements.len() == count as usize).then_some(elements))
     }
 
     /// Every set of our table in `family`; the flag is false if the dump was interrupted.
@@ -488,7 +585,7 @@ impl Conn {
             &format!("netlink list sets {fam_name} {TABLE}"),
             Some("table missing"),
             |body| {
-                let a: [Option<&[u8]>; 8] = attr_table(body)?;
+                let a: [Option<&[u8]>; 21] = attr_table(body)?;
                 if str_attr(a[usize::from(NFTA_SET_TABLE)], "set table")? != TABLE {
                     return Ok(());
                 }
@@ -500,6 +597,7 @@ impl Conn {
                     key_len: be32(a[usize::from(NFTA_SET_KEY_LEN)], "set key length")?,
                     data_type: optional(NFTA_SET_DATA_TYPE, "set data type")?,
                     data_len: optional(NFTA_SET_DATA_LEN, "set data length")?,
+                    count: optional(NFTA_SET_COUNT, "set element count")?,
                     name,
                 });
                 Ok(())
@@ -546,7 +644,7 @@ impl Conn {
     #[allow(clippy::too_many_arguments)] // Private; each argument is one part of the request.
     fn request(
         &mut self,
-        msg: u16,
+        msg: u8,
         flags: u16,
         family: u8,
         attrs: &[(u16, &[u8])],
@@ -554,305 +652,72 @@ impl Conn {
         enoent: Option<&str>,
         mut on_reply: impl FnMut(&[u8]) -> Result<(), Malformed>,
     ) -> Result<bool, Error> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let request = encode_request(msg, NLM_F_REQUEST | flags, seq, family, attrs);
         self.socket
-            .send(&request, 0)
-            .map_err(|e| list_error(what.to_string(), format!("netlink send: {e}")))?;
-        let mut complete = true;
-        loop {
-            self.buf.clear();
-            let n = self
-                .socket
-                .recv(&mut self.buf, nix::libc::MSG_TRUNC)
-                .map_err(|e| list_error(what.to_string(), format!("netlink receive: {e}")))?;
-            if n > self.buf.len() {
-                let detail = format!(
-                    "a reply of {n} bytes did not fit the {}-byte buffer",
-                    self.buf.len()
-                );
-                return Err(parse_error(what, detail));
-            }
-            match replies(&self.buf[..n], seq, &mut complete, &mut on_reply) {
-                Ok(Reply::More) => {}
-                Ok(Reply::End) => return Ok(complete),
-                Ok(Reply::Errno(errno)) => return Err(kernel_error(what, errno, enoent)),
-                Err(e) => return Err(parse_error(what, e)),
-            }
-        }
-    }
-}
-
-/// Where a request stands after one datagram of replies.
-#[derive(Debug, PartialEq, Eq)]
-enum Reply {
-    /// More datagrams follow.
-    More,
-    /// Answered in full.
-    End,
-    /// The kernel refused it with this errno.
-    Errno(i32),
-}
-
-/// Handles one datagram of replies to request `seq`: the body of each nf_tables message goes to
-/// `on_reply`; `complete` turns false if the kernel flags a dump as interrupted.
-fn replies(
-    datagram: &[u8],
-    seq: u32,
-    complete: &mut bool,
-    on_reply: &mut impl FnMut(&[u8]) -> Result<(), Malformed>,
-) -> Result<Reply, Malformed> {
-    let mut state = Reply::More;
-    for m in Messages(datagram) {
-        let m = m?;
-        if m.seq != seq {
-            // A late reply to an earlier request; nothing of ours.
-            continue;
-        }
-        let code = || {
-            m.payload
-                .get(..4)
-                .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        };
-        match m.kind {
-            NLMSG_NOOP => {}
-            // A dump may end with an error code instead of an empty body.
-            NLMSG_DONE => match code() {
-                Some(c) if c < 0 => return Ok(Reply::Errno(-c)),
-                _ => state = Reply::End,
-            },
-            NLMSG_ERROR => match code() {
-                None => return Err("an NLMSG_ERROR without error code".into()),
-                // An acknowledgement: the request is complete.
-                Some(0) => state = Reply::End,
-                Some(c) => return Ok(Reply::Errno(-c)),
-            },
-            kind if kind >> 8 == NFNL_SUBSYS_NFTABLES => {
-                if m.flags & NLM_F_DUMP_INTR != 0 {
-                    *complete = false;
-                }
-                let body = m
-                    .payload
-                    .get(NFGENMSG_LEN..)
-                    .ok_or("a reply without nfgenmsg")?;
-                on_reply(body)?;
-            }
-            kind => return Err(format!("unexpected message type {kind:#x}")),
-        }
-    }
-    Ok(state)
-}
-
-fn kernel_error(what: &str, errno: i32, enoent: Option<&str>) -> Error {
-    let hint = enoent.filter(|_| errno == nix::libc::ENOENT);
-    list_error(what.to_string(), errno_message(errno, hint))
-}
-
-fn new_socket(where_: &str) -> Result<Socket, Error> {
-    let fail = |e: std::io::Error| {
-        list_error(
-            format!("netlink socket in {where_}"),
-            format!("cannot open a NETLINK_NETFILTER socket: {e}"),
-        )
-    };
-    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(fail)?;
-    socket.bind_auto().map_err(fail)?;
-    let timeout = nix::sys::time::TimeVal::seconds(RECV_TIMEOUT_SECS);
-    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
-        .map_err(|e| fail(e.into()))?;
-    Ok(socket)
-}
-
-/// Opens the socket inside the named namespace: a socket belongs to the namespace it was created
-/// in for good, so a short-lived thread enters the namespace, creates it and ends; the caller's
-/// threads never change namespace.
-fn socket_in_netns(name: &str) -> Result<Socket, Error> {
-    let where_ = format!("netns {name}");
-    let bad = name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']);
-    if bad {
-        return Err(list_error(
-            format!("netlink socket in {where_}"),
-            "not a namespace name".into(),
-        ));
-    }
-    let path = Path::new(NETNS_DIR).join(name);
-    let ns = File::open(&path).map_err(|e| {
-        list_error(
-            format!("netlink socket in {where_}"),
-            format!("cannot open {}: {e}", path.display()),
-        )
-    })?;
-    let thread_where = where_.clone();
-    std::thread::Builder::new()
-        .name("kp-netlink-netns".into())
-        .spawn(move || {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-                list_error(
-                    format!("netlink socket in {thread_where}"),
-                    format!("cannot enter the namespace: {e}"),
-                )
-            })?;
-            new_socket(&thread_where)
-        })
-        .map_err(|e| {
-            list_error(
-                format!("netlink socket in {where_}"),
-                format!("cannot start a thread: {e}"),
+            .request(
+                |buf, seq| encode_request(buf, msg, flags, seq, family, attrs),
+                |m| reply_body(m).and_then(|body| on_reply(body).map_err(kp_netlink::Malformed)),
             )
-        })?
-        .join()
-        .map_err(|_| {
-            list_error(
-                format!("netlink socket in {where_}"),
-                "the namespace thread panicked".into(),
-            )
-        })?
-}
-
-/// Encodes `nlmsghdr`, `nfgenmsg` and the attributes of one nf_tables request.
-fn encode_request(msg: u16, flags: u16, seq: u32, family: u8, attrs: &[(u16, &[u8])]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(&[0; 4]); // nlmsg_len, set below
-    out.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
-    out.extend_from_slice(&flags.to_ne_bytes());
-    out.extend_from_slice(&seq.to_ne_bytes());
-    out.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid: the kernel fills in ours
-                                                // nfgenmsg: family, version, res_id (big-endian, unused in requests).
-    out.extend_from_slice(&[family, NFNETLINK_V0, 0, 0]);
-    for (kind, payload) in attrs {
-        let len = NLA_HDRLEN + payload.len();
-        out.extend_from_slice(&(len as u16).to_ne_bytes());
-        out.extend_from_slice(&kind.to_ne_bytes());
-        out.extend_from_slice(payload);
-        out.resize(align4(out.len()), 0);
+            .map(|answered| !answered.dump_interrupted)
+            .map_err(|e| socket_error(what, e, enoent))
     }
-    let len = out.len() as u32;
-    out[..4].copy_from_slice(&len.to_ne_bytes());
-    out
 }
 
-/// A NUL-terminated string attribute.
-fn cstr(s: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(s.len() + 1);
-    v.extend_from_slice(s.as_bytes());
-    v.push(0);
-    v
+/// The body (after `struct nfgenmsg`) of an nf_tables reply; any other message is an error.
+fn reply_body<'a>(m: &message::Message<'a>) -> Result<&'a [u8], kp_netlink::Malformed> {
+    if nfnl::subsys(m.kind()) != NFNL_SUBSYS_NFTABLES {
+        return Err(kp_netlink::Malformed(format!(
+            "unexpected message type {:#x}",
+            m.kind()
+        )));
+    }
+    m.payload
+        .get(NFGENMSG_LEN..)
+        .ok_or_else(|| "a reply without nfgenmsg".into())
 }
 
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// One netlink message of a datagram.
-struct Message<'a> {
-    kind: u16,
+/// Appends an nf_tables request: `nlmsghdr` (with `NLM_F_REQUEST`), `nfgenmsg`, attributes.
+fn encode_request(
+    buf: &mut Vec<u8>,
+    msg: u8,
     flags: u16,
     seq: u32,
-    payload: &'a [u8],
-}
-
-/// The netlink messages of a datagram.
-struct Messages<'a>(&'a [u8]);
-
-impl<'a> Iterator for Messages<'a> {
-    type Item = Result<Message<'a>, Malformed>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let b = self.0;
-        if b.is_empty() {
-            return None;
-        }
-        let fail = |this: &mut Self, what: String| {
-            this.0 = &[];
-            Some(Err(what))
-        };
-        if b.len() < NLMSG_HDRLEN {
-            return fail(
-                self,
-                format!("{} stray bytes after the last message", b.len()),
-            );
-        }
-        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        if len < NLMSG_HDRLEN || len > b.len() {
-            return fail(
-                self,
-                format!("message length {len} with {} bytes left", b.len()),
-            );
-        }
-        let m = Message {
-            kind: u16::from_ne_bytes([b[4], b[5]]),
-            flags: u16::from_ne_bytes([b[6], b[7]]),
-            seq: u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
-            payload: &b[NLMSG_HDRLEN..len],
-        };
-        self.0 = &b[align4(len).min(b.len())..];
-        Some(Ok(m))
+    family: u8,
+    attrs: &[(u16, &[u8])],
+) {
+    let m = nfnl::begin(buf, NFNL_SUBSYS_NFTABLES, msg, flags, seq, family);
+    for (kind, payload) in attrs {
+        attr::put(buf, *kind, payload);
     }
-}
-
-/// The attributes of a message body or a nested attribute: `(type, payload)`.
-struct Attrs<'a>(&'a [u8]);
-
-impl<'a> Iterator for Attrs<'a> {
-    type Item = Result<(u16, &'a [u8]), Malformed>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let b = self.0;
-        if b.is_empty() {
-            return None;
-        }
-        let len = match b.get(..2) {
-            Some(l) => usize::from(u16::from_ne_bytes([l[0], l[1]])),
-            None => 0,
-        };
-        if b.len() < NLA_HDRLEN || len < NLA_HDRLEN || len > b.len() {
-            self.0 = &[];
-            return Some(Err(format!(
-                "attribute length {len} with {} bytes left",
-                b.len()
-            )));
-        }
-        let kind = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
-        self.0 = &b[align4(len).min(b.len())..];
-        Some(Ok((kind, &b[NLA_HDRLEN..len])))
-    }
+    message::end(buf, m);
 }
 
 /// The attributes of `data` indexed by type; types beyond `N - 1` are ignored (newer kernels
 /// add attributes; we read only the ones we know).
 fn attr_table<const N: usize>(data: &[u8]) -> Result<[Option<&[u8]>; N], Malformed> {
-    let mut t = [None; N];
-    for a in Attrs(data) {
-        let (kind, payload) = a?;
-        if let Some(slot) = t.get_mut(usize::from(kind)) {
-            *slot = Some(payload);
-        }
-    }
-    Ok(t)
+    Ok(attr::table(data)?)
 }
 
 fn be32(payload: Option<&[u8]>, what: &str) -> Result<u32, Malformed> {
-    match payload {
-        Some(&[a, b, c, d]) => Ok(u32::from_be_bytes([a, b, c, d])),
-        Some(p) => Err(format!("{what}: {} bytes, not 4", p.len())),
-        None => Err(format!("{what} missing")),
-    }
+    Ok(attr::be32(payload, what)?)
 }
 
 /// A string attribute, without its terminating NUL.
 fn str_attr<'a>(payload: Option<&'a [u8]>, what: &str) -> Result<&'a str, Malformed> {
-    let p = payload.ok_or_else(|| format!("{what} missing"))?;
-    let p = p.split(|b| *b == 0).next().unwrap_or_default();
-    std::str::from_utf8(p).map_err(|_| format!("{what} is not UTF-8"))
+    Ok(attr::str(payload, what)?)
 }
 
 /// The comment in a rule's user data (nft's TLV records; see [`NFTNL_UDATA_RULE_COMMENT`]).
 fn rule_comment(udata: &[u8]) -> Option<&str> {
+    udata_string(udata, NFTNL_UDATA_RULE_COMMENT)
+}
+
+/// The string record of type `wanted` in nft's user data (TLV records: `type u8, len u8,
+/// value`, the value NUL-terminated).
+fn udata_string(udata: &[u8], wanted: u8) -> Option<&str> {
     let mut rest = udata;
     while let [kind, len, tail @ ..] = rest {
         let value = tail.get(..usize::from(*len))?;
-        if *kind == NFTNL_UDATA_RULE_COMMENT {
+        if *kind == wanted {
             let text = value.split(|b| *b == 0).next().unwrap_or_default();
             return std::str::from_utf8(text).ok();
         }
@@ -966,6 +831,11 @@ struct SetDecoder<'s> {
     key: Vec<Atom>,
     key_end: Vec<Atom>,
     value: Vec<Atom>,
+    /// Whether elements come without values (a deletion's).
+    keys_only: bool,
+    /// Whether the list's entries may carry any type: nft numbers the entries of a request 1,
+    /// 2, 3… (the kernel ignores the number), where a dump's are all `NFTA_LIST_ELEM`.
+    numbered: bool,
 }
 
 impl<'s> SetDecoder<'s> {
@@ -1013,15 +883,26 @@ impl<'s> SetDecoder<'s> {
             return Err("interval maps are not supported".into());
         }
         Ok(SetDecoder {
+            numbered: false,
+            ..SetDecoder::of_schema(&set.name, family, schema, false)
+        })
+    }
+
+    /// A decoder of `set`'s elements as `schema` lays them out, without the kernel's
+    /// declaration to check it against (a request we encoded); `keys_only` for a deletion's.
+    fn of_schema(set: &str, family: IpFamily, schema: &'s SetSchema, keys_only: bool) -> Self {
+        SetDecoder {
             family,
             schema,
-            set: set.name.clone(),
+            set: set.to_string(),
             bounds: Vec::new(),
             elements: Vec::new(),
             key: Vec::new(),
             key_end: Vec::new(),
             value: Vec::new(),
-        })
+            keys_only,
+            numbered: true,
+        }
     }
 
     /// One `NFT_MSG_NEWSETELEM` reply of the dump.
@@ -1034,10 +915,10 @@ impl<'s> SetDecoder<'s> {
         let Some(list) = a[usize::from(NFTA_SET_ELEM_LIST_ELEMENTS)] else {
             return Ok(());
         };
-        for e in Attrs(list) {
-            let (kind, element) = e?;
-            if kind == NFTA_LIST_ELEM {
-                self.element(element)?;
+        for e in attr::attrs(list) {
+            let e = e?;
+            if e.kind == NFTA_LIST_ELEM || self.numbered {
+                self.element(e.payload)?;
             }
         }
         Ok(())
@@ -1089,7 +970,10 @@ impl<'s> SetDecoder<'s> {
                 _ => Err("an interval element without an end key".into()),
             };
         }
-        let value = self.value(a[usize::from(NFTA_SET_ELEM_DATA)])?;
+        let value = match self.keys_only {
+            true => None,
+            false => self.value(a[usize::from(NFTA_SET_ELEM_DATA)])?,
+        };
         let key = canonical_tuple(&mut self.key);
         self.elements.push((key, value));
         Ok(())
@@ -1185,4 +1069,78 @@ fn data_value<'a>(data: Option<&'a [u8]>, what: &str) -> Result<&'a [u8], Malfor
     let data = data.ok_or_else(|| format!("{what} missing"))?;
     let d: [Option<&[u8]>; 2] = attr_table(data)?;
     d[usize::from(NFTA_DATA_VALUE)].ok_or_else(|| format!("{what} is not a value"))
+}
+
+/// One message of an element batch, decoded: what [`decode_batch`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElementChanges {
+    /// The table's family.
+    pub family: IpFamily,
+    /// The set's name.
+    pub set: String,
+    /// Whether the message deletes its elements (`NFT_MSG_DELSETELEM`) or adds them.
+    pub delete: bool,
+    /// The elements, keys and values spelled as the read-back spells them
+    /// ([`canonical`](crate::canonical)); no values in a deletion.
+    pub elements: BTreeMap<Tuple, Option<Tuple>>,
+}
+
+/// Reads an element batch as [`kp_nftables_plan::ElementBatch`] encodes it, back into the
+/// element changes it carries, message by message in order: what the kernel would apply. Pure
+/// (kp-netlink's framing and the nf_tables ABI); for fakes of the kernel and tests. Elements
+/// are decoded as the read-back decodes the kernel's dumps, so a network of a single-field
+/// interval set is one element again.
+///
+/// Errors: [`Error::Parse`] for bytes that are not such a batch (no `BATCH_BEGIN` first or
+/// `BATCH_END` last, a message of another kind, a set that is not ours, an element that does not
+/// fit its set's schema).
+pub fn decode_batch(bytes: &[u8]) -> Result<Vec<ElementChanges>, Error> {
+    use kp_netlink::abi::{NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFPROTO_IPV4, NFPROTO_IPV6};
+    let what = "element batch";
+    let bad = |detail: String| parse_error(what, detail);
+    let messages = message::messages(bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.0))?;
+    match (messages.first(), messages.last()) {
+        (Some(first), Some(last))
+            if messages.len() >= 2
+                && first.kind() == NFNL_MSG_BATCH_BEGIN
+                && last.kind() == NFNL_MSG_BATCH_END => {}
+        _ => return Err(bad("not framed by BATCH_BEGIN and BATCH_END".into())),
+    }
+    let mut out = Vec::new();
+    for m in &messages[1..messages.len() - 1] {
+        if nfnl::subsys(m.kind()) != NFNL_SUBSYS_NFTABLES {
+            return Err(bad(format!("message type {:#x}", m.kind())));
+        }
+        let delete = match (m.kind() & 0xff) as u8 {
+            NFT_MSG_NEWSETELEM => false,
+            NFT_MSG_DELSETELEM => true,
+            other => return Err(bad(format!("nf_tables message {other}"))),
+        };
+        let (gen, body) = nfnl::NfGenMsg::parse(m.payload).map_err(|e| bad(e.0))?;
+        let family = match gen.family {
+            NFPROTO_IPV4 => IpFamily::V4,
+            NFPROTO_IPV6 => IpFamily::V6,
+            other => return Err(bad(format!("protocol family {other}"))),
+        };
+        let a: [Option<&[u8]>; 4] = attr_table(body).map_err(bad)?;
+        let table = str_attr(a[usize::from(NFTA_SET_ELEM_LIST_TABLE)], "table").map_err(bad)?;
+        if table != TABLE {
+            return Err(bad(format!("table {table}")));
+        }
+        let set = str_attr(a[usize::from(NFTA_SET_ELEM_LIST_SET)], "set").map_err(bad)?;
+        let id = SetId::from_name(set).ok_or_else(|| bad(format!("set {set} is not ours")))?;
+        let schema = SetSchema::of(id);
+        let mut decoder = SetDecoder::of_schema(set, family, &schema, delete);
+        decoder.message(body).map_err(bad)?;
+        let elements = decoder.finish().map_err(bad)?;
+        out.push(ElementChanges {
+            family,
+            set: set.to_string(),
+            delete,
+            elements,
+        });
+    }
+    Ok(out)
 }

@@ -1,39 +1,20 @@
 //! Reading our table back from the kernel (`nft -j list table`) into the planner's terms, so it
 //! can be compared with what the planner believes the kernel holds.
+//!
+//! [`KernelTable`] and [`canonical`] are the planner's (it adopts a table read back); they are
+//! re-exported here for the readers' callers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_core::model::Protocol;
+pub use kp_nftables_plan::element::canonical;
 use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
+pub use kp_nftables_plan::KernelTable;
 use serde_json::Value;
 
 use crate::Error;
-
-/// One table as the kernel holds it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelTable {
-    /// Chain name → rule ids (comments) in order.
-    pub chains: BTreeMap<String, Vec<String>>,
-    /// Set or map name → elements (key → value).
-    pub sets: BTreeMap<String, BTreeMap<Tuple, Option<Tuple>>>,
-}
-
-/// Makes atoms comparable whatever way nft printed them: slots and ports are both numbers, and a
-/// single-address interval prints as a plain address.
-pub fn canonical(t: &Tuple) -> Tuple {
-    Tuple::new(
-        t.atoms()
-            .iter()
-            .map(|a| match *a {
-                Atom::Slot(s) if s <= u32::from(u16::MAX) => Atom::Port(s as u16),
-                Atom::Net(n) if n.prefix_len() == n.max_prefix_len() => Atom::Ip(n.addr()),
-                a => a,
-            })
-            .collect::<Vec<_>>(),
-    )
-}
 
 fn atom(v: &Value) -> Result<Vec<Atom>, Error> {
     let bad = || Error::Parse(format!("unexpected element component {v}"));
@@ -112,15 +93,26 @@ fn tuple(v: &Value) -> Result<Tuple, Error> {
     Ok(canonical(&Tuple::new(atom(v)?)))
 }
 
-/// Parses `nft -j list table …` output.
+/// Parses `nft -j list table …` output of the `kube-proxy` table.
 pub fn parse_table(json: &str) -> Result<KernelTable, Error> {
+    parse_table_named(json, kp_nftables_plan::names::TABLE)
+}
+
+/// Parses `nft -j list table …` output, keeping the sets of table `table` (another mode's
+/// table read with the same reader: the userspace mode's `kube-proxy-userspace`).
+pub fn parse_table_named(json: &str, table: &str) -> Result<KernelTable, Error> {
     let doc: Value = serde_json::from_str(json).map_err(|e| Error::Parse(e.to_string()))?;
     let items = doc["nftables"]
         .as_array()
         .ok_or_else(|| Error::Parse("no nftables array".into()))?;
     let mut t = KernelTable::default();
     for item in items {
-        if let Some(c) = item.get("chain") {
+        if let Some(table) = item.get("table") {
+            // nft 1.0.6 leaves the comment out; later versions print it.
+            if let Some(c) = table["comment"].as_str() {
+                t.comment = Some(c.to_string());
+            }
+        } else if let Some(c) = item.get("chain") {
             let name = c["name"].as_str().unwrap_or_default().to_string();
             t.chains.entry(name).or_default();
         } else if let Some(r) = item.get("rule") {
@@ -131,10 +123,7 @@ pub fn parse_table(json: &str) -> Result<KernelTable, Error> {
                 .to_string();
             t.chains.entry(chain).or_default().push(id);
         } else if let Some(s) = item.get("set").or_else(|| item.get("map")) {
-            if s["table"]
-                .as_str()
-                .is_some_and(|t| t != kp_nftables_plan::names::TABLE)
-            {
+            if s["table"].as_str().is_some_and(|t| t != table) {
                 continue;
             }
             let name = s["name"].as_str().unwrap_or_default().to_string();

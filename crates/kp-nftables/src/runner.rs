@@ -1,4 +1,5 @@
-//! Running `nft`: the only place this crate touches the system.
+//! Running `nft`, and the netlink session kept for element batches: with `netlink.rs`, the only
+//! places this crate touches the system.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -7,11 +8,27 @@ use crate::Error;
 
 /// Runs nft scripts and listings, optionally inside a named network namespace (tests and
 /// benchmarks program namespaces they created; the proxy itself runs in its node's namespace).
-#[derive(Clone, Debug, Default)]
+/// As the dataplane's [`NftablesBackend`](crate::NftablesBackend) it also keeps the netlink
+/// socket that element batches go through.
+#[derive(Debug, Default)]
 pub struct NftCommand {
     netns: Option<String>,
     /// The nft program; `nft` from `PATH` when unset.
     program: Option<std::path::PathBuf>,
+    /// The netlink socket for element batches, opened on first use and kept (closing one after
+    /// a commit costs the kernel an RCU grace period); dropped after any error.
+    session: Option<crate::netlink::Session>,
+}
+
+/// A clone runs in the same namespace with the same program, and opens a socket of its own.
+impl Clone for NftCommand {
+    fn clone(&self) -> Self {
+        NftCommand {
+            netns: self.netns.clone(),
+            program: self.program.clone(),
+            session: None,
+        }
+    }
 }
 
 impl NftCommand {
@@ -43,8 +60,25 @@ impl NftCommand {
     pub fn in_netns(name: impl Into<String>) -> Self {
         NftCommand {
             netns: Some(name.into()),
-            program: None,
+            ..NftCommand::default()
         }
+    }
+
+    /// Runs `f` on the netlink session (opening it if needed); drops the session if `f` fails,
+    /// as replies may be left unread.
+    pub(crate) fn with_session<T>(
+        &mut self,
+        f: impl FnOnce(&mut crate::netlink::Session) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut session = match self.session.take() {
+            Some(s) => s,
+            None => crate::netlink::Session::open(self.netns())?,
+        };
+        let r = f(&mut session);
+        if r.is_ok() {
+            self.session = Some(session);
+        }
+        r
     }
 
     fn command(&self) -> Command {

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kp_core::dataplane::Dataplane;
 use kp_core::model::IpFamily;
 use kp_core::track::{Kind, Object, ObjectKey, ProxyState, SourceEvent};
 use kp_flows::synthetic;
@@ -317,8 +316,9 @@ fn the_netlink_path_leaves_the_kernel_exactly_as_the_text_path_does() {
     }
     assert_eq!(pair.metrics.nftables_sync_failures.get(), 0);
 
-    // A restart: a new dataplane finds the table, so its first sync replaces it in one text
-    // transaction; the kernel ends the same.
+    // A restart: a new dataplane finds the table. The netlink side adopts it (its structure is
+    // ours) and sends nothing, the text side replaces it in one transaction; both end equal to
+    // their plans. (Slots may differ between the two now: the adopted table keeps its own.)
     pair.batch = NftablesDataplane::new(
         config(),
         NftCommand::in_netns(pair.batch_ns.name()),
@@ -329,15 +329,33 @@ fn the_netlink_path_leaves_the_kernel_exactly_as_the_text_path_does() {
         NftCommand::in_netns(pair.text_ns.name()).with_program("nft"),
         Arc::new(Metrics::new()),
     );
-    assert!(pair.sync(&mut state, true));
+    let _ = state.take_changes();
+    let r = pair
+        .batch
+        .sync(&state, &Default::default(), true)
+        .expect("netlink path restart");
     assert!(
-        pair.batch
-            .last_transaction()
-            .contains("delete table ip kube-proxy")
-            && !pair.batch.last_transaction().contains("# netlink:"),
-        "an existing table is replaced atomically with nft"
+        r.full && r.operations == 0,
+        "{}",
+        pair.batch.last_transaction()
     );
-    pair.assert_same("restart");
+    assert!(
+        pair.batch.last_transaction().is_empty(),
+        "an existing table of our structure is adopted, not replaced"
+    );
+    let t = pair
+        .text
+        .sync(&state, &Default::default(), true)
+        .expect("text path restart");
+    assert!(t.full);
+    assert!(pair
+        .text
+        .last_transaction()
+        .contains("delete table ip kube-proxy"));
+    for dp in [&mut pair.batch, &mut pair.text] {
+        let diffs = dp.verify().expect("read-back");
+        assert!(diffs.is_empty(), "restart: {}", diffs.join("\n"));
+    }
 }
 
 #[test]
@@ -374,7 +392,10 @@ fn a_refused_batch_applies_nothing_is_counted_and_the_next_sync_rebuilds() {
     delete(&mut state, Kind::Service, "svc-7", "bench");
     let changes = state.take_changes();
     let err = dp.sync(&state, &changes, false).unwrap_err();
-    assert!(err.to_string().contains("ENOENT"), "{err}");
+    assert!(
+        matches!(&err, kp_nftables::Error::Netlink { errno: Some(k), .. } if k.is_not_found()),
+        "{err}"
+    );
     assert_eq!(metrics.nftables_sync_failures.get(), 1);
     assert_eq!(
         read_nft(&ns, IpFamily::V4),
@@ -386,7 +407,8 @@ fn a_refused_batch_applies_nothing_is_counted_and_the_next_sync_rebuilds() {
         .keys()
         .any(|k| k.to_string().starts_with(&format!("{vip} "))));
 
-    // The next sync rebuilds (the table exists: with nft, atomically) and repairs the drift.
+    // The next sync is full: the table exists and is ours, so it is adopted, and the repair is
+    // the difference (svc-7's other elements deleted).
     let r = dp
         .sync(&state, &Default::default(), false)
         .expect("rebuild");

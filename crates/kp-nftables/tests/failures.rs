@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use kp_core::dataplane::Dataplane;
 use kp_core::track::Changes;
 use kp_metrics::Metrics;
 use kp_nftables::{Error, NftCommand, NftablesConfig, NftablesDataplane};
@@ -12,19 +11,14 @@ use kp_nftables::{Error, NftCommand, NftablesConfig, NftablesDataplane};
 fn flaky_nft(dir: &std::path::Path) -> std::path::PathBuf {
     let script = dir.join("nft");
     let ok = dir.join("ok");
-    std::fs::write(
+    kp_test::write_executable(
         &script,
-        format!(
+        &format!(
             "#!/bin/sh\ncat >/dev/null\n[ -e {ok} ] && exit 0\necho '-:3:1-10: Error: Could not process rule: No such file or directory' >&2\nexit 1\n",
             ok = ok.display()
         ),
     )
     .unwrap();
-    std::process::Command::new("chmod")
-        .args(["+x"])
-        .arg(&script)
-        .status()
-        .unwrap();
     script
 }
 

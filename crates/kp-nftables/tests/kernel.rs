@@ -2,36 +2,14 @@
 
 use std::sync::Arc;
 
-use kp_core::dataplane::Dataplane;
 use kp_core::track::{Changes, Object, SourceEvent};
 use kp_metrics::Metrics;
-use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane};
+use kp_nftables::{NftCommand, NftablesConfig, NftablesDataplane};
 use kp_test::echo::{tally, Proto, Request};
 use kp_test::lab::Lab;
 
-fn dataplane(lab: &Lab) -> NftablesDataplane {
-    let cfg = NftablesConfig {
-        detect_local: DetectLocal::ClusterCidr(vec![
-            kp_flows::CLUSTER_CIDR.parse().unwrap(),
-            "fd00:10:244::/48".parse().unwrap(),
-        ]),
-        ..NftablesConfig::default()
-    };
-    NftablesDataplane::new(
-        cfg,
-        NftCommand::in_netns(lab.node().name()),
-        Arc::new(Metrics::new()),
-    )
-}
-
-fn assert_in_sync(dp: &mut NftablesDataplane) {
-    let diffs = dp.verify().expect("read-back works");
-    assert!(
-        diffs.is_empty(),
-        "kernel differs from the plan:\n{}",
-        diffs.join("\n")
-    );
-}
+mod common;
+use common::{assert_in_sync, dataplane};
 
 #[test]
 #[ignore = "needs root"]

@@ -38,7 +38,7 @@ pub enum SourceError {
     /// and only logs and counts this.
     #[error("watching {kind}: {source}")]
     Watch {
-        /// The kind being watched (`Service`, `EndpointSlice` or `Node`).
+        /// The kind being watched (`Service`, `EndpointSlice`, `Node` or `ServiceCIDR`).
         kind: kp_core::track::Kind,
         /// What kube-runtime reported.
         #[source]

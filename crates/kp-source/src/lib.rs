@@ -3,11 +3,12 @@
 //! Two sources turn the outside world into [`kp_core::track::SourceEvent`]s pushed into a
 //! `tokio::sync::mpsc` channel:
 //!
-//! - [`run_kubernetes`] watches Services, EndpointSlices and this node's Node on the API server
-//!   (one kube-runtime `watcher` each, with the label and field selectors upstream uses, all
-//!   three on a thread of their own that keeps their list pages' memory apart);
-//! - [`run_manifests`] reads Service, EndpointSlice and Node manifests from a directory and
-//!   follows changes to it with inotify (standalone mode, no API server).
+//! - [`run_kubernetes`] watches Services, EndpointSlices, this node's Node and the
+//!   ServiceCIDRs (where the API server serves them) on the API server (one kube-runtime
+//!   `watcher` each, with the label and field selectors upstream uses, all on a thread of their
+//!   own that keeps their list pages' memory apart);
+//! - [`run_manifests`] reads Service, EndpointSlice, Node and ServiceCIDR manifests from a
+//!   directory and follows changes to it with inotify (standalone mode, no API server).
 //!
 //! Both keep the contract documented on `SourceEvent`: `Upsert` for an added or changed object,
 //! `Delete` for a removed one, `Synced(kind)` once the initial list of a kind is complete. A
@@ -19,8 +20,8 @@
 //! Every error is logged with `tracing` and counted in `kubeproxy_rs_source_errors_total`
 //! (kp-metrics).
 //!
-//! Mirrors upstream `pkg/proxy/config` (`config.go`: the Service, EndpointSlice and Node
-//! informers and their handlers) and the informer set-up in `cmd/kube-proxy/app/server.go`.
+//! Mirrors upstream `pkg/proxy/config` (`config.go`: the Service, EndpointSlice, Node and
+//! ServiceCIDR informers and their handlers) and the informer set-up in `cmd/kube-proxy/app/server.go`.
 
 mod error;
 pub mod kubernetes;

@@ -28,29 +28,41 @@ use tokio::time::timeout;
 const FAST_RETRY: RetryPolicy = RetryPolicy::Exponential {
     initial: Duration::from_millis(20),
     max: Duration::from_millis(100),
+    recheck: RECHECK,
 };
+
+/// How often an unserved ServiceCIDR API is asked for again: 5 minutes in production. Longer
+/// than `FAST_RETRY`'s longest delay, so that a retry loop would show as more requests.
+const RECHECK: Duration = Duration::from_millis(250);
 
 /// Longest wait for any one request or event.
 const DEADLINE: Duration = Duration::from_secs(5);
 
 const NODE_NAME: &str = "node-1";
 
-/// The three collections the source watches.
+/// The four collections the source watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Res {
     Services,
     EndpointSlices,
     Nodes,
+    ServiceCidrs,
 }
 
 impl Res {
-    const ALL: [Res; 3] = [Res::Services, Res::EndpointSlices, Res::Nodes];
+    const ALL: [Res; 4] = [
+        Res::Services,
+        Res::EndpointSlices,
+        Res::Nodes,
+        Res::ServiceCidrs,
+    ];
 
     fn path(self) -> &'static str {
         match self {
             Res::Services => "/api/v1/services",
             Res::EndpointSlices => "/apis/discovery.k8s.io/v1/endpointslices",
             Res::Nodes => "/api/v1/nodes",
+            Res::ServiceCidrs => "/apis/networking.k8s.io/v1/servicecidrs",
         }
     }
 
@@ -59,6 +71,7 @@ impl Res {
             Res::Services => ("v1", "ServiceList"),
             Res::EndpointSlices => ("discovery.k8s.io/v1", "EndpointSliceList"),
             Res::Nodes => ("v1", "NodeList"),
+            Res::ServiceCidrs => ("networking.k8s.io/v1", "ServiceCIDRList"),
         }
     }
 }
@@ -121,7 +134,15 @@ struct FakeApiServer {
     returned: Vec<bool>,
 }
 
-fn status_body(code: u16, reason: &str) -> Value {
+/// A failure Status as the API server sends it, with the reason it gives for `code`.
+fn status_body(code: u16) -> Value {
+    let reason = match code {
+        403 => "Forbidden",
+        404 => "NotFound",
+        410 => "Expired",
+        500 => "InternalError",
+        _ => "ServiceUnavailable",
+    };
     json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": format!("fake {reason}"), "reason": reason, "code": code,
@@ -141,7 +162,7 @@ async fn handle(shared: Arc<Shared>, res: Res, query: HashMap<String, String>) -
         let failure = if watch { col.fail_watch } else { col.fail_list };
         if let Some(code) = failure {
             record.status = code;
-            json_response(code, &status_body(code, "ServiceUnavailable"))
+            json_response(code, &status_body(code))
         } else if watch {
             let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
             // If the test has stopped taking watches the connection just stays open.
@@ -179,11 +200,18 @@ fn json_response(code: u16, body: &Value) -> Response {
 }
 
 impl FakeApiServer {
-    /// Starts a server whose collections hold `initial` (items and resourceVersion).
-    async fn start(initial: [(Res, Vec<Value>, &str); 3]) -> Self {
+    /// Starts a server whose collections hold `initial` (items and resourceVersion); those it
+    /// does not name are empty, at resourceVersion 1.
+    async fn start(initial: Vec<(Res, Vec<Value>, &str)>) -> Self {
         let (requests_tx, requests) = mpsc::unbounded_channel();
         let mut collections = HashMap::new();
         let mut watches = HashMap::new();
+        let mut initial = initial;
+        for res in Res::ALL {
+            if !initial.iter().any(|(r, _, _)| *r == res) {
+                initial.push((res, Vec::new(), "1"));
+            }
+        }
         for (res, items, rv) in initial {
             let (tx, rx) = mpsc::unbounded_channel();
             collections.insert(
@@ -284,6 +312,13 @@ impl FakeApiServer {
     fn fail_watch(&self, res: Res, code: Option<u16>) {
         self.shared.collection(res).fail_watch = code;
     }
+
+    /// Refuses lists and watches of `res` with `code` (`None`: serves them again): 404 as an
+    /// API server that does not serve it, 403 as one whose RBAC denies it.
+    fn refuse(&self, res: Res, code: Option<u16>) {
+        self.fail_list(res, code);
+        self.fail_watch(res, code);
+    }
 }
 
 fn service(name: &str, rv: &str, port: u16) -> Value {
@@ -313,6 +348,14 @@ fn node(rv: &str) -> Value {
     })
 }
 
+fn service_cidr(name: &str, rv: &str, cidrs: &[&str]) -> Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": { "name": name, "resourceVersion": rv },
+        "spec": { "cidrs": cidrs },
+    })
+}
+
 fn bookmark(rv: &str) -> Value {
     json!({ "kind": "Service", "apiVersion": "v1", "metadata": { "resourceVersion": rv } })
 }
@@ -333,18 +376,35 @@ async fn next(rx: &mut mpsc::Receiver<SourceEvent>, waiting_for: &str) -> Source
     }
 }
 
+/// Every kind the source reports.
+const KINDS: [Kind; 4] = [
+    Kind::Service,
+    Kind::EndpointSlice,
+    Kind::Node,
+    Kind::ServiceCidr,
+];
+
 /// Receives events until every kind has reported `Synced`, returning them grouped by kind in
 /// the order received.
 async fn initial_sync(rx: &mut mpsc::Receiver<SourceEvent>) -> HashMap<Kind, Vec<String>> {
+    sync_of(rx, &KINDS).await
+}
+
+/// Receives events until each of `kinds` has reported `Synced`, returning them grouped by kind
+/// in the order received.
+async fn sync_of(
+    rx: &mut mpsc::Receiver<SourceEvent>,
+    kinds: &[Kind],
+) -> HashMap<Kind, Vec<String>> {
     let mut by_kind: HashMap<Kind, Vec<String>> = HashMap::new();
-    let mut synced = 0;
-    while synced < 3 {
+    let mut synced = std::collections::HashSet::new();
+    while !kinds.iter().all(|k| synced.contains(k)) {
         let ev = next(rx, "the initial sync").await;
         let kind = match &ev {
             SourceEvent::Upsert(obj) => obj.kind(),
             SourceEvent::Delete(kind, _) => *kind,
             SourceEvent::Synced(kind) => {
-                synced += 1;
+                synced.insert(*kind);
                 *kind
             }
         };
@@ -363,14 +423,31 @@ fn source_errors(metrics: &Metrics, reason: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Every source error counted so far, whatever its reason.
+fn all_source_errors(metrics: &Metrics) -> u64 {
+    metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("kubeproxy_rs_source_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
+        .sum()
+}
+
 /// Starts a server with one slice and this node, services as given, and the source against it.
 async fn start(services: Vec<Value>) -> (FakeApiServer, mpsc::Receiver<SourceEvent>, Arc<Metrics>) {
-    let server = FakeApiServer::start([
+    let server = FakeApiServer::start(vec![
         (Res::Services, services, "10"),
         (Res::EndpointSlices, vec![slice("a-1", "3")], "10"),
         (Res::Nodes, vec![node("4")], "10"),
+        (Res::ServiceCidrs, vec![], "10"),
     ])
     .await;
+    let (rx, metrics) = run_source(&server);
+    (server, rx, metrics)
+}
+
+/// Starts the source against `server`.
+fn run_source(server: &FakeApiServer) -> (mpsc::Receiver<SourceEvent>, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new());
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(run_kubernetes_with(
@@ -380,7 +457,7 @@ async fn start(services: Vec<Value>) -> (FakeApiServer, mpsc::Receiver<SourceEve
         metrics.clone(),
         FAST_RETRY,
     ));
-    (server, rx, metrics)
+    (rx, metrics)
 }
 
 #[tokio::test]
@@ -400,6 +477,7 @@ async fn the_initial_list_is_reported_with_upstreams_selectors_then_synced() {
         ["upsert EndpointSlice ns/a-1", "synced EndpointSlice"]
     );
     assert_eq!(by_kind[&Kind::Node], ["upsert Node node-1", "synced Node"]);
+    assert_eq!(by_kind[&Kind::ServiceCidr], ["synced ServiceCIDR"]);
 
     let svc_list = server
         .request("a Service list", |r| r.res == Res::Services && !r.watch)
@@ -422,8 +500,19 @@ async fn the_initial_list_is_reported_with_upstreams_selectors_then_synced() {
         node_list.query.get("fieldSelector").map(String::as_str),
         Some("metadata.name=node-1")
     );
+    // ServiceCIDRs are all listed, as upstream's informer does.
+    let cidr_list = server
+        .request("a ServiceCIDR list", |r| {
+            r.res == Res::ServiceCidrs && !r.watch
+        })
+        .await;
+    assert!(
+        !cidr_list.query.contains_key("labelSelector")
+            && !cidr_list.query.contains_key("fieldSelector"),
+        "{cidr_list:?}"
+    );
     // Every list is paged, in pages smaller than client-go's (see `LIST_PAGE_SIZE`).
-    for list in [&svc_list, &slice_list, &node_list] {
+    for list in [&svc_list, &slice_list, &node_list, &cidr_list] {
         assert_eq!(
             list.query.get("limit").map(String::as_str),
             Some(kp_source::kubernetes::LIST_PAGE_SIZE.to_string().as_str()),
@@ -621,12 +710,7 @@ async fn an_outage_deletes_nothing_until_a_relist_completes() {
 
 #[tokio::test]
 async fn the_source_stops_when_the_receiver_is_dropped() {
-    let server = FakeApiServer::start([
-        (Res::Services, vec![], "1"),
-        (Res::EndpointSlices, vec![], "1"),
-        (Res::Nodes, vec![], "1"),
-    ])
-    .await;
+    let server = FakeApiServer::start(vec![]).await;
     let (tx, mut rx) = mpsc::channel(8);
     let source = tokio::spawn(run_kubernetes_with(
         server.client(),
@@ -655,12 +739,8 @@ fn kubeconfig(server: &str) -> String {
 
 #[tokio::test]
 async fn master_overrides_the_kubeconfig_server() {
-    let mut server = FakeApiServer::start([
-        (Res::Services, vec![service("a", "1", 80)], "1"),
-        (Res::EndpointSlices, vec![], "1"),
-        (Res::Nodes, vec![], "1"),
-    ])
-    .await;
+    let mut server =
+        FakeApiServer::start(vec![(Res::Services, vec![service("a", "1", 80)], "1")]).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("kubeconfig");
     // Port 9 (discard) on loopback: nothing answers there, so only --master can work.
@@ -708,4 +788,289 @@ async fn bad_client_flags_are_reported() {
         matches!(err, kp_source::SourceError::InvalidMaster { .. }),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn service_cidrs_are_reported_and_followed_through_dropped_watches_and_410s() {
+    let server = FakeApiServer::start(vec![(
+        Res::ServiceCidrs,
+        vec![service_cidr("kubernetes", "1", &["10.96.0.0/16"])],
+        "10",
+    )])
+    .await;
+    let (mut rx, metrics) = run_source(&server);
+    let mut server = server;
+    let by_kind = initial_sync(&mut rx).await;
+    assert_eq!(
+        by_kind[&Kind::ServiceCidr],
+        ["upsert ServiceCIDR kubernetes", "synced ServiceCIDR"]
+    );
+
+    // A created ServiceCIDR, then its deletion, as watch events.
+    let conn = server.watch(Res::ServiceCidrs).await;
+    assert_eq!(
+        conn.query.get("resourceVersion").map(String::as_str),
+        Some("10")
+    );
+    conn.send("ADDED", service_cidr("extra", "11", &["10.97.0.0/16"]));
+    let ev = next(&mut rx, "extra added").await;
+    let SourceEvent::Upsert(Object::ServiceCidr(cidr)) = &ev else {
+        panic!("got {}", show(&ev))
+    };
+    assert_eq!(
+        cidr.spec.as_ref().and_then(|s| s.cidrs.as_deref()),
+        Some(&["10.97.0.0/16".to_string()][..])
+    );
+    conn.send("DELETED", service_cidr("extra", "12", &["10.97.0.0/16"]));
+    assert_eq!(
+        show(&next(&mut rx, "extra deleted").await),
+        "delete ServiceCIDR extra"
+    );
+
+    // The server drops the watch after a bookmark: the client watches again from it, without
+    // a list (which would have said resourceVersion 10).
+    conn.send(
+        "BOOKMARK",
+        json!({ "kind": "ServiceCIDR", "apiVersion": "networking.k8s.io/v1",
+                "metadata": { "resourceVersion": "20" } }),
+    );
+    drop(conn);
+    let conn = server.watch(Res::ServiceCidrs).await;
+    assert_eq!(
+        conn.query.get("resourceVersion").map(String::as_str),
+        Some("20")
+    );
+
+    // 410: kubernetes was replaced by second meanwhile; the relist says so, then Synced.
+    server.set_list(
+        Res::ServiceCidrs,
+        vec![service_cidr("second", "25", &["10.96.0.0/15"])],
+        "30",
+    );
+    conn.send(
+        "ERROR",
+        json!({ "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "too old resource version: 20 (25)", "reason": "Expired", "code": 410 }),
+    );
+    let got: Vec<String> = [
+        next(&mut rx, "second").await,
+        next(&mut rx, "kubernetes's deletion").await,
+        next(&mut rx, "Synced").await,
+    ]
+    .iter()
+    .map(show)
+    .collect();
+    assert_eq!(
+        got,
+        [
+            "upsert ServiceCIDR second",
+            "delete ServiceCIDR kubernetes",
+            "synced ServiceCIDR"
+        ]
+    );
+    let conn = server.watch(Res::ServiceCidrs).await;
+    assert_eq!(
+        conn.query.get("resourceVersion").map(String::as_str),
+        Some("30")
+    );
+    assert_eq!(source_errors(&metrics, "relist"), 1);
+    assert_eq!(all_source_errors(&metrics), 1, "{}", metrics.encode());
+    server
+        .request("the initial list", |r| {
+            r.res == Res::ServiceCidrs && !r.watch
+        })
+        .await;
+    server
+        .request("the relist", |r| r.res == Res::ServiceCidrs && !r.watch)
+        .await;
+}
+
+/// An API server that does not serve ServiceCIDRs (404, as 1.28 answers) or a role that may
+/// not list them (403, as 1.28 answers kube-proxy's stock role): everything else syncs,
+/// `Synced(ServiceCIDR)` is sent, and the source asks again now and then, quietly: no error
+/// counted, no retry loop. Once served, ServiceCIDRs are listed and watched.
+async fn an_unavailable_service_cidr_api_is_asked_for_again_quietly(code: u16) {
+    let server = FakeApiServer::start(vec![
+        (Res::Services, vec![service("a", "1", 80)], "10"),
+        (Res::EndpointSlices, vec![slice("a-1", "3")], "10"),
+        (Res::Nodes, vec![node("4")], "10"),
+    ])
+    .await;
+    server.refuse(Res::ServiceCidrs, Some(code));
+    let (mut rx, metrics) = run_source(&server);
+    let mut server = server;
+    let by_kind = initial_sync(&mut rx).await;
+    assert_eq!(
+        by_kind[&Kind::Service],
+        ["upsert Service ns/a", "synced Service"]
+    );
+    assert_eq!(
+        by_kind[&Kind::EndpointSlice],
+        ["upsert EndpointSlice ns/a-1", "synced EndpointSlice"]
+    );
+    assert_eq!(by_kind[&Kind::Node], ["upsert Node node-1", "synced Node"]);
+    assert_eq!(by_kind[&Kind::ServiceCidr], ["synced ServiceCIDR"]);
+
+    // The watcher's list was refused once; then a list of one object, every `RECHECK`.
+    let first = server
+        .request("the refused list", |r| {
+            r.res == Res::ServiceCidrs && r.status == code
+        })
+        .await;
+    assert!(!first.watch);
+    for i in 1..=3 {
+        let again = server
+            .request(&format!("recheck {i}"), |r| {
+                r.res == Res::ServiceCidrs && r.status == code
+            })
+            .await;
+        assert!(!again.watch, "{again:?}");
+        assert_eq!(again.query.get("limit").map(String::as_str), Some("1"));
+    }
+    // Three rechecks, not a retry loop: with `FAST_RETRY`, one would have made dozens of
+    // requests by now (the rest being idle watches of the other kinds).
+    let cidr_requests = server
+        .seen
+        .iter()
+        .filter(|r| r.res == Res::ServiceCidrs)
+        .count();
+    assert_eq!(cidr_requests, 4, "{:#?}", server.seen);
+    assert_eq!(all_source_errors(&metrics), 0, "{}", metrics.encode());
+    if let Ok(ev) = rx.try_recv() {
+        panic!("reported {} while the API was unavailable", show(&ev));
+    }
+
+    // The cluster is upgraded (or the role fixed): the next recheck hands over to the watcher.
+    server.set_list(
+        Res::ServiceCidrs,
+        vec![service_cidr("kubernetes", "15", &["10.96.0.0/16"])],
+        "20",
+    );
+    server.refuse(Res::ServiceCidrs, None);
+    assert_eq!(
+        show(&next(&mut rx, "the ServiceCIDR once served").await),
+        "upsert ServiceCIDR kubernetes"
+    );
+    assert_eq!(
+        show(&next(&mut rx, "Synced once served").await),
+        "synced ServiceCIDR"
+    );
+    let conn = server.watch(Res::ServiceCidrs).await;
+    assert_eq!(
+        conn.query.get("resourceVersion").map(String::as_str),
+        Some("20")
+    );
+    conn.send(
+        "DELETED",
+        service_cidr("kubernetes", "21", &["10.96.0.0/16"]),
+    );
+    assert_eq!(
+        show(&next(&mut rx, "the deletion").await),
+        "delete ServiceCIDR kubernetes"
+    );
+    assert_eq!(all_source_errors(&metrics), 0, "{}", metrics.encode());
+}
+
+#[tokio::test]
+async fn an_api_server_without_service_cidrs_syncs_the_rest_and_asks_again_quietly() {
+    an_unavailable_service_cidr_api_is_asked_for_again_quietly(404).await;
+}
+
+#[tokio::test]
+async fn a_role_without_service_cidrs_syncs_the_rest_and_asks_again_quietly() {
+    an_unavailable_service_cidr_api_is_asked_for_again_quietly(403).await;
+}
+
+/// A ServiceCIDR API that stops being served keeps what was reported (a 404 proves nothing
+/// about the objects: during an upgrade, API servers of both versions answer in turn), and a
+/// list once it is served again reports what vanished meanwhile.
+#[tokio::test]
+async fn service_cidrs_outlive_the_api_going_away_until_a_list_proves_them_gone() {
+    let server = FakeApiServer::start(vec![(
+        Res::ServiceCidrs,
+        vec![service_cidr("kubernetes", "1", &["10.96.0.0/16"])],
+        "10",
+    )])
+    .await;
+    let (mut rx, metrics) = run_source(&server);
+    let mut server = server;
+    initial_sync(&mut rx).await;
+    let conn = server.watch(Res::ServiceCidrs).await;
+
+    // The watch ends, and the next one meets an API server that does not serve ServiceCIDRs.
+    server.refuse(Res::ServiceCidrs, Some(404));
+    drop(conn);
+    assert_eq!(
+        show(&next(&mut rx, "Synced when refused").await),
+        "synced ServiceCIDR"
+    );
+    server
+        .request("a recheck", |r| {
+            r.res == Res::ServiceCidrs
+                && r.status == 404
+                && r.query.get("limit").map(String::as_str) == Some("1")
+        })
+        .await;
+    if let Ok(ev) = rx.try_recv() {
+        panic!("reported {} while the API was unavailable", show(&ev));
+    }
+
+    server.set_list(
+        Res::ServiceCidrs,
+        vec![service_cidr("other", "31", &["10.98.0.0/16"])],
+        "40",
+    );
+    server.refuse(Res::ServiceCidrs, None);
+    let got: Vec<String> = [
+        next(&mut rx, "other").await,
+        next(&mut rx, "kubernetes's deletion").await,
+        next(&mut rx, "Synced").await,
+    ]
+    .iter()
+    .map(show)
+    .collect();
+    assert_eq!(
+        got,
+        [
+            "upsert ServiceCIDR other",
+            "delete ServiceCIDR kubernetes",
+            "synced ServiceCIDR"
+        ]
+    );
+    assert_eq!(all_source_errors(&metrics), 0, "{}", metrics.encode());
+}
+
+/// Any other failure of ServiceCIDR requests is an error like any kind's: logged, counted and
+/// retried with backoff, and no `Synced(ServiceCIDR)` until a list succeeds.
+#[tokio::test]
+async fn other_service_cidr_errors_are_counted_and_retried_as_for_any_kind() {
+    let server = FakeApiServer::start(vec![]).await;
+    server.fail_list(Res::ServiceCidrs, Some(500));
+    let (mut rx, metrics) = run_source(&server);
+    let mut server = server;
+    let by_kind = sync_of(&mut rx, &[Kind::Service, Kind::EndpointSlice, Kind::Node]).await;
+    assert!(
+        !by_kind.contains_key(&Kind::ServiceCidr),
+        "{:?}",
+        by_kind.get(&Kind::ServiceCidr)
+    );
+    for i in 1..=3 {
+        server
+            .request(&format!("failed list {i}"), |r| {
+                r.res == Res::ServiceCidrs && !r.watch && r.status == 500
+            })
+            .await;
+    }
+    // The last failure may still be on its way to the counter.
+    assert!(source_errors(&metrics, "list") >= 2, "{}", metrics.encode());
+    if let Ok(ev) = rx.try_recv() {
+        panic!("reported {} while lists failed", show(&ev));
+    }
+
+    server.fail_list(Res::ServiceCidrs, None);
+    assert_eq!(
+        show(&next(&mut rx, "Synced after the errors").await),
+        "synced ServiceCIDR"
+    );
+    server.watch(Res::ServiceCidrs).await;
 }

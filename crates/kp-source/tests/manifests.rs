@@ -230,3 +230,150 @@ async fn a_missing_directory_fails_at_start() {
     let err = res.expect_err("a missing directory must fail");
     assert!(err.to_string().contains("absent"), "{err}");
 }
+
+/// The source's size limit for one file (`MAX_FILE_BYTES`, private to the source).
+const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Makes `name` a file over the size limit without writing it: a sparse file. Sizes it in
+/// place (one write to the directory entry's inode), so the source sees it change once.
+fn set_size(dir: &Path, name: &str, len: u64) {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(name))
+        .expect("open");
+    file.set_len(len).expect("set_len");
+}
+
+/// Rewrites `good.yaml` `n` times, waiting each time for its change: `n` rescans of the whole
+/// directory, each of which sees every other file again.
+async fn rescan_n(dir: &Path, rx: &mut mpsc::Receiver<SourceEvent>, round: &mut u16, n: usize) {
+    for _ in 0..n {
+        *round += 1;
+        write_atomic(dir, "good.yaml", &service("good", *round));
+        assert_eq!(
+            show(&next(rx, "good.yaml's change").await),
+            "upsert Service ns/good"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_file_is_reported_once_per_change_not_per_rescan() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    fs::write(path.join("good.yaml"), service("good", 1)).expect("write");
+    set_size(&path, "big.yaml", MAX_FILE_BYTES + 1);
+    fs::write(path.join("latin1.yaml"), b"kind: Service # caf\xe9\n").expect("write");
+
+    let metrics = Arc::new(Metrics::new());
+    let (tx, mut rx) = mpsc::channel(64);
+    let _source = tokio::spawn(run_manifests(path.clone(), tx, metrics.clone()));
+    assert_eq!(
+        show(&next(&mut rx, "the good file").await),
+        "upsert Service ns/good"
+    );
+    assert_eq!(
+        next_n(&mut rx, 3, "Synced").await,
+        ["synced EndpointSlice", "synced Node", "synced Service"]
+    );
+    // Both bad files were reported by the first read, before Synced.
+    assert_eq!(source_errors(&metrics, "read"), 2, "after the first read");
+
+    // Other files' changes rescan the directory; the unchanged bad files stay quiet.
+    let mut round = 1;
+    rescan_n(&path, &mut rx, &mut round, 20).await;
+    assert_eq!(source_errors(&metrics, "read"), 2, "after 20 rescans");
+
+    // The big file changes but is still too big: reported once more, then quiet again.
+    set_size(&path, "big.yaml", MAX_FILE_BYTES + 2);
+    wait_source_errors(&metrics, "read", 3).await;
+    rescan_n(&path, &mut rx, &mut round, 5).await;
+    assert_eq!(
+        source_errors(&metrics, "read"),
+        3,
+        "after the big file changed"
+    );
+
+    // The same for the file that is not UTF-8.
+    let latin1_again = b"kind: Service # na\xefve\n";
+    write_atomic_bytes(&path, "latin1.yaml", latin1_again);
+    wait_source_errors(&metrics, "read", 4).await;
+    rescan_n(&path, &mut rx, &mut round, 5).await;
+    assert_eq!(
+        source_errors(&metrics, "read"),
+        4,
+        "after latin1.yaml changed"
+    );
+
+    // Fixed, both are read as usual.
+    write_atomic(&path, "big.yaml", &service("big", 80));
+    assert_eq!(
+        show(&next(&mut rx, "the fixed big file").await),
+        "upsert Service ns/big"
+    );
+    write_atomic(&path, "latin1.yaml", &service("latin1", 80));
+    assert_eq!(
+        show(&next(&mut rx, "the fixed latin1.yaml").await),
+        "upsert Service ns/latin1"
+    );
+    assert_eq!(source_errors(&metrics, "read"), 4, "after the fixes");
+
+    // Broken again with the text it had before it was fixed: a change, so reported. Its last
+    // good content stays: removing it is what deletes its Service.
+    write_atomic_bytes(&path, "latin1.yaml", latin1_again);
+    wait_source_errors(&metrics, "read", 5).await;
+    fs::remove_file(path.join("latin1.yaml")).expect("remove");
+    assert_eq!(
+        show(&next(&mut rx, "latin1.yaml's removal").await),
+        "delete Service ns/latin1"
+    );
+    // Removal forgets the failure: the same bad text again is reported again.
+    write_atomic_bytes(&path, "latin1.yaml", latin1_again);
+    wait_source_errors(&metrics, "read", 6).await;
+    rescan_n(&path, &mut rx, &mut round, 5).await;
+    assert_eq!(source_errors(&metrics, "read"), 6, "at the end");
+    assert_eq!(source_errors(&metrics, "parse"), 0);
+    assert!(rx.try_recv().is_err(), "nothing else is pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_file_is_reported_once_per_change_not_per_rescan() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    fs::write(path.join("good.yaml"), service("good", 1)).expect("write");
+    let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: [\n";
+    fs::write(path.join("broken.yaml"), broken).expect("write");
+
+    let metrics = Arc::new(Metrics::new());
+    let (tx, mut rx) = mpsc::channel(64);
+    let _source = tokio::spawn(run_manifests(path.clone(), tx, metrics.clone()));
+    assert_eq!(
+        next_n(&mut rx, 4, "the first read").await,
+        [
+            "synced EndpointSlice",
+            "synced Node",
+            "synced Service",
+            "upsert Service ns/good"
+        ]
+    );
+    assert_eq!(source_errors(&metrics, "parse"), 1, "after the first read");
+    let mut round = 1;
+    rescan_n(&path, &mut rx, &mut round, 10).await;
+    assert_eq!(source_errors(&metrics, "parse"), 1, "after 10 rescans");
+
+    // Broken differently: reported once more.
+    write_atomic(&path, "broken.yaml", &format!("{broken}# still\n"));
+    wait_source_errors(&metrics, "parse", 2).await;
+    rescan_n(&path, &mut rx, &mut round, 5).await;
+    assert_eq!(source_errors(&metrics, "parse"), 2, "after the change");
+    assert_eq!(source_errors(&metrics, "read"), 0);
+}
+
+/// [`write_atomic`] for bytes that are not text.
+fn write_atomic_bytes(dir: &Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, bytes).expect("write temp file");
+    fs::rename(&tmp, dir.join(name)).expect("rename into place");
+}

@@ -1,13 +1,13 @@
 //! A scripted fake Kubernetes API server for whole-binary tests: the list and watch endpoints
-//! kube-rs's `watcher` uses for Services, EndpointSlices and Nodes, served by axum from an
-//! in-memory store, with outages on demand, and able to listen inside a lab namespace.
+//! kube-rs's `watcher` uses for Services, EndpointSlices, Nodes and ServiceCIDRs, served by axum
+//! from an in-memory store, with outages on demand, and able to listen inside a lab namespace.
 //!
 //! [`FakeApiServer`] owns its own thread and tokio runtime, so synchronous tests (the kind that
 //! drive [`Lab`](crate::Lab)s) script it with plain method calls, and an async test's runtime
 //! can be paused without stopping it. What it speaks:
 //!
-//! - `GET /api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`, `/api/v1/nodes`, and
-//!   the namespaced forms of the first two. A list answers every object at once with the
+//! - `GET /api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`, `/api/v1/nodes`,
+//!   `/apis/networking.k8s.io/v1/servicecidrs`, and the namespaced forms of the first two. A list answers every object at once with the
 //!   store's current `metadata.resourceVersion`, paged by `limit` and `continue` as kube-rs asks
 //!   (a continue token names the last object sent, so a page costs the same however deep into
 //!   the list it is).
@@ -24,12 +24,17 @@
 //!   lists and watches. As upstream, an object that stops matching is reported `DELETED` and
 //!   one that starts matching `ADDED`.
 //! - Anything else is a 404 Status; every request is counted ([`FakeApiServer::requests`]).
+//!   [`FakeApiServer::serve_service_cidrs`]`(false)` makes the ServiceCIDR paths such a 404 too,
+//!   as on an API server older than 1.33. The fake serves no discovery (`/api`, `/apis`), so
+//!   there is nothing else to keep in line with it.
 //!
 //! Scripting: [`FakeApiServer::upsert`] and [`FakeApiServer::delete`] change the store and reach
 //! open watches at once; [`FakeApiServer::set_outage`] (or `set_available(false)`) cuts every
 //! connection or answers every request with an error status; [`FakeApiServer::drop_watches`]
 //! ends watches cleanly; [`FakeApiServer::compact`] makes older resourceVersions 410 Gone;
-//! [`FakeApiServer::hold_lists`] keeps one kind's lists unanswered, to order a client's lists.
+//! [`FakeApiServer::hold_lists`] keeps one kind's lists unanswered, to order a client's lists;
+//! [`FakeApiServer::serve_service_cidrs`] switches the ServiceCIDR API off and on, as a cluster
+//! older than 1.33, and its upgrade, would.
 //!
 //! All kinds share one resourceVersion counter, as they share etcd's revision.
 //!
@@ -42,11 +47,9 @@
 mod store;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::future::{Future, IntoFuture};
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -148,6 +151,8 @@ struct ServerState {
     held: std::collections::BTreeSet<Kind>,
     /// Lists waiting for `release_lists` right now.
     held_lists: BTreeMap<Kind, usize>,
+    /// Kinds whose API is not served (`serve_service_cidrs(false)`): their paths are 404s.
+    unserved: std::collections::BTreeSet<Kind>,
     requests: BTreeMap<String, RequestCounts>,
     log: Vec<RequestRecord>,
     refused_connections: u64,
@@ -186,25 +191,16 @@ impl FakeApiServer {
     /// was created in, so the server's own thread, in the test's namespace, serves it. Needs
     /// root (CAP_SYS_ADMIN).
     pub fn start_in(netns: &Netns) -> Result<FakeApiServer> {
-        let path = PathBuf::from("/var/run/netns").join(netns.name());
         let what = format!(
-            "binding the fake API server to 127.0.0.1:0 in {}",
-            path.display()
+            "binding the fake API server to 127.0.0.1:0 in netns {}",
+            netns.name()
         );
-        let bind = move || -> io::Result<std::net::TcpListener> {
-            let ns = File::open(&path)?;
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        let listener = kp_netlink::netns::run_in(netns.name(), "kp-apiserver-bind", || {
             std::net::TcpListener::bind("127.0.0.1:0")
-        };
-        let listener = std::thread::Builder::new()
-            .name("kp-apiserver-bind".into())
-            .spawn(bind)
-            .and_then(|thread| {
-                thread
-                    .join()
-                    .unwrap_or_else(|_| Err(io::Error::other("the binding thread panicked")))
-            })
-            .map_err(|source| Error::Io { what, source })?;
+        })
+        .map_err(io::Error::other)
+        .and_then(|bound| bound)
+        .map_err(|source| Error::Io { what, source })?;
         FakeApiServer::serve(listener)
     }
 
@@ -378,6 +374,24 @@ impl FakeApiServer {
         self.shared.update(|s| s.held.remove(&kind));
     }
 
+    /// Whether the ServiceCIDR API (`networking.k8s.io/v1`, GA in Kubernetes 1.33) is served;
+    /// it is until this says otherwise.
+    ///
+    /// `false` answers its list and watch requests with the 404 `NotFound` Status a 1.28 API
+    /// server sends (to a client allowed to ask: RBAC answers 403 first otherwise), and ends
+    /// open ServiceCIDR watches cleanly, so that their clients' next watch meets the 404 too.
+    /// Objects stored meanwhile are kept, and are there again once `true` serves the API again,
+    /// as after an upgrade.
+    pub fn serve_service_cidrs(&self, served: bool) {
+        self.shared.update(|s| {
+            if served {
+                s.unserved.remove(&Kind::ServiceCidr);
+            } else {
+                s.unserved.insert(Kind::ServiceCidr);
+            }
+        });
+    }
+
     /// How many lists of `kind` are waiting for [`FakeApiServer::release_lists`] right now.
     pub fn held_lists(&self, kind: Kind) -> usize {
         self.shared
@@ -461,6 +475,7 @@ fn route(path: &str) -> Option<(Kind, Option<String>)> {
             Some((Kind::EndpointSlice, Some(ns.to_string())))
         }
         ["api", "v1", "nodes"] => Some((Kind::Node, None)),
+        ["apis", "networking.k8s.io", "v1", "servicecidrs"] => Some((Kind::ServiceCidr, None)),
         _ => None,
     }
 }
@@ -506,7 +521,10 @@ async fn wait_for_release(shared: &Arc<Shared>, kind: Kind) {
     loop {
         let released = {
             let mut state = shared.lock();
-            let released = !state.held.contains(&kind) || state.outage.is_some();
+            // An unserved kind is answered at once, with its 404.
+            let released = !state.held.contains(&kind)
+                || state.outage.is_some()
+                || state.unserved.contains(&kind);
             if !released && held.is_none() {
                 *state.held_lists.entry(kind).or_default() += 1;
             }
@@ -550,6 +568,12 @@ fn respond(
         (
             405,
             status_response(405, &format!("{method} is not served")),
+        )
+    } else if route(path).is_some_and(|(kind, _)| state.unserved.contains(&kind)) {
+        // What a real API server answers for a resource it does not know, list or watch alike.
+        (
+            404,
+            status_response(404, "the server could not find the requested resource"),
         )
     } else if let Some((kind, namespace)) = route(path) {
         match Filter::new(
@@ -774,7 +798,7 @@ async fn run_watch(shared: Arc<Shared>, mut spec: WatchSpec, tx: mpsc::Sender<io
         changed.borrow_and_update();
         let (lines, end) = {
             let state = shared.lock();
-            if state.epoch != spec.epoch {
+            if state.epoch != spec.epoch || state.unserved.contains(&spec.kind) {
                 let end = if state.outage.is_some() {
                     End::Abort
                 } else {

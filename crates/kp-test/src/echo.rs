@@ -246,6 +246,147 @@ pub fn request(from: &Netns, req: &Request) -> Vec<Outcome> {
     outcomes
 }
 
+/// Starts `req` from namespace `from` in the background, making attempts one after another for
+/// `duration` (not `req.count` of them); [`finished_requests`] reads the outcomes once it is
+/// done. For traffic that must keep flowing while a test does something else (restarts the
+/// proxy, switches its mode).
+pub fn spawn_requests(from: &Netns, req: &Request, duration: Duration) -> Result<ChildGuard> {
+    let binary = try_echo_binary()?;
+    let binary = binary.to_string_lossy();
+    let mut args = req.args();
+    args.extend([
+        "--duration-ms".to_string(),
+        duration.as_millis().max(1).to_string(),
+    ]);
+    let mut argv: Vec<&str> = vec![&binary];
+    argv.extend(args.iter().map(String::as_str));
+    from.spawn(&argv)
+}
+
+/// What a [`spawn_requests`] run saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedOutcomes {
+    /// Every attempt's outcome, in order.
+    pub outcomes: Vec<Outcome>,
+    /// The longest attempt: a connection answered only after its first SYN was lost takes a
+    /// second or more (the first retransmission).
+    pub slowest: Duration,
+}
+
+/// Waits up to `timeout` for a [`spawn_requests`] run to end; its outcomes, in order.
+pub fn finished_requests(child: &mut ChildGuard, timeout: Duration) -> Result<TimedOutcomes> {
+    wait_exit(child, timeout)?;
+    let mut slowest = Duration::ZERO;
+    let outcomes = child
+        .log()
+        .lines()
+        .map(|line| {
+            let (line, ms) = match line.rsplit_once(" ms=") {
+                Some((l, ms)) => (l, ms.trim().parse().unwrap_or(u64::MAX)),
+                None => (line, 0),
+            };
+            slowest = slowest.max(Duration::from_millis(ms));
+            Outcome::parse(line)
+        })
+        .collect();
+    Ok(TimedOutcomes { outcomes, slowest })
+}
+
+/// What a `kp-echo stream` run saw: one long-lived TCP connection sending a line every
+/// interval, each echoed back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamResult {
+    /// The backend that answered.
+    pub backend: String,
+    /// Lines sent.
+    pub sent: u64,
+    /// Lines echoed back.
+    pub echoed: u64,
+    /// The longest time between two echoes.
+    pub max_gap: Duration,
+    /// Why the connection broke (`reset`, `timeout`, ...), if it did.
+    pub failed: Option<String>,
+}
+
+/// Starts `kp-echo stream` from `from` to `ip:port` (TCP): one connection sending a line every
+/// `interval` for `duration`. [`finished_stream`] reads its result.
+pub fn spawn_stream(
+    from: &Netns,
+    ip: IpAddr,
+    port: u16,
+    interval: Duration,
+    duration: Duration,
+) -> Result<ChildGuard> {
+    let binary = try_echo_binary()?;
+    let binary = binary.to_string_lossy();
+    let (ip, port) = (ip.to_string(), port.to_string());
+    let (interval, duration) = (
+        interval.as_millis().max(1).to_string(),
+        duration.as_millis().max(1).to_string(),
+    );
+    from.spawn(&[
+        &binary,
+        "stream",
+        "tcp",
+        &ip,
+        &port,
+        "--interval-ms",
+        &interval,
+        "--duration-ms",
+        &duration,
+        "--timeout-ms",
+        "2000",
+    ])
+}
+
+/// Waits up to `timeout` for a [`spawn_stream`] run to end and parses its result line.
+pub fn finished_stream(child: &mut ChildGuard, timeout: Duration) -> Result<StreamResult> {
+    wait_exit(child, timeout)?;
+    let log = child.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("stream "))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("kp-echo stream printed no result:\n{log}"))
+        })?;
+    let mut words = line.split_whitespace().skip(1);
+    let backend = words.next().unwrap_or("-").to_string();
+    let mut result = StreamResult {
+        backend,
+        sent: 0,
+        echoed: 0,
+        max_gap: Duration::ZERO,
+        failed: None,
+    };
+    for word in words {
+        match word.split_once('=') {
+            Some(("sent", v)) => result.sent = v.parse().unwrap_or(0),
+            Some(("echoed", v)) => result.echoed = v.parse().unwrap_or(0),
+            Some(("max_gap_ms", v)) => {
+                result.max_gap = Duration::from_millis(v.parse().unwrap_or(u64::MAX))
+            }
+            Some(("failed", v)) => result.failed = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    Ok(result)
+}
+
+fn wait_exit(child: &mut ChildGuard, timeout: Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    while child.try_wait()?.is_none() {
+        if start.elapsed() > timeout {
+            return Err(Error::NotReady {
+                what: "kp-echo to finish".into(),
+                after: start.elapsed(),
+                detail: child.log(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// Starts `kp-echo serve --name NAME` in `ns` on the given TCP and UDP ports and waits until it
 /// has bound them all.
 pub fn serve(ns: &Netns, name: &str, tcp: &[u16], udp: &[u16]) -> Result<ChildGuard> {

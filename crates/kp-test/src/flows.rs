@@ -2,7 +2,7 @@
 //! it names, through the lab node's kernel, and the answers are checked against the row.
 //!
 //! A mode joins with one line once its dataplane has programmed [`lab`]'s node:
-//! `assert!(check_all(&lab).is_empty())`, after [`serve_fixture_pods`].
+//! [`assert_all`]`(&lab)`, after [`serve_fixture_pods`].
 //!
 //! What each expectation means on the wire:
 //! - `Pods`: every attempt is answered by one of the named pods, each of them answers at least
@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use kp_core::model::Protocol;
-use kp_flows::{Case, Expect};
+use kp_flows::{Case, Expect, NODE_FROM_LB_IP};
 
 use crate::echo::{self, Outcome, Proto, Request};
 use crate::lab::{Lab, NODE_LINK_IP, POD_GATEWAY};
@@ -95,7 +95,52 @@ fn client<'a>(lab: &'a Lab, case: &Case) -> Option<(&'a Netns, Option<IpAddr>)> 
     match case.from {
         "client" | "client-outside" => Some((lab.client(), Some(case.packet.src))),
         "node" => Some((lab.node(), None)),
+        NODE_FROM_LB_IP => Some((lab.node(), Some(case.packet.src))),
         p => Some((pod_ns(lab, p)?, None)),
+    }
+}
+
+/// An address on a namespace's loopback, removed when dropped.
+struct LocalAddress<'a> {
+    ns: &'a Netns,
+    cidr: String,
+}
+
+impl<'a> LocalAddress<'a> {
+    fn add(ns: &'a Netns, ip: IpAddr) -> crate::Result<Self> {
+        let cidr = format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 });
+        ns.add_addr("lo", &cidr)?;
+        Ok(LocalAddress { ns, cidr })
+    }
+}
+
+impl Drop for LocalAddress<'_> {
+    fn drop(&mut self) {
+        let _ = self.ns.ip(&["addr", "del", &self.cidr, "dev", "lo"]);
+    }
+}
+
+/// Name the client's escape sink answers with.
+const ESCAPE_SINK: &str = "escaped-to-client";
+
+/// The client answering at a row's destination (see [`check`]).
+struct EscapeSink<'a> {
+    _address: LocalAddress<'a>,
+    _server: ChildGuard,
+}
+
+impl<'a> EscapeSink<'a> {
+    fn start(lab: &'a Lab, case: &Case) -> crate::Result<Self> {
+        let address = LocalAddress::add(lab.client(), case.packet.dst)?;
+        let server = echo::serve_on(
+            lab.client(),
+            ESCAPE_SINK,
+            &[(proto(case.packet.protocol), case.packet.dport)],
+        )?;
+        Ok(EscapeSink {
+            _address: address,
+            _server: server,
+        })
     }
 }
 
@@ -123,6 +168,32 @@ fn masquerade_source(pod: &str) -> Option<IpAddr> {
 pub fn check(lab: &Lab, case: &Case) -> Result<(), String> {
     let (ns, src) = client(lab, case)
         .ok_or_else(|| format!("{}: no lab namespace for {}", case.name, case.from))?;
+    // The node sends from its LoadBalancer IP only where that IP is local: hold it on the
+    // node's loopback for this row (a reply to a non-local source would leave the node).
+    let _local_lb_ip = match (case.from, src) {
+        (NODE_FROM_LB_IP, Some(ip)) => Some(
+            LocalAddress::add(lab.node(), ip)
+                .map_err(|e| format!("{}: cannot add {ip} to the node: {e}", case.name))?,
+        ),
+        _ => None,
+    };
+    // A packet the node should drop but lets through goes to the client (the node's uplink),
+    // where it would die in silence too. For TCP and SCTP rows sent from inside the node, the
+    // client answers at the row's destination meanwhile, so an escape shows as an answer. (Not
+    // UDP: the echo server answers from its primary address, which the sender ignores; the
+    // tracers still tell a UDP drop from an escape.)
+    let _escape_sink = match (&case.expect, case.from) {
+        (Expect::Drop, from)
+            if !matches!(from, "client" | "client-outside")
+                && case.packet.protocol != Protocol::Udp =>
+        {
+            Some(
+                EscapeSink::start(lab, case)
+                    .map_err(|e| format!("{}: cannot start the escape sink: {e}", case.name))?,
+            )
+        }
+        _ => None,
+    };
     let answering = matches!(case.expect, Expect::Pods { .. });
     let mut req = Request::new(
         proto(case.packet.protocol),
@@ -269,9 +340,15 @@ pub fn serve_fixture_pods(lab: &Lab) -> crate::Result<Vec<ChildGuard>> {
 /// stderr as skipped: those needing node-b in a one-node lab, and SCTP rows on a kernel without
 /// SCTP (with a banner, as that skip hides a whole protocol).
 pub fn check_all(lab: &Lab) -> Vec<String> {
+    check_all_for(lab, kp_flows::Support::ALL)
+}
+
+/// [`check_all`] for a mode with `support`: each row as [`kp_flows::Case::for_mode`] makes it
+/// (userspace mode must reject SCTP rows).
+pub fn check_all_for(lab: &Lab, support: kp_flows::Support) -> Vec<String> {
     let mut failures = Vec::new();
     let mut sctp_skipped = Vec::new();
-    for case in kp_flows::cases() {
+    for case in kp_flows::cases().iter().map(|c| c.for_mode(support)) {
         if case.needs_second_node && lab.other_node().is_none() {
             eprintln!(
                 "flow row skipped (needs node-b; build the lab with kp_test::flows::lab()): {}",
@@ -299,6 +376,23 @@ pub fn check_all(lab: &Lab) -> Vec<String> {
         eprintln!("{banner}\n");
     }
     failures
+}
+
+/// Runs every row [`check_all`] can run and panics naming every failing row: the one line a
+/// mode's real-packet test needs.
+pub fn assert_all(lab: &Lab) {
+    assert_all_for(lab, kp_flows::Support::ALL);
+}
+
+/// [`assert_all`] for a mode with `support`.
+pub fn assert_all_for(lab: &Lab, support: kp_flows::Support) {
+    let failures = check_all_for(lab, support);
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[cfg(test)]
@@ -397,14 +491,22 @@ mod tests {
             ..closed.clone()
         };
         assert!(check(&lab, &closed_as_drop).is_err());
-        // The node routes unclaimed ClusterIPs to the client, which drops them: silence.
+        // Without a proxy the node routes an unclaimed ClusterIP to the client. A row expecting
+        // a drop there has the client answer (the escape sink), so a packet that leaves the
+        // node is told apart from one the node dropped.
         let nowhere = direct("pod-4", pod4, "10.96.0.99", 80, Expect::Drop);
-        assert_eq!(check(&lab, &nowhere), Ok(()));
+        let escaped = check(&lab, &nowhere).expect_err("the escape is answered");
+        assert!(escaped.contains(ESCAPE_SINK), "{escaped}");
         let nowhere_as_reject = Case {
             expect: Expect::Reject,
             ..nowhere.clone()
         };
         assert!(check(&lab, &nowhere_as_reject).is_err());
+        let nowhere_untouched = Case {
+            expect: Expect::Untouched,
+            ..nowhere.clone()
+        };
+        assert_eq!(check(&lab, &nowhere_untouched), Ok(()));
 
         // From outside, the client's own address reaches node-b's pod, and node-b answers
         // through the node.

@@ -9,6 +9,7 @@
 //! - [`echo`]: drives the `kp-echo` binary (this crate's `src/bin/kp-echo.rs`), the backend and
 //!   client whose answers say which backend answered and which source address it saw.
 //! - [`flows`]: runs the `kp-flows` packet-flow table with real packets through a lab.
+//! - [`write_executable`]: a stand-in program (a failing or wrapping kernel tool) as a script.
 //! - [`apiserver`]: a scripted fake Kubernetes API server (list, watch, bookmarks, outages,
 //!   410 Gone) that can listen inside a lab namespace, for driving the real binary.
 //!
@@ -32,3 +33,11 @@ pub use echo::{echo_binary, Outcome, Proto, Request};
 pub use error::{Error, Result};
 pub use lab::Lab;
 pub use netns::{require_root, ChildGuard, Netns};
+
+/// Writes `text` (a script starting with `#!`) to `path` and makes it executable: a stand-in
+/// for a kernel tool that fails, wraps the real one, or swallows its input.
+pub fn write_executable(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}

@@ -335,6 +335,18 @@ impl ChildGuard {
         }
     }
 
+    /// Kills it at once with SIGKILL (`kill -9`: no cleanup of its own runs) and waits for it.
+    pub fn kill_now(&mut self) -> Result<ExitStatus> {
+        if let Some(status) = self.try_wait()? {
+            return Ok(status);
+        }
+        let _ = self.child.kill();
+        self.child.wait().map_err(|source| Error::Io {
+            what: format!("waiting for `{}`", self.command),
+            source,
+        })
+    }
+
     /// Asks it to stop with SIGTERM, waits up to `grace`, then kills it. Returns how it exited.
     pub fn terminate(&mut self, grace: Duration) -> Result<ExitStatus> {
         if let Some(status) = self.try_wait()? {

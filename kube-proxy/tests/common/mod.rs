@@ -45,6 +45,26 @@ pub fn spawn_proxy_in_mode(lab: &Lab, mode: &str, prefix: &[&str], source: &[&st
     lab.node().spawn(&args).expect("start kube-proxy")
 }
 
+/// The flow lab with every fixture pod serving. With `legacy_kubelet`, the node's kubelet is
+/// made to look like an iptables-legacy one (its canary chain), so iptables mode picks that
+/// backend.
+pub fn serving_lab(legacy_kubelet: bool) -> (Lab, Vec<ChildGuard>) {
+    let lab = kp_test::flows::lab().expect("lab");
+    let echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    if legacy_kubelet {
+        lab.node()
+            .run(&[
+                "iptables-legacy",
+                "-t",
+                "mangle",
+                "-N",
+                "KUBE-KUBELET-CANARY",
+            ])
+            .expect("the legacy kubelet's canary");
+    }
+    (lab, echo)
+}
+
 /// GET `url` from inside `ns` (empty on failure).
 pub fn http_get(ns: &Netns, url: &str) -> String {
     ns.run(&["curl", "-s", "--max-time", "2", url])
@@ -85,13 +105,7 @@ pub fn web_backends(lab: &Lab, tries: usize) -> Vec<String> {
 
 /// Runs the whole flow table with real packets and fails with every failing row.
 pub fn assert_flows(lab: &Lab) {
-    let failures = kp_test::flows::check_all(lab);
-    assert!(
-        failures.is_empty(),
-        "{} rows failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    kp_test::flows::assert_all(lab);
 }
 
 /// Writes `text` to `path` so a reader never sees it half-written.
@@ -110,9 +124,14 @@ impl Drop for TempDir {
     }
 }
 
-/// A fresh scratch directory named after `tag` and this process.
+/// A fresh scratch directory named after `tag`, this process and this call. Tests of one binary
+/// run in parallel, and two of them may pass the same tag (the restart test and its control
+/// both run nftables mode): the counter keeps their directories apart, so one test's set-up or
+/// clean-up never removes the manifests another test's proxy is reading.
 pub fn temp_dir(tag: &str) -> TempDir {
-    let p = std::env::temp_dir().join(format!("kp-e2e-{tag}-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = std::env::temp_dir().join(format!("kp-e2e-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&p);
     std::fs::create_dir_all(&p).unwrap();
     TempDir(p)

@@ -12,8 +12,8 @@ use kp_metrics::Metrics;
 use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
 use kp_nftables_plan::names::TABLE;
 use kp_nftables_plan::{NodeContext, PlanConfig, Planner, Route, SetId};
+use kp_proxy::config::ProxyMode;
 
-use crate::cluster::CLUSTER_CIDR;
 use crate::mode::{KernelInput, ModeUnderTest, Probe, ProbeTarget, Rendered, SyncTarget};
 use netlink::{ElementReader, NFPROTO_IPV4};
 
@@ -23,13 +23,25 @@ use netlink::{ElementReader, NFPROTO_IPV4};
 pub struct Nftables;
 
 impl Nftables {
-    fn config() -> NftablesConfig {
-        let cidr = CLUSTER_CIDR.parse().map(|c| vec![c]).unwrap_or_default();
+    /// The in-process dataplane's settings: [`Nftables::binary_config`] with NodePorts on every
+    /// local address.
+    fn config(&self) -> NftablesConfig {
         NftablesConfig {
-            detect_local: DetectLocal::ClusterCidr(cidr),
             node_ports: NodePortAddresses::AllLocal,
-            ..NftablesConfig::default()
+            ..self.binary_config()
         }
+    }
+
+    /// The binary's own settings as the bench starts it in nftables mode, computed as the binary
+    /// computes them: the registry's [`kp_proxy::modes::nftables_config`] of the configuration
+    /// the binary resolves from the bench's flags ([`crate::proxy::binary_config`]). Its
+    /// NodePorts answer on the node's primary address only, the binary's default
+    /// `nodePortAddresses` in this mode (as upstream's). The kernel check plans with these.
+    fn binary_config(&self) -> NftablesConfig {
+        // The bench's own constant flags; `modes::tests` loads them for every adapter.
+        let config = crate::proxy::binary_config(self).unwrap_or_else(|e| panic!("{e:#}"));
+        kp_proxy::modes::nftables_config(&config)
+            .unwrap_or_else(|e| panic!("nftables: the binary's settings: {e}"))
     }
 }
 
@@ -79,6 +91,10 @@ impl ModeUnderTest for Nftables {
         "nftables"
     }
 
+    fn mode(&self) -> ProxyMode {
+        ProxyMode::Nftables
+    }
+
     fn unavailable(&self) -> Option<String> {
         match std::process::Command::new("nft").arg("--version").output() {
             Ok(o) if o.status.success() => None,
@@ -87,8 +103,8 @@ impl ModeUnderTest for Nftables {
     }
 
     fn render_full(&self, state: &ProxyState) -> (Rendered, Vec<KernelInput>) {
-        let cfg = Nftables::config();
-        let node = NodeContext::resolve(&cfg.detect_local, &cfg.node_ports, state.node());
+        let cfg = self.config();
+        let node = NodeContext::resolve(&cfg.detect_local, &cfg.node_ports, state);
         let start = Instant::now();
         let mut operations = 0;
         // One transaction for every family, as the dataplane sends it.
@@ -119,8 +135,18 @@ impl ModeUnderTest for Nftables {
 
     fn dataplane(&self, netns: &str) -> Box<dyn SyncTarget> {
         Box::new(NftablesDataplane::new(
-            Nftables::config(),
+            self.config(),
             NftCommand::in_netns(netns),
+            Arc::new(Metrics::new()),
+        ))
+    }
+
+    fn checker(&self, netns: &str, sink: &std::path::Path) -> Box<dyn SyncTarget> {
+        // A stand-in program sees every write as text (no netlink batches), while the read-back
+        // in `verify` still asks the namespace's kernel over netlink.
+        Box::new(NftablesDataplane::new(
+            self.binary_config(),
+            NftCommand::in_netns(netns).with_program(sink),
             Arc::new(Metrics::new()),
         ))
     }
@@ -131,11 +157,29 @@ impl ModeUnderTest for Nftables {
         }))
     }
 
-    fn proxy_args(&self) -> Vec<String> {
-        vec!["--proxy-mode=nftables".into()]
-    }
-
     fn proxy_setup(&self) -> Vec<Vec<String>> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel check plans as the binary does (detect-local by the bench's cluster CIDR,
+    /// NodePorts on the primary address); the in-process dataplane differs only in its NodePorts.
+    #[test]
+    fn the_binary_settings_come_from_the_flags_and_the_in_process_ones_differ_only_in_node_ports() {
+        let binary = Nftables.binary_config();
+        assert_eq!(binary.node_ports, NodePortAddresses::Primary);
+        let cidr = crate::cluster::CLUSTER_CIDR.parse().unwrap();
+        assert_eq!(binary.detect_local, DetectLocal::ClusterCidr(vec![cidr]));
+        let in_process = Nftables.config();
+        assert_eq!(in_process.node_ports, NodePortAddresses::AllLocal);
+        let in_process = NftablesConfig {
+            node_ports: NodePortAddresses::Primary,
+            ..in_process
+        };
+        assert_eq!(format!("{in_process:?}"), format!("{binary:?}"));
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use kp_netlink::{messages, Control};
 
 // Fixtures captured on Linux 6.18 (conntrack-tools 1.4.7 to insert, this crate's dump request
 // to read), in a scratch namespace:
@@ -66,8 +67,10 @@ fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")
 }
 
-fn only_frame(datagram: &[u8]) -> Frame<'_> {
-    let mut frames: Vec<Frame<'_>> = frames(datagram).collect::<Result<_, _>>().expect("frames");
+fn only_frame(datagram: &[u8]) -> Message<'_> {
+    let mut frames: Vec<Message<'_>> = messages(datagram)
+        .collect::<Result<_, _>>()
+        .expect("frames");
     assert_eq!(frames.len(), 1);
     frames.remove(0)
 }
@@ -76,7 +79,7 @@ fn only_frame(datagram: &[u8]) -> Frame<'_> {
 fn a_dumped_ipv4_udp_entry_decodes_with_its_zone_and_id() {
     let datagram = bytes(DUMP_V4_UDP);
     let frame = only_frame(&datagram);
-    assert_eq!((frame.kind, frame.seq), (0x0100, 77));
+    assert_eq!((frame.kind(), frame.seq()), (0x0100, 77));
     assert_eq!(
         decode_entry(&frame),
         Ok(Some(FlowEntry {
@@ -142,7 +145,7 @@ fn a_truncated_or_corrupted_entry_is_an_error_not_a_panic() {
             // Keep the header's length consistent, as a kernel message would be.
             cut[..4].copy_from_slice(&(len as u32).to_ne_bytes());
         }
-        for frame in frames(&cut).flatten() {
+        for frame in messages(&cut).flatten() {
             let _ = decode_entry(&frame);
         }
     }
@@ -215,17 +218,22 @@ fn frames_split_a_datagram_and_stop_at_a_broken_header() {
     datagram.extend(bytes(
         "24000000 0200 0000 4e000000 00000000 feffffff 14000000 0202 0500 4e000000 00000000",
     ));
-    let framed: Vec<Frame<'_>> = frames(&datagram).collect::<Result<_, _>>().expect("frames");
+    let framed: Vec<Message<'_>> = messages(&datagram)
+        .collect::<Result<_, _>>()
+        .expect("frames");
     assert_eq!(
-        framed.iter().map(|f| f.kind).collect::<Vec<_>>(),
+        framed.iter().map(|f| f.kind()).collect::<Vec<_>>(),
         vec![0x0100, 0x0100, 3, 2]
     );
-    assert_eq!(code(&framed[2]), Ok(0));
-    assert_eq!(code(&framed[3]), Ok(2));
+    assert_eq!(framed[2].control(), Ok(Control::Done));
+    assert_eq!(
+        framed[3].control(),
+        Ok(Control::Error(kp_netlink::KernelError::new(2)))
+    );
 
     let mut broken = bytes(DUMP_V4_UDP);
     broken.extend(bytes("ff000000 0001"));
-    let results: Vec<_> = frames(&broken).collect();
+    let results: Vec<_> = messages(&broken).collect();
     assert_eq!(results.len(), 2);
     assert!(results[0].is_ok());
     assert!(results[1].is_err());

@@ -880,3 +880,37 @@ fn re_indexing_only_the_changed_services_gives_the_same_index_as_re_indexing_all
             port: 30054
         }));
 }
+
+#[test]
+fn every_endpoint_a_frontend_sends_to_is_a_valid_reply_source() {
+    // The dataplanes translate each frontend to its endpoints (and, for a Local policy, pods
+    // and the node to the short-circuit set): conntrack must never call such a flow stale.
+    for policy in ["Cluster", "Local"] {
+        let state = node_port_state(policy);
+        let p = planner(&state, BOTH);
+        let mut checked = 0;
+        for key in state.service_keys() {
+            for sps in state.service_state(key) {
+                for family in IpFamily::ALL {
+                    for f in crate::frontend::Frontends::of(&sps, family).iter() {
+                        let dst = match (f.address, family) {
+                            (Some(ip), _) => ip,
+                            (None, IpFamily::V4) => ip("192.0.2.1"),
+                            (None, IpFamily::V6) => ip("2001:db8::1"),
+                        };
+                        for ep in f.endpoints.iter().chain(f.short_circuit) {
+                            let flow = udp(&dst.to_string(), f.port, &ep.ip.to_string(), ep.port);
+                            let check = p.check(&flow, &node_addrs());
+                            assert!(
+                                matches!(check, Check::Valid(_)),
+                                "{policy} {flow}: {check:?}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked >= 4, "{policy}: {checked} flows checked");
+    }
+}

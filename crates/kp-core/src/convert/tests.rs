@@ -360,6 +360,80 @@ fn a_malformed_load_balancer_ingress_ip_is_rejected() {
     ));
 }
 
+/// Addresses that parse but that the API server refuses (or never allocates) for Service and
+/// endpoint addresses, in both families.
+const SPECIAL_ADDRESSES: [&str; 11] = [
+    "127.0.0.1",
+    "127.1.2.3",
+    "0.0.0.0",
+    "169.254.10.1",
+    "224.0.0.251",
+    "239.1.2.3",
+    "255.255.255.255",
+    "::1",
+    "::",
+    "fe80::1",
+    "ff02::fb",
+];
+
+fn assert_special(err: InvalidObject, field: &'static str, value: &str) {
+    match &err {
+        InvalidObject::SpecialAddress {
+            field: f, value: v, ..
+        } if *f == field && v == value => {}
+        other => panic!("{value} in {field}: expected a special-address rejection, got {other:?}"),
+    }
+    assert!(err.to_string().contains("may not be"), "{err}");
+}
+
+/// Defect: a ClusterIP of 127.0.0.1 was accepted, and the reject rule for its unknown ports
+/// then refused every TCP connection to the node's loopback, `/healthz` included.
+#[test]
+fn special_cluster_ips_are_rejected_as_the_api_server_would() {
+    for bad in SPECIAL_ADDRESSES
+        .iter()
+        .chain(&["::ffff:10.96.0.1", "::a60:1", "::10.96.0.1"])
+    {
+        let family = if bad.contains(':') { "IPv6" } else { "IPv4" };
+        let svc = service(json!({"clusterIP": bad, "clusterIPs": [bad],
+            "ipFamilies": [family], "ports": tcp_80()}));
+        assert_special(rejected(&svc), "spec.clusterIPs", bad);
+    }
+}
+
+#[test]
+fn special_external_and_load_balancer_ips_are_rejected() {
+    for bad in SPECIAL_ADDRESSES {
+        let svc = service(json!({
+            "clusterIP": "10.96.0.1",
+            "externalIPs": ["203.0.113.7", bad],
+            "ports": tcp_80(),
+        }));
+        assert_special(rejected(&svc), "spec.externalIPs", bad);
+        let lb = load_balancer(
+            json!({"type": "LoadBalancer", "clusterIP": "10.96.0.1", "ports": tcp_80()}),
+            json!([{"ip": bad}]),
+        );
+        assert_special(rejected(&lb), "status.loadBalancer.ingress.ip", bad);
+    }
+}
+
+#[test]
+fn ordinary_private_and_public_addresses_are_accepted() {
+    for good in [
+        "10.96.0.1",
+        "192.168.50.10",
+        "203.0.113.7",
+        "fd00:10:96::1",
+        "2001:db8::7",
+    ] {
+        let family = if good.contains(':') { "IPv6" } else { "IPv4" };
+        let svc = service(json!({"clusterIP": good, "clusterIPs": [good],
+            "ipFamilies": [family], "externalIPs": [good], "ports": tcp_80()}));
+        assert_eq!(proxied(&svc).len(), 1, "{good}");
+    }
+}
+
 #[test]
 fn service_ports_outside_1_to_65535_are_rejected() {
     for bad in [0, 70000, -1] {
@@ -795,6 +869,15 @@ fn malformed_endpoint_addresses_are_rejected() {
 }
 
 #[test]
+fn special_endpoint_addresses_are_rejected() {
+    for bad in SPECIAL_ADDRESSES {
+        let family = if bad.contains(':') { "IPv6" } else { "IPv4" };
+        let err = slice_rejected(&slice(family, json!([{"addresses": [bad]}])));
+        assert_special(err, "endpoints.addresses", bad);
+    }
+}
+
+#[test]
 fn a_slice_without_the_service_name_label_is_not_used() {
     let mut s = slice("IPv4", json!([{"addresses": ["10.244.1.5"]}]));
     s.metadata.labels = None;
@@ -1012,6 +1095,37 @@ fn a_node_with_other_taints_is_eligible() {
     assert!(info.eligible());
 }
 
+/// Found by kp-fuzz: a Node address that iptables-save prints in another form (`::10.3.183.72`)
+/// made every IPv6 iptables sync refuse its shared rules.
+#[test]
+fn a_node_with_an_ipv4_compatible_or_mapped_address_is_rejected() {
+    for bad in ["::1003:b748", "::ffff:192.0.2.1"] {
+        let n = node(json!({
+            "metadata": {"name": "node-a"},
+            "status": {"addresses": [{"type": "InternalIP", "address": bad}]},
+        }));
+        assert!(
+            matches!(
+                node_info(&n),
+                Err(InvalidObject::SpecialAddress {
+                    field: "status.addresses",
+                    ..
+                })
+            ),
+            "{bad}"
+        );
+    }
+    let n = node(json!({"metadata": {"name": "node-a"},
+        "spec": {"podCIDRs": ["10.244.1.0/24", "::ffff:10.244.1.0/120"]}}));
+    assert!(matches!(
+        node_info(&n),
+        Err(InvalidObject::SpecialAddress {
+            field: "spec.podCIDRs",
+            ..
+        })
+    ));
+}
+
 #[test]
 fn a_node_without_a_name_is_rejected() {
     assert_eq!(
@@ -1069,4 +1183,28 @@ fn anything_but_an_rfc3339_utc_timestamp_is_not_a_time() {
 fn endpoint_addresses_parse_to_the_exact_address() {
     let eps = converted_endpoints(&slice("IPv4", json!([{"addresses": ["10.244.1.5"]}])));
     assert_eq!(eps[0].ip, IpAddr::V4(Ipv4Addr::new(10, 244, 1, 5)));
+}
+
+#[test]
+fn ipv4_mapped_and_compatible_ipv6_ranges_are_told_apart_from_the_rest() {
+    for embedded in [
+        "::ffff:10.0.0.0/104",
+        "::ffff:1.2.3.4/128",
+        "::a00:0/104",
+        "::/96",
+        "::102:304/128",
+    ] {
+        assert!(ipv4_embedded(&net(embedded)), "{embedded}");
+    }
+    for other in [
+        "::/0",
+        "::1/128",
+        "::/128",
+        "fd00::/64",
+        "10.0.0.0/8",
+        "2001:db8::/32",
+        "::/64",
+    ] {
+        assert!(!ipv4_embedded(&net(other)), "{other}");
+    }
 }

@@ -298,6 +298,22 @@ fn a_slice_that_loses_its_service_label_leaves_the_service() {
     assert_eq!(state.take_changes().services, services(&["api"]));
 }
 
+/// Defect: a rejected object's name reached the log raw, so a name with a newline forged a log
+/// line (CR and NUL got through too). What a rejection prints is one line, whatever the name.
+#[test]
+fn a_rejection_names_a_hostile_object_on_one_line() {
+    let mut state = ProxyState::new(NODE);
+    let hostile = "api\nINFO kube_proxy: forged line\r\0\u{1b}[2K";
+    let bad = service_object("web\nx", hostile, json!({"clusterIP": "10.96.0.1"}));
+    let err = state.apply(SourceEvent::Upsert(bad)).expect_err("rejected");
+    let line = err.to_string();
+    assert!(!line.chars().any(char::is_control), "{line:?}");
+    assert!(
+        line.starts_with("Service web\\nx/api\\nINFO kube_proxy: forged line\\r\\0\\u{1b}[2K: "),
+        "{line}"
+    );
+}
+
 #[test]
 fn an_invalid_service_update_is_rejected_and_the_previous_version_stays() {
     let mut state = ProxyState::new(NODE);
@@ -876,4 +892,84 @@ proptest! {
         let expected: Vec<ServiceKey> = model.services.keys().map(|i| svc_key(&svc_name(*i))).collect();
         prop_assert_eq!(keys, expected);
     }
+}
+
+fn service_cidr(name: &str, cidrs: Value) -> Object {
+    Object::ServiceCidr(Box::new(
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
+            .expect("ServiceCIDR JSON"),
+    ))
+}
+
+#[test]
+fn service_cidr_objects_change_the_node_context_and_their_deletion_undoes_it() {
+    let mut state = ProxyState::new(NODE);
+    assert!(state.service_cidrs().is_empty());
+    upsert(
+        &mut state,
+        service_cidr("kubernetes", json!(["10.96.0.0/16"])),
+    );
+    assert!(state.take_changes().node_changed);
+    assert_eq!(
+        state.service_cidrs(),
+        ["10.96.0.0/16".parse::<IpNet>().unwrap()]
+    );
+    // The same ranges again, or covered ones, change nothing.
+    assert_eq!(
+        state
+            .apply(SourceEvent::Upsert(service_cidr(
+                "kubernetes",
+                json!(["10.96.0.0/16"])
+            )))
+            .unwrap(),
+        Applied::Unchanged
+    );
+    state.set_configured_service_cidrs(vec!["10.96.0.0/12".parse().unwrap()]);
+    assert!(state.take_changes().node_changed);
+    state
+        .apply(SourceEvent::Delete(
+            Kind::ServiceCidr,
+            key("", "kubernetes"),
+        ))
+        .unwrap();
+    assert!(
+        !state.take_changes().node_changed,
+        "still covered by the configuration"
+    );
+    assert_eq!(
+        state.service_cidrs(),
+        ["10.96.0.0/12".parse::<IpNet>().unwrap()]
+    );
+}
+
+#[test]
+fn a_service_cidr_that_would_cut_the_node_off_is_rejected_and_the_last_good_one_stays() {
+    let mut state = ProxyState::new(NODE);
+    upsert(
+        &mut state,
+        service_cidr("kubernetes", json!(["10.96.0.0/16"])),
+    );
+    state.take_changes();
+    for bad in [
+        "0.0.0.0/0",
+        "127.0.0.0/16",
+        "::/0",
+        "fe80::/64",
+        "10.96.0.0/33",
+        "x",
+    ] {
+        let err = state
+            .apply(SourceEvent::Upsert(service_cidr(
+                "kubernetes",
+                json!([bad]),
+            )))
+            .expect_err(bad);
+        assert_eq!(err.kind, Kind::ServiceCidr);
+        assert!(err.to_string().contains("spec.cidrs"), "{err}");
+    }
+    assert_eq!(
+        state.service_cidrs(),
+        ["10.96.0.0/16".parse::<IpNet>().unwrap()]
+    );
+    assert!(state.take_changes().is_empty());
 }

@@ -162,18 +162,22 @@ fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
         .iter()
         .all(|r| r.ends_with("-j DROP") || r.contains("-j REJECT") || r.ends_with("-j RETURN")));
     // Then every ClusterIP rejects the ports no Service uses, after the per-port rules, with one
-    // RETURN in front for everything outside the ClusterIP range.
+    // RETURN in front for everything outside the Service CIDR, and the rest of the Service CIDR
+    // (unallocated addresses) is dropped last.
     let tail = filter_services
         .iter()
         .position(|r| r.ends_with("-j RETURN"))
         .unwrap();
     assert_eq!(
         filter_services[tail],
-        "! -d 10.96.0.0/24 -m comment --comment \"not addressed to a ClusterIP\" -j RETURN"
+        "! -d 10.96.0.0/16 -m comment --comment \"not addressed to a ClusterIP\" -j RETURN"
     );
-    assert!(filter_services[tail + 1..]
-        .iter()
-        .all(|r| r.contains(": no Service port here")));
+    let (last, rejects) = filter_services[tail + 1..].split_last().unwrap();
+    assert!(rejects.iter().all(|r| r.contains(": no Service port here")));
+    assert_eq!(
+        last,
+        "-d 10.96.0.0/16 -m comment --comment \"drop traffic to unallocated ClusterIPs\" -j DROP"
+    );
     assert!(filter_services[..tail]
         .iter()
         .all(|r| r.contains("-m tcp --dport") || r.contains("-m udp --dport")));
@@ -181,7 +185,7 @@ fn a_full_plan_writes_every_chain_it_owns_in_a_stable_order() {
         .service_keys()
         .filter(|k| p.services.contains_key(*k))
         .count();
-    assert_eq!(filter_services.len() - tail - 1, vips);
+    assert_eq!(rejects.len(), vips);
     assert!(filter_services.contains(
         &"-d 10.96.0.10/32 -m comment --comment \"default/web cluster IP: no Service port here\" -j REJECT --reject-with icmp-port-unreachable".to_string()
     ));
@@ -638,4 +642,287 @@ fn extra_lines_go_after_the_table_line_and_before_commit_or_in_a_section_of_thei
         r.input_text(first, &extra),
         format!("{plain}*filter\n{}\nCOMMIT\n", rules[0])
     );
+}
+
+/// An IPv6 `loadBalancerSourceRanges` entry kp-core accepts (any CIDR is a valid source range)
+/// but iptables-save prints in another form (`::1.2.3.0/120`), so a rule holding it would never
+/// read back as planned.
+const ODD_RANGE: &str = "::102:300/120";
+
+/// Dual-stack LoadBalancer Service `default/odd` (10.96.0.200, fd00:10:96::200) on TCP 80 with
+/// `source_range` among its IPv6 source ranges, and its IPv6 endpoint on this node (pod-1).
+fn odd_service(source_range: &str) -> [Object; 2] {
+    let svc = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "odd", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.200",
+            "clusterIPs": ["10.96.0.200", "fd00:10:96::200"], "ipFamilies": ["IPv4", "IPv6"],
+            "ipFamilyPolicy": "RequireDualStack",
+            "loadBalancerSourceRanges": ["192.0.2.0/24", source_range],
+            "ports": [{"protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30200}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.200"},
+            {"ip": "2001:db8:b::200"}]}},
+    });
+    let slice = serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "odd-v6", "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "odd"}},
+        "addressType": "IPv6",
+        "ports": [{"name": "", "protocol": "TCP", "port": 8080}],
+        "endpoints": [{"addresses": ["fd00:10:244:1::11"], "conditions": {"ready": true},
+            "nodeName": kp_flows::NODE}],
+    });
+    [
+        Object::Service(Box::new(serde_json::from_value(svc).unwrap())),
+        Object::EndpointSlice(Box::new(serde_json::from_value(slice).unwrap())),
+    ]
+}
+
+/// A Service whose rules fail validation is left out of that family's tables, reported in
+/// `Restore::errors`, and every other Service is planned; once it renders valid it is planned,
+/// and if it turns invalid again its chains are deleted. An IPv4-compatible source range
+/// ([`ODD_RANGE`]) is one.
+#[test]
+fn a_service_with_a_refused_rule_is_left_out_and_every_other_service_planned() {
+    let mut objects = kp_flows::objects();
+    objects.extend(odd_service(ODD_RANGE));
+    let mut state = kp_flows::load(kp_flows::NODE, objects);
+    let odd = ServiceKey::new("default", "odd");
+    let node = node_ctx();
+
+    let mut v4 = v4();
+    let r = v4.full(&state, &node);
+    assert_eq!(r.errors, [], "IPv4 renders it fine");
+    assert!(v4.services.contains_key(&odd));
+
+    let mut p = Planner::new(PlanConfig::new(IpFamily::V6));
+    let r = p.full(&state, &node).materialize();
+    assert!(p.programmed() && r.fatal().is_none());
+    let [PlanError::Service {
+        service,
+        family,
+        error,
+        ..
+    }] = r.errors.as_slice()
+    else {
+        panic!("{:#?}", r.errors);
+    };
+    assert_eq!((service, *family), (&odd, IpFamily::V6));
+    assert_eq!(error.problem, crate::Problem::NotCanonical, "{error}");
+    assert!(!r.text().contains("fd00:10:96::200"), "{}", r.text());
+    assert!(!p.services.contains_key(&odd));
+    assert!(
+        r.text().contains("fd00:10:96::10/128"),
+        "the others are planned"
+    );
+    let message = r.errors[0].to_string();
+    assert!(
+        message.starts_with("IPv6 Service default/odd left out: ") && message.contains("::102:300"),
+        "{message}"
+    );
+
+    // Valid now: planned by a partial plan, which reports nothing.
+    let changed = upsert(&mut state, odd_service("2001:db8:c::/64")[0].clone());
+    let r = p.partial(&state, &changed, &node, false);
+    assert_eq!(r.errors, []);
+    assert!(p.services.contains_key(&odd));
+    assert!(
+        r.text().contains("-d fd00:10:96::200/128 -p tcp"),
+        "{}",
+        r.text()
+    );
+    let mut kernel = p.expected(&state);
+
+    // Invalid again: its chains go, the shared chains no longer name it, the error is reported.
+    let chains: Vec<String> = p.services[&odd].chains().map(|c| c.id.name()).collect();
+    assert!(!chains.is_empty());
+    let changed = upsert(&mut state, odd_service(ODD_RANGE)[0].clone());
+    let r = p.partial(&state, &changed, &node, false);
+    assert!(
+        matches!(r.errors.as_slice(), [PlanError::Service { .. }]),
+        "{:#?}",
+        r.errors
+    );
+    for c in &chains {
+        assert!(r.deleted_chains.contains(&(Table::Nat, c.clone())), "{c}");
+    }
+    apply(&mut kernel, &r);
+    let mut fresh = Planner::new(PlanConfig::new(IpFamily::V6));
+    let again = fresh.full(&state, &node);
+    assert_eq!(again.errors.len(), 1);
+    assert_eq!(kernel, fresh.expected(&state));
+    assert_eq!(p.expected(&state), fresh.expected(&state));
+    assert!(!format!("{kernel:?}").contains("default/odd"));
+}
+
+/// A rule of a shared chain that fails validation (here the NodePort jump of nat
+/// `KUBE-SERVICES`, for a `nodePortAddresses` CIDR glibc prints in another form) cannot be left
+/// out of one Service: the plan is empty, names the error as fatal, and the next plan is full.
+#[test]
+fn a_refused_shared_rule_empties_the_plan_and_the_next_one_is_full() {
+    let state = kp_flows::state();
+    let mut node = node_ctx();
+    let mut p = Planner::new(PlanConfig::new(IpFamily::V6));
+    assert!(p.full(&state, &node).fatal().is_none());
+    assert!(p.programmed());
+
+    node.node_port_addresses = vec!["::102:300/120".parse().unwrap()];
+    for r in [
+        p.partial(&state, &BTreeSet::new(), &node, true),
+        p.full(&state, &node),
+    ] {
+        assert!(r.is_empty(), "{}", r.text());
+        let Some(PlanError::Shared {
+            table,
+            chain,
+            error,
+            ..
+        }) = r.fatal()
+        else {
+            panic!("{:#?}", r.errors);
+        };
+        assert_eq!((*table, chain.as_str()), (Table::Nat, "KUBE-SERVICES"));
+        assert_eq!(error.problem, crate::Problem::NotCanonical);
+        assert!(!p.programmed());
+    }
+
+    let node = node_ctx();
+    let r = p.partial(&state, &BTreeSet::new(), &node, false);
+    assert!(r.full && r.errors.is_empty() && !r.is_empty());
+    assert!(p.programmed());
+}
+
+/// Every chain a materialized restore writes, by table and name.
+fn written(r: &Restore<'_>) -> BTreeSet<(Table, String)> {
+    all_writes(r)
+        .into_iter()
+        .map(|c| (c.table, c.chain.clone()))
+        .collect()
+}
+
+/// Adopting what a kernel holds (a restart): a full plan trimmed with `Restore::retain` to the
+/// chains whose planned digest differs from the kernel's streams the same bytes as its
+/// materialized chains in any step size, writes exactly what a partial plan of the same change
+/// writes, and, applied over that kernel with our chains it no longer plans deleted, leaves the
+/// full plan's tables. Keeping everything changes nothing; keeping nothing leaves nothing to send.
+#[test]
+fn a_full_plan_trimmed_to_what_the_kernel_lacks_writes_what_a_partial_plan_would() {
+    let (n, per) = (120, 4);
+    let node = NodeContext::default();
+    let mut state = kp_flows::load("node-0", synthetic::cluster(n, per));
+    let mut before = v4();
+    before.full(&state, &node);
+    let kernel: Tables = before.expected(&state);
+
+    // While the process is down: an endpoint replaced (on this node: a KUBE-SEP chain goes and
+    // another comes), an endpoint elsewhere removed from a NodePort Service (its KUBE-SVC chain
+    // changes, its KUBE-EXT and KUBE-SEP chains do not), a Service added and one removed.
+    state
+        .apply(SourceEvent::Upsert(synthetic::endpoint_change(0, n, per)))
+        .unwrap();
+    for o in [
+        Object::EndpointSlice(Box::new(synthetic::slice(11, per, &[2]))),
+        Object::Service(Box::new(synthetic::service(n))),
+        Object::EndpointSlice(Box::new(synthetic::slice(n, per, &[]))),
+    ] {
+        state.apply(SourceEvent::Upsert(o)).unwrap();
+    }
+    state
+        .apply(SourceEvent::Delete(
+            Kind::Service,
+            ObjectKey {
+                namespace: "bench".into(),
+                name: "svc-7".into(),
+            },
+        ))
+        .unwrap();
+    let changed = state.take_changes().services;
+    assert_eq!(changed.len(), 4);
+    let partial = before.partial(&state, &changed, &node, false).materialize();
+
+    let mut p = v4();
+    let full = p.full(&state, &node);
+    let index = p.index();
+    let differs =
+        |t: Table, c: &str| kernel.get(&(t, c.to_string())).map(|r| digest(r)) != index.get(t, c);
+    let mut trimmed = full.clone();
+    trimmed.retain(differs);
+    let mut held = full.clone().materialize();
+    held.retain(differs);
+    assert!(trimmed.full);
+    // svc-11's port keeps only its KUBE-SVC chain: a group trimmed, not dropped.
+    let svc11: Vec<&ServiceChains> = held
+        .service_chains
+        .iter()
+        .filter(|g| g.service_port.starts_with("bench/svc-11:"))
+        .collect();
+    assert_eq!(svc11.len(), 1, "{svc11:#?}");
+    let kept: Vec<&str> = svc11[0].chains.iter().map(|c| c.chain.as_str()).collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].starts_with(names::SVC_PREFIX), "{kept:?}");
+
+    // The lazy and the held forms agree, byte for byte and in counts.
+    assert_eq!(
+        trimmed.text(),
+        reference_text(&all_writes(&held), &held.deleted_chains)
+    );
+    for max in [1, 2, 5, 1000] {
+        assert_eq!(trimmed.steps(max), reference_steps(&held, max), "max {max}");
+    }
+    assert_eq!(trimmed.chain_count(), held.chain_count());
+    assert_eq!(trimmed.rule_count(), held.rule_count());
+    assert_eq!(trimmed.chain_names(), held.chain_names());
+    assert_eq!(trimmed.clone().materialize(), held);
+
+    // What it writes is what the partial plan writes: the changed Services' chains that
+    // differ and the shared chains that differ.
+    let w = written(&held);
+    assert_eq!(w, written(&partial));
+    assert!(w.contains(&(Table::Nat, names::KUBE_SERVICES.to_string())));
+    assert!(w.len() < 12, "{w:#?}");
+    assert!(full.chain_count() > 10 * w.len());
+
+    // Over the kernel, with the chains no longer planned deleted (the applier adds those), it
+    // leaves exactly the full plan's tables.
+    let mut k = kernel.clone();
+    apply(&mut k, &trimmed);
+    let gone: Vec<(Table, String)> = k
+        .keys()
+        .filter(|(t, c)| index.get(*t, c).is_none())
+        .cloned()
+        .collect();
+    assert_eq!(
+        gone.iter()
+            .map(|(t, c)| (*t, c.clone()))
+            .collect::<BTreeSet<_>>(),
+        partial
+            .deleted_chains
+            .iter()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+    );
+    for g in &gone {
+        k.remove(g);
+    }
+    assert_eq!(k, p.expected(&state));
+    assert_no_dangling_jumps(&k);
+    assert!(p.programmed(), "the next plan is partial");
+
+    // Keeping everything is the full plan; keeping nothing sends nothing.
+    let mut all = full.clone();
+    all.retain(|_, _| true);
+    assert_eq!(all.text(), full.text());
+    assert_eq!(all.rule_count(), full.rule_count());
+    let mut none = full.clone();
+    none.retain(|_, _| false);
+    assert!(none.is_empty());
+    assert!(none.inputs(7).is_empty());
+    assert_eq!((none.chain_count(), none.rule_count()), (0, 0));
+}
+
+/// The per-chain record keeps its rule count in the padding after the chain id: 128k of them
+/// at 10k Services × 10 endpoints stay 24 bytes each.
+#[test]
+fn a_planned_chain_record_stays_24_bytes() {
+    assert_eq!(std::mem::size_of::<ChainRec>(), 24);
 }

@@ -3,7 +3,21 @@
 //! `proxier_test.go` (ClusterIPs in 172.30.0.0/16, endpoints in 10.180.0.0/16, pods in
 //! 10.0.0.0/8, node 192.168.0.2, clients in 203.0.113.0/24).
 
-use super::*;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort};
+use kp_core::node::NodeContext;
+
+use super::chain::Table;
+use super::context::{NodePortDestinations, PlanConfig, RenderContext};
+use super::fixed::{
+    cluster_ip_rejects, covering_net, forward, jump_rules, kubelet_firewall, mark_masq,
+    nodeports_jump, postrouting, with_early_return, Check,
+};
+use super::port::{render_port, Dispatch, PortRules};
+use super::rule::{host, probability, save_string, Rule};
+use crate::names;
 use kp_core::model::{NodeInfo, ServiceKey, ServicePortName};
 use kp_core::select::select;
 
@@ -59,7 +73,10 @@ fn ctx_with(cfg: PlanConfig, mut node: NodeContext, large: bool) -> RenderContex
     if node.local_cidrs.is_empty() {
         node.local_cidrs = vec![cidr(POD_CIDR), cidr("fd00:10::/64")];
     }
-    RenderContext::new(&cfg, &node, &[ip(NODE_IP)], large)
+    if node.node_ips.is_empty() {
+        node.node_ips = vec![ip(NODE_IP)];
+    }
+    RenderContext::new(&cfg, &node, large)
 }
 
 fn render(ctx: &RenderContext, port: &ServicePort, eps: &[Endpoint]) -> PortRules {
@@ -89,8 +106,8 @@ fn rules_are_built_in_save_order_whatever_order_they_are_given_in() {
     let rule = Rule::new()
         .comment("ns/svc:p cluster IP")
         .dport(Protocol::Udp, 53)
-        .dst("10.96.0.10/32".into())
-        .not_src("10.0.0.0/8".into())
+        .dst("10.96.0.10/32".parse().unwrap())
+        .not_src("10.0.0.0/8".parse().unwrap())
         .jump("KUBE-MARK-MASQ")
         .build();
     assert_eq!(
@@ -264,7 +281,6 @@ fn masquerade_all_marks_every_clusterip_packet_and_no_detect_local_marks_none() 
     let off = RenderContext::new(
         &PlanConfig::new(IpFamily::V4),
         &NodeContext::default(),
-        &[],
         false,
     );
     let none = render(&off, &p, &eps);
@@ -278,9 +294,10 @@ fn masquerade_all_marks_every_clusterip_packet_and_no_detect_local_marks_none() 
             cidr("10.9.0.0/16"),
         ],
         node_port_addresses: vec![],
+        ..NodeContext::default()
     };
     let nodecidr = render(
-        &RenderContext::new(&PlanConfig::new(IpFamily::V4), &node, &[], false),
+        &RenderContext::new(&PlanConfig::new(IpFamily::V4), &node, false),
         &p,
         &eps,
     );
@@ -548,6 +565,7 @@ fn node_port_addresses_restrict_the_nodeports_jump_and_the_rejects() {
             cidr("127.0.0.1/32"),
             cidr("fd00::1/128"),
         ],
+        ..NodeContext::default()
     };
     let ctx = ctx_with(PlanConfig::new(IpFamily::V4), node.clone(), false);
     assert_eq!(
@@ -579,6 +597,7 @@ fn node_port_addresses_restrict_the_nodeports_jump_and_the_rejects() {
     let only_v6 = NodeContext {
         local_cidrs: vec![],
         node_port_addresses: vec![cidr("fd00::1/128")],
+        ..NodeContext::default()
     };
     let v4 = ctx_with(PlanConfig::new(IpFamily::V4), only_v6, false);
     assert_eq!(v4.node_ports, NodePortDestinations::AllLocal);
@@ -696,19 +715,40 @@ fn clusterips_reject_unused_ports_behind_one_return_for_other_destinations() {
         ("ns/b".to_string(), ip("10.96.3.1")),
     ];
     assert_eq!(
-        cluster_ip_rejects(IpFamily::V4, &vips),
+        cluster_ip_rejects(IpFamily::V4, &vips, &[]),
         [
             "! -d 10.96.0.0/22 -m comment --comment \"not addressed to a ClusterIP\" -j RETURN",
             "-d 10.96.0.10/32 -m comment --comment \"ns/a cluster IP: no Service port here\" -j REJECT --reject-with icmp-port-unreachable",
             "-d 10.96.3.1/32 -m comment --comment \"ns/b cluster IP: no Service port here\" -j REJECT --reject-with icmp-port-unreachable",
         ]
     );
-    assert!(cluster_ip_rejects(IpFamily::V4, &[]).is_empty());
-    let one = cluster_ip_rejects(IpFamily::V6, &[("ns/v6".to_string(), ip("fd00:10:96::10"))]);
+    assert!(cluster_ip_rejects(IpFamily::V4, &[], &[]).is_empty());
+    // With Service CIDRs, traffic still addressed to one after the rejects is for an address
+    // no Service holds: dropped, and the early RETURN covers the CIDRs too.
+    let cidrs = [cidr("10.96.0.0/16"), cidr("192.168.50.0/24")];
+    assert_eq!(
+        cluster_ip_rejects(IpFamily::V4, &vips, &cidrs),
+        [
+            "-d 192.168.50.0/24 -m comment --comment \"drop traffic to unallocated ClusterIPs\" -j DROP",
+            "! -d 10.96.0.0/16 -m comment --comment \"not addressed to a ClusterIP\" -j RETURN",
+            "-d 10.96.0.10/32 -m comment --comment \"ns/a cluster IP: no Service port here\" -j REJECT --reject-with icmp-port-unreachable",
+            "-d 10.96.3.1/32 -m comment --comment \"ns/b cluster IP: no Service port here\" -j REJECT --reject-with icmp-port-unreachable",
+            "-d 10.96.0.0/16 -m comment --comment \"drop traffic to unallocated ClusterIPs\" -j DROP",
+        ]
+    );
+    for rule in cluster_ip_rejects(IpFamily::V4, &vips, &cidrs) {
+        crate::validate::rule(IpFamily::V4, Table::Filter, "KUBE-SERVICES", &rule)
+            .unwrap_or_else(|e| panic!("{rule}: {e}"));
+    }
+    let one = cluster_ip_rejects(
+        IpFamily::V6,
+        &[("ns/v6".to_string(), ip("fd00:10:96::10"))],
+        &[],
+    );
     assert!(one[0].starts_with("! -d fd00:10:96::10/128 "));
     assert!(one[1].ends_with("-j REJECT --reject-with icmp6-port-unreachable"));
     let covers = |a: &str, b: &str| {
-        covering_net([ip(a), ip(b)].into_iter())
+        covering_net([host(&ip(a)), host(&ip(b))].into_iter())
             .unwrap()
             .to_string()
     };
@@ -719,4 +759,169 @@ fn clusterips_reject_unused_ports_behind_one_return_for_other_destinations() {
         covers("fd00:10:96::1", "fd00:10:96::ffff"),
         "fd00:10:96::/112"
     );
+    let nets = |v: &[&str]| {
+        covering_net(v.iter().map(|n| n.parse::<IpNet>().unwrap()))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(nets(&["10.96.0.0/12", "10.96.0.1/32"]), "10.96.0.0/12");
+    assert_eq!(nets(&["10.96.0.0/12", "10.112.0.1/32"]), "10.96.0.0/11");
+    assert_eq!(nets(&["0.0.0.0/0"]), "0.0.0.0/0");
+}
+
+/// ClusterIPs from unrelated ranges (several Service CIDRs) straddle the two halves of the
+/// address space, so the smallest network holding them is `0.0.0.0/0`: `! -d 0.0.0.0/0` would
+/// match nothing, and iptables-nft refuses it. The `RETURN` then covers the half with more
+/// ClusterIPs, whose rejects follow it; the other half's rejects come first.
+#[test]
+fn clusterips_from_unrelated_ranges_return_early_for_the_larger_half() {
+    let vips: Vec<(String, IpAddr)> = [
+        ("ns/a", "10.96.0.10"),
+        ("ns/far", "192.168.50.10"),
+        ("ns/b", "10.96.3.1"),
+    ]
+    .iter()
+    .map(|(s, a)| (s.to_string(), ip(a)))
+    .collect();
+    let reject = |a: &str, s: &str| {
+        format!("-d {a}/32 -m comment --comment \"{s} cluster IP: no Service port here\" -j REJECT --reject-with icmp-port-unreachable")
+    };
+    assert_eq!(
+        cluster_ip_rejects(IpFamily::V4, &vips, &[]),
+        [
+            reject("192.168.50.10", "ns/far"),
+            "! -d 10.96.0.0/22 -m comment --comment \"not addressed to a ClusterIP\" -j RETURN"
+                .to_string(),
+            reject("10.96.0.10", "ns/a"),
+            reject("10.96.3.1", "ns/b"),
+        ]
+    );
+    // A tie covers the lower half; IPv6 likewise.
+    let v6 = [
+        ("ns/a".to_string(), ip("fd00:10:96::10")),
+        ("ns/b".to_string(), ip("2001:db8:50::10")),
+    ];
+    let rules = cluster_ip_rejects(IpFamily::V6, &v6, &[]);
+    assert_eq!(rules.len(), 3);
+    assert!(rules[0].starts_with("-d fd00:10:96::10/128 "), "{rules:#?}");
+    assert!(
+        rules[1].starts_with("! -d 2001:db8:50::10/128 -m comment"),
+        "{rules:#?}"
+    );
+    assert!(
+        rules[2].starts_with("-d 2001:db8:50::10/128 "),
+        "{rules:#?}"
+    );
+    // Any set of ClusterIPs: never a negated zero-length prefix, one RETURN, every reject.
+    for spread in [0u32, 1, 7, 31] {
+        let vips: Vec<(String, IpAddr)> = (0..9u32)
+            .map(|i| {
+                let a = std::net::Ipv4Addr::from(i.wrapping_mul(0x9e37_79b9) >> spread);
+                (format!("ns/s{i}"), IpAddr::V4(a))
+            })
+            .collect();
+        let rules = cluster_ip_rejects(IpFamily::V4, &vips, &[]);
+        assert_eq!(rules.len(), vips.len() + 1, "{rules:#?}");
+        for r in &rules {
+            crate::validate::rule(IpFamily::V4, Table::Filter, "KUBE-SERVICES", r)
+                .unwrap_or_else(|e| panic!("{r}: {e}"));
+        }
+    }
+}
+
+/// A check of the whole space leaves nothing to return early for; checks of networks keep
+/// their order within a half (a drop of a Service CIDR stays after the rejects inside it).
+#[test]
+fn an_early_return_never_reorders_checks_that_can_match_the_same_packet() {
+    let check = |net: &str, rule: &str| Check {
+        dst: net.parse().unwrap(),
+        rule: rule.to_string(),
+    };
+    assert_eq!(
+        with_early_return(vec![check("10.0.0.1/32", "a"), check("0.0.0.0/0", "b")]),
+        ["a", "b"]
+    );
+    let rules = with_early_return(vec![
+        check("10.96.0.10/32", "reject a"),
+        check("192.168.0.5/32", "reject far"),
+        check("10.96.0.0/12", "drop range"),
+        check("192.168.0.0/16", "drop far range"),
+    ]);
+    assert_eq!(
+        rules,
+        [
+            "reject far",
+            "drop far range",
+            "! -d 10.96.0.0/12 -m comment --comment \"not addressed to a ClusterIP\" -j RETURN",
+            "reject a",
+            "drop range",
+        ]
+    );
+}
+
+/// A zero-length prefix: as a match it is left out (every address), as a negated match it is
+/// never rendered (masquerading for a pod network of every address is no rule at all).
+#[test]
+fn zero_length_prefixes_are_never_rendered() {
+    let any: IpNet = "0.0.0.0/0".parse().unwrap();
+    assert_eq!(Rule::new().src(any).jump("X").build(), "-j X");
+    assert_eq!(
+        Rule::new().dst("::/0".parse().unwrap()).jump("X").build(),
+        "-j X"
+    );
+}
+
+/// A pod network of every address (detect-local by `0.0.0.0/0`) and a source range of every
+/// address (`loadBalancerSourceRanges: [0.0.0.0/0]`, a common way to say "anyone"): no negated
+/// zero-length prefix (no ClusterIP masquerade rule: no client is off the pod network), no
+/// `-s 0.0.0.0/0` (printed back as no match at all), and every rule passes the validator.
+#[test]
+fn pod_networks_and_source_ranges_of_every_address_render_valid_rules() {
+    for (family, any, lb) in [
+        (IpFamily::V4, "0.0.0.0/0", "198.51.100.1"),
+        (IpFamily::V6, "::/0", "2001:db8:1::1"),
+    ] {
+        let node = NodeContext {
+            local_cidrs: vec![cidr(any)],
+            ..NodeContext::default()
+        };
+        let ctx = ctx_with(PlanConfig::new(family), node, false);
+        let (vip, ep_ip) = match family {
+            IpFamily::V4 => ("172.30.0.41", "10.180.0.1"),
+            IpFamily::V6 => ("fd00:172:30::41", "fd00:10:180::1"),
+        };
+        let mut p = port("ns1", "svc1", vip);
+        p.node_port = Some(30001);
+        p.load_balancer_ips = vec![ip(lb)];
+        p.load_balancer_source_ranges = vec![cidr(any)];
+        p.external_traffic_local = true;
+        let rules = render(&ctx, &p, &[ep(ep_ip, true), ep(ep_ip, false)]);
+        let chains = names::service_chains(&p.name);
+        assert_eq!(
+            chain(&rules, &chains.fw)[0],
+            format!(
+                "-m comment --comment \"ns1/svc1:p80 loadbalancer IP\" -j {}",
+                chains.ext
+            )
+        );
+        assert!(
+            !chain(&rules, &chains.svc)
+                .iter()
+                .any(|r| r.contains("KUBE-MARK-MASQ")),
+            "{:#?}",
+            chain(&rules, &chains.svc)
+        );
+        for c in &rules.chains {
+            for r in &c.rules {
+                crate::validate::rule(family, Table::Nat, &c.chain, r)
+                    .unwrap_or_else(|e| panic!("{}: {r}: {e}", c.chain));
+            }
+        }
+        for d in Dispatch::ALL {
+            for r in dispatch(&rules, d) {
+                crate::validate::rule(family, d.table(), d.chain(), r)
+                    .unwrap_or_else(|e| panic!("{}: {r}: {e}", d.chain()));
+            }
+        }
+    }
 }

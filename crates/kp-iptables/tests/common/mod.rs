@@ -1,10 +1,13 @@
 //! Helpers shared by the kernel tests of this crate.
 
+#![allow(dead_code, reason = "each test file uses a different subset")]
+
 use std::collections::BTreeSet;
 
-use kp_core::dataplane::Dataplane;
 use kp_core::model::IpFamily;
-use kp_iptables::{Backend, IptablesDataplane};
+use kp_iptables::{
+    Backend, DetectLocal, IptablesCommand, IptablesConfig, IptablesDataplane, NodePortAddresses,
+};
 use kp_test::netns::Netns;
 
 /// Asserts that the kernel holds what the dataplane planned (`what` names the moment; a
@@ -53,4 +56,24 @@ pub fn delete_first_nat_rule(ns: &Netns, backend: Backend, chain: &str) {
         "1",
     ])
     .expect("delete the rule");
+}
+
+/// The flow table's configuration on `backend`: detect-local by the cluster CIDRs of both
+/// families, NodePorts on the node's primary addresses.
+pub fn config(backend: Backend) -> IptablesConfig {
+    IptablesConfig {
+        detect_local: DetectLocal::ClusterCidr(vec![
+            kp_flows::CLUSTER_CIDR.parse().unwrap(),
+            kp_flows::CLUSTER_CIDR6.parse().unwrap(),
+        ]),
+        node_ports: NodePortAddresses::Primary,
+        backend,
+        ..IptablesConfig::default()
+    }
+}
+
+/// The tools in `ns`. The legacy backend's lock is one file for every namespace on the
+/// machine, so tests running in parallel wait for each other longer than the default 5 s.
+pub fn command(ns: &Netns) -> IptablesCommand {
+    IptablesCommand::in_netns(ns.name()).with_wait_seconds(120)
 }

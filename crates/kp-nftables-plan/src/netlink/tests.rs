@@ -16,6 +16,7 @@
 
 use super::*;
 use crate::layout::Route;
+use kp_netlink::abi::{NLA_F_NESTED, NLM_F_REQUEST};
 
 /// `add element … v { 10.0.0.3 . tcp . 80 : goto reject-packet, 10.0.0.4 . udp . 53 : drop }`
 const VERDICTS: &[u8] = b"\x3c\x00\x01\x80\x14\x00\x01\x80\x10\x00\x01\x00\x0a\x00\x00\x03\x06\x00\x00\x00\x00\x50\x00\x00\x24\x00\x02\x80\x20\x00\x02\x80\x08\x00\x01\x00\xff\xff\xff\xfc\x12\x00\x02\x00\x72\x65\x6a\x65\x63\x74\x2d\x70\x61\x63\x6b\x65\x74\x00\x00\x00\x28\x00\x02\x80\x14\x00\x01\x80\x10\x00\x01\x00\x0a\x00\x00\x04\x11\x00\x00\x00\x00\x35\x00\x00\x10\x00\x02\x80\x0c\x00\x02\x80\x08\x00\x01\x00\x00\x00\x00\x00";
@@ -54,31 +55,30 @@ struct Msg {
     attrs: Vec<(u16, Vec<u8>)>,
 }
 
+/// The messages of a batch, read with kp-netlink's framing (attribute types keep their
+/// `NLA_F_NESTED` flag, so the tests can check it).
 fn messages(b: &[u8]) -> Vec<Msg> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at < b.len() {
-        let len = u32::from_ne_bytes(b[at..at + 4].try_into().unwrap()) as usize;
-        let m = &b[at..at + len];
-        let mut attrs = Vec::new();
-        let mut a = 20;
-        while a < m.len() {
-            let alen = usize::from(u16::from_ne_bytes([m[a], m[a + 1]]));
-            let kind = u16::from_ne_bytes([m[a + 2], m[a + 3]]);
-            attrs.push((kind, m[a + 4..a + alen].to_vec()));
-            a += align4(alen);
-        }
-        out.push(Msg {
-            kind: u16::from_ne_bytes([m[4], m[5]]),
-            flags: u16::from_ne_bytes([m[6], m[7]]),
-            seq: u32::from_ne_bytes(m[8..12].try_into().unwrap()),
-            family: m[16],
-            res_id: u16::from_be_bytes([m[18], m[19]]),
-            attrs,
-        });
-        at += align4(len);
-    }
-    out
+    kp_netlink::messages(b)
+        .map(|m| {
+            let m = m.expect("framed");
+            let (gen, body) = kp_netlink::nfnl::NfGenMsg::parse(m.payload).expect("nfgenmsg");
+            let attrs = kp_netlink::attr::attrs(body)
+                .map(|a| {
+                    let a = a.expect("attribute");
+                    let flag = if a.nested { NLA_F_NESTED } else { 0 };
+                    (a.kind | flag, a.payload.to_vec())
+                })
+                .collect();
+            Msg {
+                kind: m.kind(),
+                flags: m.header.flags,
+                seq: m.seq(),
+                family: gen.family,
+                res_id: gen.res_id,
+                attrs,
+            }
+        })
+        .collect()
 }
 
 /// Encodes with `f` and returns the single element message's list payload, after checking its
@@ -105,7 +105,7 @@ fn one_message(set: SetId, delete: bool, f: impl FnOnce(&mut ElementBatch)) -> V
     assert_eq!((m.kind, m.flags, m.seq, m.family), (kind, flags, 1, 2));
     assert_eq!(batch.ack_seq, 1);
     assert_eq!(m.attrs[0], (1, b"kube-proxy\0".to_vec()));
-    assert_eq!(m.attrs[1], (2, cstr(&set.name())));
+    assert_eq!(m.attrs[1], (2, format!("{}\0", set.name()).into_bytes()));
     assert_eq!(m.attrs[2].0, 3 | NLA_F_NESTED);
     assert_eq!(m.attrs.len(), 3);
     m.attrs[2].1.clone()
@@ -264,4 +264,33 @@ fn schemas_match_declared_lengths() {
         assert_eq!(total_len(&s.key, V4), key, "{set:?}");
         assert_eq!(s.value.map(|v| total_len(&v, V4)), value, "{set:?}");
     }
+}
+
+#[test]
+fn lookup_keys_are_encoded_as_a_deletion_encodes_them() {
+    let set = SetId::ClassEndpoints(Route::Vips, 3);
+    let keys: Vec<Vec<Atom>> = (0..3)
+        .map(|slot| {
+            vec![
+                Atom::Ip("10.96.0.1".parse().unwrap()),
+                Atom::Proto(Protocol::Tcp),
+                Atom::Port(80),
+                Atom::Slot(slot),
+            ]
+        })
+        .collect();
+    let payload = encode_keys(IpFamily::V4, set, keys.iter().map(Vec::as_slice)).unwrap();
+    let mut batch = ElementBatch::new();
+    for k in &keys {
+        batch.delete(IpFamily::V4, set, k);
+    }
+    let bytes = batch.finish().unwrap().bytes;
+    assert!(!payload.is_empty());
+    assert!(
+        bytes
+            .windows(payload.len())
+            .any(|w| w == payload.as_slice()),
+        "the lookup's elements are not the deletion's"
+    );
+    assert!(encode_keys(IpFamily::V4, SetId::PodCidrs, std::iter::empty()).is_err());
 }

@@ -8,12 +8,13 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_core::model::IpFamily;
 use kp_core::track::{Kind, Object, ObjectKey, ProxyState, SourceEvent};
+use kp_nftables_test::NftTracer;
 use serde_json::{json, Value};
 
-use super::{NodeContext, Planner};
-use crate::element::{Atom, Tuple};
+use super::{KernelTable, NodeContext, Planner, TransactionSink};
+use crate::element::{canonical, Atom, Tuple};
 use crate::layout::{PlanConfig, SetId};
-use crate::NftTracer;
+use crate::ElementBatch;
 
 /// Test addresses per family: ClusterIPs, an external IP, endpoints (documentation and
 /// private ranges only).
@@ -455,6 +456,7 @@ fn every_expected_element_can_be_looked_up_one_at_a_time() {
             }
             .parse()
             .unwrap()],
+            ..NodeContext::default()
         };
         p.full(&state, &node);
         let mut looked_up = 0;
@@ -484,5 +486,463 @@ fn every_expected_element_can_be_looked_up_one_at_a_time() {
             p.expected_value(SetId::ClusterIps, &Tuple::new(vec![])),
             None
         );
+    }
+}
+
+// --- Adopting a table read back from the kernel ----------------------------------------------
+
+/// Node settings with interval elements of every kind, single addresses among them (which the
+/// read-back spells as plain addresses).
+fn adopt_node(a: &Addrs) -> NodeContext {
+    let nets = |v: &[&str]| v.iter().map(|n| n.parse().unwrap()).collect::<Vec<_>>();
+    match a.family {
+        IpFamily::V4 => NodeContext {
+            local_cidrs: nets(&["10.244.0.0/16"]),
+            node_port_addresses: nets(&["192.0.2.1/32", "198.51.100.0/24"]),
+            node_ips: vec!["192.0.2.1".parse().unwrap()],
+            service_cidrs: nets(&["10.96.0.0/16"]),
+        },
+        IpFamily::V6 => NodeContext {
+            local_cidrs: nets(&["fd00:10::/48"]),
+            node_port_addresses: nets(&["2001:db8::1/128", "2001:db8:5::/64"]),
+            node_ips: vec!["2001:db8::1".parse().unwrap()],
+            service_cidrs: nets(&["fd00:96::/112"]),
+        },
+    }
+}
+
+fn adopt_config(family: IpFamily) -> PlanConfig {
+    PlanConfig {
+        detect_local: true,
+        node_ports_restricted: true,
+        ..PlanConfig::new(family)
+    }
+}
+
+/// What the kernel holds after `p`'s transactions, as the read-back reports it: every set (the
+/// dynamic affinity maps empty), canonical spellings, the chains' rule ids, the table comment.
+fn kernel_of(p: &Planner) -> KernelTable {
+    let mut chains = p.expected_chains();
+    // The kernel lists rules in the order they were added, which for the unordered chains
+    // need not be sorted.
+    for c in crate::layout::UNORDERED_CHAINS {
+        if let Some(rules) = chains.get_mut(*c) {
+            rules.reverse();
+        }
+    }
+    KernelTable {
+        chains,
+        sets: p
+            .all_sets()
+            .into_iter()
+            .map(|s| {
+                let els = p
+                    .expected_elements(s)
+                    .iter()
+                    .map(|(k, v)| (canonical(k), v.as_ref().map(canonical)))
+                    .collect();
+                (s.name(), els)
+            })
+            .collect(),
+        comment: Some(crate::layout::table_comment(p.config())),
+    }
+}
+
+/// Element changes that turn `from` into `to`: a deletion for each element `to` does not hold
+/// (or holds with another value), an addition for each element `from` does not hold.
+fn element_difference(from: &KernelTable, to: &KernelTable) -> usize {
+    let empty = BTreeMap::new();
+    let names: BTreeSet<&String> = from.sets.keys().chain(to.sets.keys()).collect();
+    let mut n = 0;
+    for name in names {
+        let (a, b) = (
+            from.sets.get(name).unwrap_or(&empty),
+            to.sets.get(name).unwrap_or(&empty),
+        );
+        n += a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).count();
+        n += b.iter().filter(|(k, v)| a.get(*k) != Some(*v)).count();
+    }
+    n
+}
+
+fn random_state(a: &Addrs, seed: u64, services: usize) -> ProxyState {
+    let mut rng = Rng(seed);
+    let mut state = new_state();
+    for i in 0..services {
+        upsert(&mut state, random_service(&mut rng, a, i));
+        upsert(&mut state, random_slice(&mut rng, a, i));
+    }
+    let _ = state.take_changes();
+    state
+}
+
+fn adopting_an_unchanged_table_sends_nothing(a: &Addrs) {
+    let node = adopt_node(a);
+    for seed in 1..=6u64 {
+        let state = random_state(a, seed, 12);
+        let mut before = Planner::new(adopt_config(a.family));
+        before.full(&state, &node);
+        let kernel = kernel_of(&before);
+        let mut p = Planner::new(adopt_config(a.family));
+        let mut batch = ElementBatch::new();
+        let tx = p.adopt(&state, &node, &kernel, &mut batch).expect("adopt");
+        assert_eq!(tx.operations, 0, "seed {seed}: {}", tx.text);
+        assert!(tx.text.is_empty() && batch.is_empty(), "seed {seed}");
+        assert!(p.programmed());
+        assert_eq!(
+            kernel_of(&p),
+            kernel,
+            "seed {seed}: the record is the kernel's"
+        );
+    }
+}
+
+#[test]
+fn adopting_an_unchanged_ipv4_table_sends_nothing() {
+    adopting_an_unchanged_table_sends_nothing(&V4);
+}
+
+#[test]
+fn adopting_an_unchanged_ipv6_table_sends_nothing() {
+    adopting_an_unchanged_table_sends_nothing(&V6);
+}
+
+#[test]
+fn adopting_keeps_the_kernels_slot_assignment_where_the_endpoints_are_the_same() {
+    let a = &V4;
+    let node = adopt_node(a);
+    let ep = |j: u32| (format!("{}{j}", a.endpoint_prefix), false, true);
+    let mut state = new_state();
+    upsert(
+        &mut state,
+        service(
+            "web",
+            json!({"clusterIP": a.cluster_ips[0], "ports": [{"name": "http", "protocol": "TCP", "port": 80}]}),
+        ),
+    );
+    upsert(&mut state, slice("web", a.family, &[ep(1), ep(2), ep(3)]));
+    let mut before = Planner::new(adopt_config(a.family));
+    before.full(&state, &node);
+    let _ = state.take_changes();
+    // Endpoint 1 is replaced by 9: 9 takes slot 0, so the slots are no longer in address order.
+    upsert(&mut state, slice("web", a.family, &[ep(9), ep(2), ep(3)]));
+    let changes = state.take_changes();
+    before.partial(&state, &changes.services, &node, false);
+    let kernel = kernel_of(&before);
+    let endpoints = SetId::ClassEndpoints(crate::layout::Route::Vips, 3);
+    let fresh = {
+        let mut f = Planner::new(adopt_config(a.family));
+        f.full(&state, &node);
+        f.expected_elements(endpoints)
+    };
+    assert_ne!(
+        fresh,
+        before.expected_elements(endpoints),
+        "a fresh plan would number the slots in address order"
+    );
+
+    let mut p = Planner::new(adopt_config(a.family));
+    let mut batch = ElementBatch::new();
+    let tx = p.adopt(&state, &node, &kernel, &mut batch).expect("adopt");
+    assert_eq!(tx.operations, 0, "{}", tx.text);
+    assert_eq!(
+        p.expected_elements(endpoints),
+        before.expected_elements(endpoints)
+    );
+
+    // Where the endpoints differ, those that stay keep their slots: replacing endpoint 2 (in
+    // slot 1) while down costs one slot.
+    upsert(&mut state, slice("web", a.family, &[ep(9), ep(7), ep(3)]));
+    let _ = state.take_changes();
+    let mut p = Planner::new(adopt_config(a.family));
+    let mut batch = ElementBatch::new();
+    let tx = p.adopt(&state, &node, &kernel, &mut batch).expect("adopt");
+    assert_eq!(tx.operations, 2, "one slot's deletion and addition");
+    assert_eq!(element_difference(&kernel, &kernel_of(&p)), 2);
+    let slot = |p: &Planner, s: u32| {
+        let key = Tuple::new(vec![
+            Atom::Ip(a.cluster_ips[0].parse().unwrap()),
+            Atom::Proto(kp_core::model::Protocol::Tcp),
+            Atom::Port(80),
+            Atom::Slot(s),
+        ]);
+        p.expected_value(endpoints, &key)
+            .flatten()
+            .map(|v| v.to_string())
+    };
+    assert_eq!(slot(&p, 0), slot(&before, 0));
+    assert_eq!(
+        slot(&p, 1).as_deref(),
+        Some(&*format!("{}7 . 8080", a.endpoint_prefix))
+    );
+    assert_eq!(slot(&p, 2), slot(&before, 2));
+}
+
+fn adopting_a_changed_cluster_sends_exactly_the_difference(a: &Addrs) {
+    let node = adopt_node(a);
+    for seed in 1..=8u64 {
+        // The kernel holds an older state; meanwhile Services changed, came and went.
+        let old = random_state(a, seed, 14);
+        let mut before = Planner::new(adopt_config(a.family));
+        before.full(&old, &node);
+        let kernel = kernel_of(&before);
+        let mut state = random_state(a, seed, 14);
+        let mut rng = Rng(seed * 7919);
+        for i in 0..14 {
+            match rng.below(4) {
+                0 => delete(&mut state, Kind::Service, &format!("s{i}")),
+                1 => upsert(&mut state, random_slice(&mut rng, a, i)),
+                _ => {}
+            }
+        }
+        for i in 14..17 {
+            upsert(&mut state, random_service(&mut rng, a, i));
+            upsert(&mut state, random_slice(&mut rng, a, i));
+        }
+        let _ = state.take_changes();
+        let mut p = Planner::new(adopt_config(a.family));
+        let mut batch = ElementBatch::new();
+        let tx = p.adopt(&state, &node, &kernel, &mut batch).expect("adopt");
+        assert!(p.programmed());
+        let after = kernel_of(&p);
+        // The batch holds exactly the element difference, the text only new classes.
+        let text_ops = tx.text.lines().count();
+        assert_eq!(
+            batch.elements(),
+            element_difference(&kernel, &after),
+            "seed {seed}"
+        );
+        assert_eq!(tx.operations, batch.elements() + text_ops, "seed {seed}");
+        assert!(
+            tx.text.lines().all(|l| l.starts_with("add set")
+                || l.starts_with("add map")
+                || l.starts_with("add rule")),
+            "seed {seed}: {}",
+            tx.text
+        );
+        // The kernel's classes stay; the plan is a fresh full plan's, up to slot numbering.
+        for name in kernel.sets.keys() {
+            assert!(after.sets.contains_key(name), "seed {seed}: {name} dropped");
+        }
+        let mut fresh = Planner::new(adopt_config(a.family));
+        fresh.full(&state, &node);
+        let nonempty = |p: &Planner| {
+            let mut n = normalized(p);
+            n.retain(|_, v| !v.is_empty());
+            n
+        };
+        assert_eq!(nonempty(&p), nonempty(&fresh), "seed {seed}");
+    }
+}
+
+#[test]
+fn adopting_a_changed_ipv4_cluster_sends_exactly_the_difference() {
+    adopting_a_changed_cluster_sends_exactly_the_difference(&V4);
+}
+
+#[test]
+fn adopting_a_changed_ipv6_cluster_sends_exactly_the_difference() {
+    adopting_a_changed_cluster_sends_exactly_the_difference(&V6);
+}
+
+#[test]
+fn a_table_of_another_structure_is_not_adopted() {
+    let a = &V4;
+    let node = adopt_node(a);
+    let state = random_state(a, 3, 10);
+    let mut before = Planner::new(adopt_config(a.family));
+    before.full(&state, &node);
+    let good = kernel_of(&before);
+    let refused = |kernel: &KernelTable, why: &str| {
+        let mut p = Planner::new(adopt_config(a.family));
+        let mut batch = ElementBatch::new();
+        let err = p
+            .adopt(&state, &node, kernel, &mut batch)
+            .expect_err("not adoptable");
+        assert!(err.0.contains(why), "{err}");
+        assert!(batch.is_empty() && !p.programmed());
+    };
+    let mut k = good.clone();
+    k.comment = None;
+    refused(&k, "no layout comment");
+    // Another configuration (another masquerade bit) is another layout.
+    let mut k = good.clone();
+    k.comment = Some(crate::layout::table_comment(&PlanConfig {
+        masquerade_mark: 1 << 15,
+        ..adopt_config(a.family)
+    }));
+    refused(&k, "comment");
+    let mut k = good.clone();
+    k.chains.get_mut("masquerading").unwrap().remove(0);
+    refused(&k, "chain masquerading holds rules");
+    let mut k = good.clone();
+    k.chains.insert("intruder".into(), vec![]);
+    refused(&k, "chain intruder is not one of ours");
+    let mut k = good.clone();
+    k.sets.insert("intruders".into(), BTreeMap::new());
+    refused(&k, "set intruders is not one of ours");
+    let mut k = good.clone();
+    k.sets.remove("hairpin");
+    refused(&k, "set hairpin is missing");
+    // A class set without its endpoint map.
+    let mut k = good.clone();
+    k.sets.insert("vips-9".into(), BTreeMap::new());
+    refused(&k, "set vips-9-endpoints is missing");
+}
+
+#[test]
+fn set_ids_are_recognised_by_name() {
+    use crate::layout::Route;
+    let mut ids = SetId::FIXED.to_vec();
+    for r in [
+        Route::Vips,
+        Route::NodePorts,
+        Route::LocalSourceVips,
+        Route::LocalSourceNodePorts,
+    ] {
+        ids.extend([SetId::Class(r, 1), SetId::ClassEndpoints(r, 12)]);
+    }
+    ids.extend([
+        SetId::Affinity(10800),
+        SetId::AffinityVips(60),
+        SetId::AffinityNodePorts(1),
+    ]);
+    for id in ids {
+        assert_eq!(SetId::from_name(&id.name()), Some(id), "{}", id.name());
+    }
+    for name in [
+        "vips-0",
+        "vips-03",
+        "vips-x",
+        "vips-3-endpoint",
+        "vips",
+        "affinity-60-other",
+        "affinity-",
+        "local-source-3",
+        "other",
+    ] {
+        assert_eq!(SetId::from_name(name), None, "{name}");
+    }
+}
+
+/// A sink that keeps what it is handed as values, in order: statements as text, element changes
+/// as `add SET KEY : VALUE` / `delete SET KEY`.
+#[derive(Default)]
+struct FakeSink(Vec<String>);
+
+impl TransactionSink for FakeSink {
+    fn statement(&mut self, line: std::fmt::Arguments<'_>) {
+        self.0.push(line.to_string());
+    }
+
+    fn add_element(&mut self, family: IpFamily, set: SetId, key: &[Atom], value: Option<&[Atom]>) {
+        let key = Tuple::new(key);
+        let value = value
+            .map(|v| format!(" : {}", Tuple::new(v)))
+            .unwrap_or_default();
+        self.0
+            .push(format!("add {family:?} {} {key}{value}", set.name()));
+    }
+
+    fn delete_element(&mut self, family: IpFamily, set: SetId, key: &[Atom]) {
+        self.0.push(format!(
+            "delete {family:?} {} {}",
+            set.name(),
+            Tuple::new(key)
+        ));
+    }
+}
+
+/// nft text as the [`FakeSink`] would have kept it: one line per element change.
+fn one_change_per_line(family: IpFamily, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let element = ["add element ", "delete element "]
+            .iter()
+            .find_map(|verb| line.strip_prefix(verb).map(|rest| (verb.trim_end(), rest)));
+        let Some((verb, rest)) = element else {
+            out.push(line.to_string());
+            continue;
+        };
+        let verb = verb.split(' ').next().unwrap();
+        // `ip kube-proxy SET { a, b }`
+        let mut words = rest.splitn(4, ' ');
+        let (_, _, set) = (words.next(), words.next(), words.next().unwrap());
+        let body = words
+            .next()
+            .unwrap()
+            .trim_start_matches("{ ")
+            .trim_end_matches(" }");
+        for el in body.split(", ") {
+            out.push(format!("{verb} {family:?} {set} {el}"));
+        }
+    }
+    out
+}
+
+/// `lines` with the elements of each run of changes to one set sorted: two planners built apart
+/// hash their records apart, so they list a set's elements in different orders.
+fn sorted_runs(mut lines: Vec<String>) -> Vec<String> {
+    let run_of = |l: &str| {
+        let w: Vec<&str> = l.splitn(4, ' ').collect();
+        (w.len() == 4 && (w[0] == "add" || w[0] == "delete") && w[1].starts_with('V'))
+            .then(|| format!("{} {}", w[0], w[2]))
+    };
+    let mut start = 0;
+    while start < lines.len() {
+        let run = run_of(&lines[start]);
+        let mut end = start + 1;
+        while run.is_some() && end < lines.len() && run_of(&lines[end]) == run {
+            end += 1;
+        }
+        lines[start..end].sort();
+        start = end;
+    }
+    lines
+}
+
+#[track_caller]
+fn assert_same_statements(family: IpFamily, text: &str, sink: &FakeSink) {
+    let want = sorted_runs(one_change_per_line(family, text));
+    let have = sorted_runs(sink.0.clone());
+    let first = want.iter().zip(&have).position(|(w, h)| w != h);
+    assert!(
+        first.is_none() && want.len() == have.len(),
+        "{} lines against {}; first difference at {first:?}: {:?} against {:?}",
+        want.len(),
+        have.len(),
+        first.map(|i| &want[i]),
+        first.map(|i| &have[i])
+    );
+}
+
+#[test]
+fn the_text_sink_writes_exactly_the_statements_and_element_changes_a_sink_is_handed() {
+    for a in [&V4, &V6] {
+        let node = adopt_node(a);
+        let mut state = random_state(a, 7, 12);
+        let mut text = Planner::new(adopt_config(a.family));
+        let mut typed = Planner::new(adopt_config(a.family));
+        let tx = text.full(&state, &node);
+        let mut sink = FakeSink::default();
+        let written = typed.full_into(&state, &node, &mut sink);
+        assert_eq!(written.operations, tx.operations);
+        assert_same_statements(a.family, &tx.text, &sink);
+
+        // A partial sync that deletes and adds: the same again, grouped by set and kind.
+        let mut rng = Rng(99);
+        for i in 0..4 {
+            upsert(&mut state, random_slice(&mut rng, a, i));
+        }
+        let changes = state.take_changes();
+        let tx = text.partial(&state, &changes.services, &node, false);
+        let mut sink = FakeSink::default();
+        let written = typed.partial_into(&state, &changes.services, &node, false, &mut sink);
+        assert!(tx.text.contains("delete element"), "{}", tx.text);
+        assert_eq!(
+            (written.operations, written.removes_endpoints),
+            (tx.operations, tx.removes_endpoints)
+        );
+        assert_same_statements(a.family, &tx.text, &sink);
     }
 }

@@ -50,6 +50,7 @@ fn set_info(name: &str, flags: u32, key_len: u32, data: Option<(u32, u32)>) -> S
         key_len,
         data_type: data.map(|d| d.0),
         data_len: data.map(|d| d.1),
+        count: None,
     }
 }
 
@@ -362,97 +363,59 @@ fn atoms_are_made_canonical_exactly_as_canonical_does() {
     assert_eq!(canonical_tuple(&mut ours), crate::canonical(&t(&atoms)));
 }
 
-/// An nf_tables reply (`NFT_MSG_NEWSETELEM`) with the given flags and sequence number.
-fn nft_message(flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
-    let mut m = Vec::new();
-    let len = (NLMSG_HDRLEN + NFGENMSG_LEN + body.len()) as u32;
-    m.extend_from_slice(&len.to_ne_bytes());
-    m.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | 12).to_ne_bytes());
-    m.extend_from_slice(&flags.to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes());
-    m.extend_from_slice(&[NFPROTO_IPV4, 0, 0, 7]);
-    m.extend_from_slice(body);
-    m.resize(align4(m.len()), 0);
-    m
-}
-
-fn control(kind: u16, seq: u32, code: i32) -> Vec<u8> {
-    let mut m = Vec::new();
-    m.extend_from_slice(&20u32.to_ne_bytes());
-    m.extend_from_slice(&kind.to_ne_bytes());
-    m.extend_from_slice(&0u16.to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes());
-    m.extend_from_slice(&code.to_ne_bytes());
-    m
-}
+// Framing (datagrams, NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP_INTR) is kp-netlink's, tested there.
 
 #[test]
-fn a_dump_ends_at_done_and_skips_replies_to_other_requests() {
-    let mut bodies = Vec::new();
-    let mut complete = true;
-    let mut datagram = nft_message(0x2, 5, b"ours");
-    datagram.extend(nft_message(0x2, 4, b"old!"));
-    let r = replies(&datagram, 5, &mut complete, &mut |b| {
-        bodies.push(b.to_vec());
-        Ok(())
-    });
-    assert_eq!(r, Ok(Reply::More));
-    let r = replies(
-        &control(NLMSG_DONE, 5, 0),
-        5,
-        &mut complete,
-        &mut |_| Ok(()),
+fn kernel_errors_keep_their_errno_and_name_it() {
+    let e = socket_error(
+        "netlink list table ip kube-proxy",
+        SocketError::Kernel {
+            seq: 3,
+            error: KernelError::new(2),
+        },
+        Some("table missing"),
     );
-    assert_eq!(r, Ok(Reply::End));
-    assert_eq!(bodies, [b"ours".to_vec()]);
-    assert!(complete);
-}
-
-#[test]
-fn an_interrupted_dump_is_reported_incomplete() {
-    let mut complete = true;
-    let datagram = nft_message(0x2 | NLM_F_DUMP_INTR, 1, b"");
-    replies(&datagram, 1, &mut complete, &mut |_| Ok(())).unwrap();
-    assert!(!complete);
-}
-
-#[test]
-fn kernel_errors_keep_their_errno() {
-    let mut complete = true;
-    let r = replies(&control(NLMSG_ERROR, 3, -2), 3, &mut complete, &mut |_| {
-        Ok(())
-    });
-    assert_eq!(r, Ok(Reply::Errno(2)));
-    let r = replies(&control(NLMSG_DONE, 3, -4), 3, &mut complete, &mut |_| {
-        Ok(())
-    });
-    assert_eq!(r, Ok(Reply::Errno(4)));
-    // An acknowledgement ends a request.
-    let r = replies(&control(NLMSG_ERROR, 3, 0), 3, &mut complete, &mut |_| {
-        Ok(())
-    });
-    assert_eq!(r, Ok(Reply::End));
-    let e = kernel_error("netlink list table ip kube-proxy", 2, Some("table missing"));
     assert_eq!(
         e.to_string(),
         "netlink list table ip kube-proxy failed: netlink error -ENOENT (table missing)"
     );
-    let e = kernel_error("netlink list sets ip kube-proxy", 1, Some("table missing"));
+    assert!(not_found(&e));
+    let e = socket_error(
+        "netlink list sets ip kube-proxy",
+        SocketError::Kernel {
+            seq: 3,
+            error: KernelError::new(1),
+        },
+        Some("table missing"),
+    );
     assert!(
         e.to_string()
             .ends_with("netlink error -EPERM (Operation not permitted)"),
         "{e}"
     );
+    assert!(!not_found(&e));
+    assert!(matches!(e, Error::Netlink { errno: Some(k), .. } if k.is_permission_denied()));
 }
 
 #[test]
-fn truncated_messages_and_attributes_are_errors() {
-    let mut complete = true;
-    let mut datagram = nft_message(0, 1, b"abcd");
-    datagram.truncate(datagram.len() - 2);
-    assert!(replies(&datagram, 1, &mut complete, &mut |_| Ok(())).is_err());
+fn replies_of_another_subsystem_or_without_nfgenmsg_are_errors() {
+    let mut buf = Vec::new();
+    let m = message::begin(&mut buf, 0x0a0c, 0, 1);
+    buf.extend_from_slice(&[2, 0, 0, 7]);
+    buf.extend_from_slice(b"body");
+    message::end(&mut buf, m);
+    let msg = message::messages(&buf).next().unwrap().unwrap();
+    assert_eq!(reply_body(&msg), Ok(&b"body"[..]));
+    let mut buf = Vec::new();
+    let m = message::begin(&mut buf, 0x0102, 0, 1);
+    buf.extend_from_slice(&[2, 0, 0, 7]);
+    message::end(&mut buf, m);
+    let msg = message::messages(&buf).next().unwrap().unwrap();
+    assert!(reply_body(&msg).is_err());
+}
+
+#[test]
+fn truncated_attributes_are_errors() {
     let short = hex("0800 0100 0a00");
     let t: Result<[Option<&[u8]>; 4], _> = attr_table(&short);
     assert_eq!(t.unwrap_err(), "attribute length 8 with 6 bytes left");
@@ -462,11 +425,13 @@ fn truncated_messages_and_attributes_are_errors() {
 fn a_set_element_request_is_encoded_as_the_kernel_expects() {
     let table = cstr(TABLE);
     let set = cstr("ab");
-    let got = encode_request(
+    let mut got = Vec::new();
+    encode_request(
+        &mut got,
         NFT_MSG_GETSETELEM,
-        NLM_F_REQUEST | NLM_F_DUMP,
+        NLM_F_DUMP,
         9,
-        NFPROTO_IPV6,
+        kp_netlink::abi::NFPROTO_IPV6,
         &[
             (NFTA_SET_ELEM_LIST_TABLE, &table),
             (NFTA_SET_ELEM_LIST_SET, &set),
@@ -517,4 +482,83 @@ fn every_planner_set_has_a_schema_matching_its_declaration() {
             "{set:?}"
         );
     }
+}
+
+#[test]
+fn a_batch_decodes_back_into_the_changes_it_was_encoded_from() {
+    use kp_nftables_plan::element::NoEndpointVerdict;
+    use kp_nftables_plan::{ElementBatch, Route};
+    let vip = [ip("10.96.0.10"), Atom::Proto(Protocol::Tcp), Atom::Port(80)];
+    let slot = |s| {
+        let mut k = vip.to_vec();
+        k.push(Atom::Slot(s));
+        k
+    };
+    let endpoints = SetId::ClassEndpoints(Route::Vips, 3);
+    let mut b = ElementBatch::new();
+    b.delete(IpFamily::V4, endpoints, &slot(2));
+    b.add(
+        IpFamily::V4,
+        endpoints,
+        &slot(2),
+        Some(&[ip("10.244.1.14"), Atom::Port(8080)]),
+    );
+    // Two networks and one reaching the top of the space: bounds pair back into networks.
+    for n in ["10.244.0.0/16", "192.168.1.128/26", "255.255.255.0/24"] {
+        b.add(IpFamily::V4, SetId::PodCidrs, &[net(n)], None);
+    }
+    b.add(
+        IpFamily::V6,
+        SetId::NoEndpointVips,
+        &[ip("fd00::10"), Atom::Proto(Protocol::Udp), Atom::Port(53)],
+        Some(&[Atom::Verdict(NoEndpointVerdict::Drop)]),
+    );
+    let encoded = b.finish().expect("a batch");
+    let decoded = decode_batch(&encoded.bytes).expect("our own batch decodes");
+    let summary: Vec<(IpFamily, String, bool, Vec<String>)> = decoded
+        .iter()
+        .map(|m| {
+            let els = m
+                .elements
+                .iter()
+                .map(|(k, v)| match v {
+                    Some(v) => format!("{k} : {v}"),
+                    None => k.to_string(),
+                })
+                .collect();
+            (m.family, m.set.clone(), m.delete, els)
+        })
+        .collect();
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        summary,
+        [
+            (
+                IpFamily::V4,
+                "vips-3-endpoints".into(),
+                true,
+                s(&["10.96.0.10 . tcp . 80 . 2"])
+            ),
+            (
+                IpFamily::V4,
+                "vips-3-endpoints".into(),
+                false,
+                s(&["10.96.0.10 . tcp . 80 . 2 : 10.244.1.14 . 8080"])
+            ),
+            (
+                IpFamily::V4,
+                "pod-cidrs".into(),
+                false,
+                s(&["10.244.0.0/16", "192.168.1.128/26", "255.255.255.0/24"])
+            ),
+            (
+                IpFamily::V6,
+                "no-endpoint-vips".into(),
+                false,
+                s(&["fd00::10 . udp . 53 : drop"])
+            ),
+        ]
+    );
+    // Bytes that are not a batch are refused.
+    assert!(decode_batch(&encoded.bytes[16..]).is_err());
 }

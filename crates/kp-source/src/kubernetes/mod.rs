@@ -1,11 +1,18 @@
-//! The Kubernetes API source: one kube-runtime `watcher` per kind.
+//! The Kubernetes API source: one kube-runtime `watcher` per kind (Services, EndpointSlices,
+//! this node's Node, ServiceCIDRs).
 //!
 //! Mirrors upstream `pkg/proxy/config/config.go` (`ServiceConfig`, `EndpointSliceConfig`,
-//! `NodeConfig`) and the informer selectors in `cmd/kube-proxy/app/server.go`. Where upstream's
-//! informers keep a cache and diff it on re-list, `RelistTracker` keeps only each
-//! object's key and resourceVersion, which is enough to report what vanished. Lists are read
-//! in pages of [`LIST_PAGE_SIZE`], and the watchers run on a thread of their own (see
-//! [`run_kubernetes_with`]): both keep the peak memory of a large initial list down.
+//! `NodeConfig`, `ServiceCIDRConfig`) and the informer selectors in
+//! `cmd/kube-proxy/app/server.go`. Where upstream's informers keep a cache and diff it on
+//! re-list, `RelistTracker` keeps only each object's key and resourceVersion, which is enough to
+//! report what vanished. Lists are read in pages of [`LIST_PAGE_SIZE`], and the watchers run on
+//! a thread of their own (see [`run_kubernetes_with`]): both keep the peak memory of a large
+//! initial list down.
+//!
+//! ServiceCIDRs (`networking.k8s.io/v1`, GA in Kubernetes 1.33) are optional: an API server
+//! that does not serve them, or a role that may not list them, is not an error but a state,
+//! said once in the log and asked about again every [`SERVICE_CIDR_RECHECK`] (see
+//! [`run_kubernetes_with`]); meanwhile only the configured Service CIDRs are known.
 
 mod tracker;
 
@@ -18,16 +25,18 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kp_core::convert::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use kp_core::track::{Kind, Object, SourceEvent};
 use kp_metrics::Metrics;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::Status;
 use kube::runtime::utils::{Backoff, WatchStreamExt};
 use kube::runtime::watcher::{self, watcher, DefaultBackoff};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::SourceError;
 
@@ -36,12 +45,22 @@ pub(crate) use tracker::RelistTracker;
 /// The `source` label of this source's error metric.
 const SOURCE: &str = "kubernetes";
 
-/// How the watchers wait after an error before they list or watch again.
+/// How long an optional API that is not served to us (ServiceCIDRs on a cluster older than
+/// 1.33, or not granted by RBAC) waits before it is asked for again, with [`RetryPolicy::Default`].
+///
+/// Rare on purpose: what it waits for is a control-plane upgrade or an RBAC change, and every
+/// node asks. One list of at most one object per node every 5 minutes is nothing to an API
+/// server, which answers a 403 or 404 before touching storage.
+pub const SERVICE_CIDR_RECHECK: Duration = Duration::from_secs(300);
+
+/// How the watchers wait after an error before they list or watch again, and how long an
+/// optional API that is not served waits before it is asked for again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RetryPolicy {
     /// kube-runtime's `DefaultBackoff`, taken from client-go's reflector: 0.8 s doubling to 30 s,
     /// with jitter, starting over after 2 minutes without errors. Kind to a struggling API
-    /// server; use it in production.
+    /// server; use it in production. An API that is not served is asked for again every
+    /// [`SERVICE_CIDR_RECHECK`].
     #[default]
     Default,
     /// Starts at `initial`, doubles after each consecutive error up to `max`, without jitter,
@@ -51,14 +70,25 @@ pub enum RetryPolicy {
         initial: Duration,
         /// Longest delay.
         max: Duration,
+        /// How long an API that is not served waits before it is asked for again (what
+        /// [`SERVICE_CIDR_RECHECK`] is for `Default`).
+        recheck: Duration,
     },
 }
 
 impl RetryPolicy {
+    /// How long an API that is not served to us waits before it is asked for again.
+    fn recheck(self) -> Duration {
+        match self {
+            RetryPolicy::Default => SERVICE_CIDR_RECHECK,
+            RetryPolicy::Exponential { recheck, .. } => recheck,
+        }
+    }
+
     fn backoff(self) -> Box<dyn Backoff> {
         match self {
             RetryPolicy::Default => Box::new(DefaultBackoff::default()),
-            RetryPolicy::Exponential { initial, max } => Box::new(Doubling {
+            RetryPolicy::Exponential { initial, max, .. } => Box::new(Doubling {
                 initial,
                 max,
                 next: initial,
@@ -163,8 +193,8 @@ fn endpoint_slice_selector() -> String {
     format!("!{LABEL_SERVICE_PROXY_NAME}")
 }
 
-/// Watches Services, EndpointSlices and the Node `node_name` with [`RetryPolicy::Default`],
-/// sending what it sees to `tx`. Runs until `tx`'s receiver is dropped.
+/// Watches Services, EndpointSlices, the Node `node_name` and ServiceCIDRs with
+/// [`RetryPolicy::Default`], sending what it sees to `tx`. Runs until `tx`'s receiver is dropped.
 ///
 /// See [`run_kubernetes_with`].
 pub async fn run_kubernetes(
@@ -176,8 +206,8 @@ pub async fn run_kubernetes(
     run_kubernetes_with(client, node_name, tx, metrics, RetryPolicy::Default).await;
 }
 
-/// Watches Services, EndpointSlices and the Node `node_name`, sending what it sees to `tx`, and
-/// waiting as `retry` says after errors. Runs until `tx`'s receiver is dropped.
+/// Watches Services, EndpointSlices, the Node `node_name` and ServiceCIDRs, sending what it sees
+/// to `tx`, and waiting as `retry` says after errors. Runs until `tx`'s receiver is dropped.
 ///
 /// Each kind reports `Synced(kind)` once its first list is complete, and again after every
 /// re-list. Objects that vanished while the watch was broken are reported as `Delete` when the
@@ -185,11 +215,22 @@ pub async fn run_kubernetes(
 /// produce a `Delete`. Errors are logged and counted (`source="kubernetes"`, `reason` one of
 /// `list`, `watch` or `relist`), then retried.
 ///
+/// ServiceCIDRs are the exception to "errors are retried": when listing or watching them is
+/// answered 404 (an API server older than 1.33 does not serve them) or 403 (kube-proxy's role
+/// does not grant them; also what a cluster older than 1.33 answers the stock role, as it
+/// authorizes before it looks the resource up), the watcher stops. That is logged once, not
+/// counted, and reported as `Synced(ServiceCIDR)`: nothing more can be known, and only the
+/// configured `serviceCIDRs` apply. ServiceCIDRs already reported stay (a 404 proves nothing
+/// about them: during an upgrade, API servers of both versions answer in turn). Every
+/// `retry`-given recheck ([`SERVICE_CIDR_RECHECK`] in production) a list of at most one object
+/// asks again, quietly while the answer stays the same; any other answer hands over to the
+/// watcher again, which lists (reporting what vanished meanwhile) and watches as for any kind.
+///
 /// The watchers run on a thread of their own (`kp-source-api`, with a single-threaded tokio
 /// runtime), which also drives their HTTP connections; this future only waits for it. Decoding
 /// list pages is the source's one big churn of short-lived memory, and glibc's malloc serves
 /// each thread from an arena of its own and keeps freed memory in the arena it came from: on
-/// one thread, the three watchers' pages reuse one arena, instead of leaving a high-water mark
+/// one thread, the watchers' pages reuse one arena, instead of leaving a high-water mark
 /// in the arena of every runtime worker they happened to run on (at 10k Services × 10
 /// endpoints, about 3 MiB of the process's peak RSS, besides what [`LIST_PAGE_SIZE`] saves).
 /// The thread ends, like this future, once `tx`'s receiver is dropped; dropping this future
@@ -228,7 +269,7 @@ pub async fn run_kubernetes_with(
     }
 }
 
-/// Runs the three watchers until `tx`'s receiver is dropped.
+/// Runs the four watchers until `tx`'s receiver is dropped.
 async fn watch_all(
     client: kube::Client,
     node_name: String,
@@ -236,6 +277,11 @@ async fn watch_all(
     metrics: Arc<Metrics>,
     retry: RetryPolicy,
 ) {
+    let ctx = Ctx {
+        retry,
+        tx: &tx,
+        metrics: &metrics,
+    };
     let services = watch_kind(
         Api::<Service>::all(client.clone()),
         watcher::Config::default()
@@ -243,9 +289,7 @@ async fn watch_all(
             .labels(&service_selector()),
         Kind::Service,
         |svc| Object::Service(Box::new(svc)),
-        retry,
-        &tx,
-        &metrics,
+        ctx,
     );
     let slices = watch_kind(
         Api::<EndpointSlice>::all(client.clone()),
@@ -254,58 +298,228 @@ async fn watch_all(
             .labels(&endpoint_slice_selector()),
         Kind::EndpointSlice,
         |slice| Object::EndpointSlice(Box::new(slice)),
-        retry,
-        &tx,
-        &metrics,
+        ctx,
     );
     let nodes = watch_kind(
-        Api::<Node>::all(client),
+        Api::<Node>::all(client.clone()),
         watcher::Config::default()
             .page_size(LIST_PAGE_SIZE)
             .fields(&format!("metadata.name={node_name}")),
         Kind::Node,
         |node| Object::Node(Box::new(node)),
-        retry,
-        &tx,
-        &metrics,
+        ctx,
     );
-    tokio::join!(services, slices, nodes);
+    let service_cidrs = watch_service_cidrs(Api::<ServiceCIDR>::all(client), ctx);
+    tokio::join!(services, slices, nodes, service_cidrs);
 }
 
-/// Runs one watcher until `tx`'s receiver is dropped.
+/// What every watcher shares.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    retry: RetryPolicy,
+    tx: &'a mpsc::Sender<SourceEvent>,
+    metrics: &'a Metrics,
+}
+
+/// Runs one watcher of a kind every API server serves until `tx`'s receiver is dropped.
 async fn watch_kind<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
     wrap: fn(K) -> Object,
-    retry: RetryPolicy,
-    tx: &mpsc::Sender<SourceEvent>,
-    metrics: &Metrics,
+    ctx: Ctx<'_>,
 ) where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let mut stream = pin!(watcher(api, config).backoff(retry.backoff()));
     let mut tracker = RelistTracker::new(kind);
+    watch_until(api, config, wrap, &mut tracker, None, ctx).await;
+}
+
+/// Why [`watch_until`] returned.
+#[derive(Debug, PartialEq, Eq)]
+enum Stopped {
+    /// `tx`'s receiver is gone (or the watcher ended, which kube-runtime's never does).
+    Closed,
+    /// The kind is optional and the API server will not serve it to us.
+    Unavailable(Unavailable),
+}
+
+/// Why the API server will not serve an optional kind to us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unavailable {
+    /// 404: it does not serve the resource (ServiceCIDRs before Kubernetes 1.33).
+    NotServed,
+    /// 403: kube-proxy's role may not list or watch it. What the stock role gets on a cluster
+    /// older than 1.33, too: kube-apiserver authorizes a request before it looks up its
+    /// resource.
+    Forbidden,
+}
+
+impl Unavailable {
+    /// Whether `status` says the resource is not served to us. By code as well as reason:
+    /// kube's client makes a Status of its own, reason and all, from an error whose body is
+    /// not one (a proxy's plain-text 404).
+    fn of_status(status: &Status) -> Option<Unavailable> {
+        if status.code == 404 || status.is_not_found() {
+            Some(Unavailable::NotServed)
+        } else if status.code == 403 || status.is_forbidden() {
+            Some(Unavailable::Forbidden)
+        } else {
+            None
+        }
+    }
+
+    /// Whether a watcher error says the resource is not served to us: only a refused list or
+    /// watch request does. (An `ERROR` event inside a watch is about that watch.)
+    fn of_error(err: &watcher::Error) -> Option<Unavailable> {
+        match err {
+            watcher::Error::InitialListFailed(kube::Error::Api(status))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => {
+                Unavailable::of_status(status)
+            }
+            _ => None,
+        }
+    }
+
+    /// Logs the state once it is entered: a 404 is what every cluster older than 1.33 answers,
+    /// so it is news but no warning; a 403 may be a role to fix.
+    fn log(self, kind: Kind, recheck: Duration) {
+        match self {
+            Unavailable::NotServed => info!(
+                %kind,
+                recheck_secs = recheck.as_secs(),
+                "the API server does not serve ServiceCIDRs (networking.k8s.io/v1, Kubernetes \
+                 1.33 and later); only the configured Service CIDRs (serviceCIDRs) are used; \
+                 asking again now and then"
+            ),
+            Unavailable::Forbidden => warn!(
+                %kind,
+                recheck_secs = recheck.as_secs(),
+                "not allowed to list and watch ServiceCIDRs (networking.k8s.io/v1): expected \
+                 before Kubernetes 1.33, else grant them to kube-proxy's role, as upstream's \
+                 system:node-proxier does; only the configured Service CIDRs (serviceCIDRs) are \
+                 used; asking again now and then"
+            ),
+        }
+    }
+}
+
+/// Runs the ServiceCIDR watcher until `tx`'s receiver is dropped, stopping it while the API
+/// server does not serve ServiceCIDRs to us (see [`run_kubernetes_with`]).
+///
+/// Decided by the watcher's own list and watch requests rather than by API discovery
+/// (`GET /apis/networking.k8s.io/v1`): discovery cannot tell that the role forbids the
+/// resource, so the 403 would need handling anyway, and the answers that matter come for
+/// free with the requests the watcher makes in any case.
+async fn watch_service_cidrs(api: Api<ServiceCIDR>, ctx: Ctx<'_>) {
+    let kind = Kind::ServiceCidr;
+    let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+    let recheck = ctx.retry.recheck();
+    // One tracker for every run of the watcher, so that the list after a pause reports what
+    // vanished meanwhile.
+    let mut tracker = RelistTracker::new(kind);
+    // What the log last said about the API: `None` until it is found unavailable, and again
+    // once it is listed.
+    let mut said: Option<Unavailable> = None;
+    loop {
+        let why = match watch_until(
+            api.clone(),
+            config.clone(),
+            |cidr| Object::ServiceCidr(Box::new(cidr)),
+            &mut tracker,
+            Some(&mut said),
+            ctx,
+        )
+        .await
+        {
+            Stopped::Closed => return,
+            Stopped::Unavailable(why) => why,
+        };
+        if said != Some(why) {
+            why.log(kind, recheck);
+            said = Some(why);
+        }
+        // Nothing more can be known; the consumer must not wait for it.
+        if ctx.tx.send(SourceEvent::Synced(kind)).await.is_err() {
+            return;
+        }
+        // Asked quietly: a list of at most one object, not the watcher, whose own log lines
+        // (kube-runtime warns of every 403) would repeat what was said.
+        loop {
+            tokio::select! {
+                _ = ctx.tx.closed() => return,
+                _ = tokio::time::sleep(recheck) => {}
+            }
+            let answer = api.list(&ListParams::default().limit(1)).await;
+            let still = match &answer {
+                Err(kube::Error::Api(status)) => Unavailable::of_status(status),
+                _ => None,
+            };
+            match still {
+                Some(now) => {
+                    if said != Some(now) {
+                        now.log(kind, recheck);
+                        said = Some(now);
+                    }
+                }
+                // Served now, or another error: the watcher takes over, and logs and counts
+                // errors as for any kind.
+                None => break,
+            }
+        }
+    }
+}
+
+/// Runs a watcher, reporting through `tracker`, until `tx`'s receiver is dropped, or, for an
+/// optional kind (`optional` holds what the log last said about its API), until the API
+/// server refuses it as [`Unavailable`].
+async fn watch_until<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wrap: fn(K) -> Object,
+    tracker: &mut RelistTracker,
+    mut optional: Option<&mut Option<Unavailable>>,
+    ctx: Ctx<'_>,
+) -> Stopped
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let kind = tracker.kind();
+    let mut stream = pin!(watcher(api, config).backoff(ctx.retry.backoff()));
     loop {
         let next = tokio::select! {
-            _ = tx.closed() => return,
+            _ = ctx.tx.closed() => return Stopped::Closed,
             next = stream.next() => next,
         };
         let event = match next {
             Some(Ok(event)) => event,
             Some(Err(source)) => {
+                if optional.is_some() {
+                    if let Some(why) = Unavailable::of_error(&source) {
+                        debug!(%kind, error = %source, "optional API not available");
+                        return Stopped::Unavailable(why);
+                    }
+                }
                 let reason = error_reason(&source);
                 let err = SourceError::Watch { kind, source };
                 warn!(%kind, reason, error = %err, "Kubernetes API error; retrying with backoff");
-                metrics.source_error(SOURCE, reason);
+                ctx.metrics.source_error(SOURCE, reason);
                 continue;
             }
             // kube-runtime's watcher never ends; if it ever did there would be nothing to do.
-            None => return,
+            None => return Stopped::Closed,
         };
+        let listed = matches!(event, watcher::Event::InitDone);
         for out in tracker.handle(map_event(event, wrap)) {
-            if tx.send(out).await.is_err() {
-                return;
+            if ctx.tx.send(out).await.is_err() {
+                return Stopped::Closed;
+            }
+        }
+        if listed {
+            if let Some(said) = optional.as_deref_mut() {
+                if said.take().is_some() {
+                    info!(%kind, "the API server serves this kind now; watching it");
+                }
             }
         }
     }

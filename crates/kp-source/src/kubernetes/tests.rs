@@ -6,7 +6,7 @@ use kp_core::track::{Kind, Object, ObjectKey, SourceEvent};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::Event;
 
-use super::{endpoint_slice_selector, service_selector, RelistTracker, RetryPolicy};
+use super::{endpoint_slice_selector, service_selector, RelistTracker, RetryPolicy, Unavailable};
 
 fn svc(name: &str, rv: &str) -> Object {
     Object::Service(Box::new(Service {
@@ -256,10 +256,60 @@ fn exponential_retry_doubles_up_to_max_and_resets() {
     let mut b = RetryPolicy::Exponential {
         initial: Duration::from_millis(10),
         max: Duration::from_millis(35),
+        recheck: Duration::from_secs(1),
     }
     .backoff();
     let first: Vec<u128> = b.by_ref().take(4).map(|d| d.as_millis()).collect();
     assert_eq!(first, [10, 20, 35, 35]);
     b.reset();
     assert_eq!(b.next(), Some(Duration::from_millis(10)));
+}
+
+#[test]
+fn only_a_refused_list_or_watch_with_404_or_403_makes_an_api_unavailable() {
+    use kube::core::Status;
+    use kube::runtime::watcher::Error;
+
+    let api = |code: u16, reason: &str| {
+        kube::Error::Api(Status::failure("x", reason).with_code(code).boxed())
+    };
+    let cases = [
+        (
+            Error::InitialListFailed(api(404, "NotFound")),
+            Some(Unavailable::NotServed),
+        ),
+        // A 404 whose body was no Status (a proxy's plain text): kube's client gives it a reason
+        // of its own, so only the code tells.
+        (
+            Error::InitialListFailed(api(404, "Failed to parse error data")),
+            Some(Unavailable::NotServed),
+        ),
+        (
+            Error::InitialListFailed(api(403, "Forbidden")),
+            Some(Unavailable::Forbidden),
+        ),
+        (
+            Error::WatchStartFailed(api(404, "NotFound")),
+            Some(Unavailable::NotServed),
+        ),
+        (
+            Error::WatchStartFailed(api(403, "Forbidden")),
+            Some(Unavailable::Forbidden),
+        ),
+        (Error::InitialListFailed(api(500, "InternalError")), None),
+        (
+            Error::WatchStartFailed(api(503, "ServiceUnavailable")),
+            None,
+        ),
+        // An ERROR event inside a watch is about that watch, not about the API.
+        (
+            Error::WatchError(Status::failure("x", "NotFound").with_code(404).boxed()),
+            None,
+        ),
+        (Error::WatchFailed(api(403, "Forbidden")), None),
+        (Error::NoResourceVersion, None),
+    ];
+    for (err, want) in cases {
+        assert_eq!(Unavailable::of_error(&err), want, "{err:?}");
+    }
 }

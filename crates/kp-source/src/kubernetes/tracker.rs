@@ -42,6 +42,11 @@ impl RelistTracker {
         }
     }
 
+    /// The kind it tracks.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
     /// Handles one watcher event, returning what to report.
     ///
     /// - `Init` starts a list: nothing is reported yet, not even for objects about to vanish.
@@ -114,10 +119,5 @@ impl RelistTracker {
 }
 
 fn resource_version(obj: &Object) -> &str {
-    let meta = match obj {
-        Object::Service(svc) => &svc.metadata,
-        Object::EndpointSlice(slice) => &slice.metadata,
-        Object::Node(node) => &node.metadata,
-    };
-    meta.resource_version.as_deref().unwrap_or("")
+    obj.metadata().resource_version.as_deref().unwrap_or("")
 }

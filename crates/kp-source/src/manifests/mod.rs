@@ -10,15 +10,21 @@
 //! last good content in force, so a half-written or broken file never removes anything; write
 //! files atomically (write elsewhere, then rename into the directory) to avoid reading one
 //! half-written. Mounted ConfigMaps, which swap a `..data` symlink, work as they are.
+//!
+//! A file's failure is reported (logged and counted) once per change of the file, not once per
+//! rescan: every rescan sees every file, and one busy file would otherwise repeat another's
+//! error many times a second. A failed file is not even read again until its metadata (size,
+//! times, inode) changes, so a file over the size limit costs one `stat` per rescan.
 
 pub mod parse;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
-use std::io;
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kp_core::track::{Kind, Object, SourceEvent};
 use kp_metrics::Metrics;
@@ -40,6 +46,12 @@ const DEBOUNCE: Duration = Duration::from_millis(50);
 /// Files larger than this are refused rather than read into memory.
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
+/// How long after a file's last change its [`Stamp`] is trusted to change with the next
+/// change. File times come from a coarse clock (a tick of some milliseconds; whole seconds,
+/// or two on FAT, on some filesystems), so a write in the same tick as a look may leave the
+/// metadata as the look saw it; until then a failed file is read again at every rescan.
+const SETTLE_SECS: i64 = 2;
+
 /// A file with at most this many objects is parsed once; a larger one is parsed again to
 /// report its objects, rather than holding them all while the rest of the file is checked.
 const KEEP_PARSED: usize = 256;
@@ -52,7 +64,8 @@ const KEEP_PARSED: usize = 256;
 /// [`parse::for_each_object`] for what a file may hold. After the first read it sends
 /// `Synced(Service)`, `Synced(EndpointSlice)` and `Synced(Node)`. Errors in a file are logged
 /// with the file and document, counted (`source="manifests"`, `reason` `read` or `parse`), and
-/// leave the file's last good content in force.
+/// leave the file's last good content in force; each is reported once per change of the file
+/// (see the module's documentation).
 ///
 /// Files are read one at a time and their objects sent as they are decoded (waiting while the
 /// channel is full), so memory holds one file's text and a few objects, not the directory.
@@ -175,14 +188,106 @@ fn is_manifest_name(name: &str) -> bool {
 /// The receiver of the events is gone: stop.
 struct Closed;
 
+/// A file's metadata, enough to tell that it changed without reading it: writing changes its
+/// size, mtime or ctime, and so do `chmod` and `chown` (ctime); replacing it (a rename into
+/// place, a ConfigMap's symlink swap) changes its inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    /// The device holding the file.
+    dev: u64,
+    /// The file's inode on that device.
+    ino: u64,
+    /// Its size in bytes.
+    size: u64,
+    /// Seconds and nanoseconds since the epoch.
+    mtime: (i64, i64),
+    /// Seconds and nanoseconds since the epoch.
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    /// The stamp of a file with metadata `meta`.
+    fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether the file last changed long enough before `now` that its next change is sure
+    /// to change the stamp (see [`SETTLE_SECS`]). A file time in the future never is.
+    fn settled(&self, now: SystemTime) -> bool {
+        let Some(now) = now.duration_since(UNIX_EPOCH).ok().and_then(|d| {
+            Some((
+                i64::try_from(d.as_secs()).ok()?,
+                i64::from(d.subsec_nanos()),
+            ))
+        }) else {
+            return false;
+        };
+        let last = self.mtime.max(self.ctime);
+        (last.0.saturating_add(SETTLE_SECS), last.1) <= now
+    }
+}
+
+/// The files of the directory as a scan sees them: [`Disk`], or a test's fake.
+trait Files {
+    /// The metadata of the file, following symlinks; `None` if it is not a regular file.
+    fn stamp(&mut self, path: &Path) -> io::Result<Option<Stamp>>;
+
+    /// The text of the file; `None` if it is not a regular file. Fails for a file over
+    /// [`MAX_FILE_BYTES`] or not UTF-8.
+    fn read(&mut self, path: &Path) -> io::Result<Option<String>>;
+}
+
+/// The files as they are on disk.
+struct Disk;
+
+impl Files for Disk {
+    fn stamp(&mut self, path: &Path) -> io::Result<Option<Stamp>> {
+        let meta = fs::metadata(path)?;
+        Ok(meta.is_file().then(|| Stamp::of(&meta)))
+    }
+
+    fn read(&mut self, path: &Path) -> io::Result<Option<String>> {
+        read_file(path)
+    }
+}
+
+/// What one look at a file saw. Two looks that saw the same are the same version of the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Look {
+    /// Its metadata, taken before reading it (so that a change while it is read changes the
+    /// next look's stamp); `None` if even that failed.
+    stamp: Option<Stamp>,
+    /// The digest of its text; `None` if it could not be read.
+    text: Option<Digest>,
+}
+
+/// What the source knows of a file from its last look.
+#[derive(Debug)]
+struct Seen {
+    /// What the look saw.
+    look: Look,
+    /// Whether `look.stamp` was taken long enough after the file's last change that it is
+    /// sure to differ once the file changes.
+    settled: bool,
+    /// Whether the file failed to read or parse at that look (and so was reported). Its last
+    /// good content, if any, is still in force.
+    failed: bool,
+}
+
 /// The directory's state between rescans.
 struct DirState {
     dir: PathBuf,
     metrics: Arc<Metrics>,
     set: ManifestSet,
-    /// A digest of the text of every file as last read, parsed or not, so unchanged files are
-    /// not parsed (or complained about) again.
-    texts: HashMap<PathBuf, Digest>,
+    /// What the last look at every file present saw, parsed or not, so that unchanged files
+    /// are not parsed (or complained about) again, nor failed ones even read again.
+    seen: HashMap<PathBuf, Seen>,
 }
 
 impl DirState {
@@ -191,7 +296,7 @@ impl DirState {
             dir,
             metrics,
             set: ManifestSet::new(),
-            texts: HashMap::new(),
+            seen: HashMap::new(),
         }
     }
 
@@ -206,61 +311,115 @@ impl DirState {
             source,
         })?;
         let mut emit = |ev| tx.blocking_send(ev).is_ok();
-        Ok(self.scan(listing, &mut read_file, &mut emit).ok())
+        // Taken before any file is looked at, so that a file is never thought settled early.
+        let now = SystemTime::now();
+        Ok(self.scan(listing, &mut Disk, now, &mut emit).ok())
     }
 
-    /// Applies one read of the directory: `listing` names the manifest files present,
-    /// `read` reads one (`None`: not a regular file, or gone), `emit` sends one event (false:
-    /// the receiver is gone). Returns the number of events sent. Files that fail to read or
-    /// parse keep their last good content.
+    /// Applies one read of the directory: `listing` names the manifest files present, `files`
+    /// reads them, `now` is a time no later than the first look at a file, and `emit` sends
+    /// one event (false: the receiver is gone). Returns the number of events sent. Files that
+    /// fail to read or parse keep their last good content.
     fn scan(
         &mut self,
         listing: Vec<PathBuf>,
-        read: &mut dyn FnMut(&Path) -> io::Result<Option<String>>,
+        files: &mut dyn Files,
+        now: SystemTime,
         emit: &mut dyn FnMut(SourceEvent) -> bool,
     ) -> Result<usize, Closed> {
         let mut sent = 0;
         let mut present = BTreeSet::new();
         for path in listing {
-            let text = match read(&path) {
-                Ok(Some(text)) => text,
+            let stamp = match files.stamp(&path) {
+                Ok(Some(stamp)) => Some(stamp),
                 Ok(None) => continue,
                 Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
                 Err(source) => {
                     present.insert(path.clone());
-                    // Read it again next time, even if its text turns out unchanged.
-                    self.texts.remove(&path);
-                    let err = SourceError::ManifestRead { path, source };
-                    error!(error = %err, "keeping the file's last good content");
-                    self.metrics.source_error(SOURCE, "read");
+                    let look = Look {
+                        stamp: None,
+                        text: None,
+                    };
+                    let err = SourceError::ManifestRead {
+                        path: path.clone(),
+                        source,
+                    };
+                    self.failed(&path, look, false, "read", err);
                     continue;
                 }
             };
             present.insert(path.clone());
-            let text_digest = text_digest(&text);
-            if self.texts.get(&path) == Some(&text_digest) {
+            let settled = stamp.is_some_and(|s| s.settled(now));
+            if self
+                .seen
+                .get(&path)
+                .is_some_and(|seen| seen.failed && seen.settled && seen.look.stamp == stamp)
+            {
+                // Unchanged since it failed: reading it again would fail again (or, for a
+                // broken file, read the same text).
                 continue;
             }
-            self.texts.insert(path.clone(), text_digest);
-            sent += self.read_file(&path, &text, emit)?;
+            let text = match files.read(&path) {
+                Ok(Some(text)) => text,
+                Ok(None) => {
+                    present.remove(&path);
+                    continue;
+                }
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    present.remove(&path);
+                    continue;
+                }
+                Err(source) => {
+                    // No text: once readable, it is parsed again even if its text is as before.
+                    let look = Look { stamp, text: None };
+                    let err = SourceError::ManifestRead {
+                        path: path.clone(),
+                        source,
+                    };
+                    self.failed(&path, look, settled, "read", err);
+                    continue;
+                }
+            };
+            let look = Look {
+                stamp,
+                text: Some(text_digest(&text)),
+            };
+            if let Some(seen) = self.seen.get_mut(&path) {
+                if seen.look.text == look.text {
+                    // The same text (a touch, a rename of the same content, a ConfigMap
+                    // update of other files): not parsed again, and if it failed to parse,
+                    // already reported. The new stamp saves reading it next time.
+                    seen.look = look;
+                    seen.settled = settled;
+                    continue;
+                }
+            }
+            sent += self.read_file(&path, look, settled, &text, emit)?;
         }
 
         let gone: Vec<PathBuf> = self
             .set
             .files()
-            .chain(self.texts.keys().map(PathBuf::as_path))
+            .chain(self.seen.keys().map(PathBuf::as_path))
             .filter(|path| !present.contains(*path))
             .map(Path::to_path_buf)
             .collect();
         for path in gone {
-            self.texts.remove(&path);
+            // Forgotten with its failure: if it comes back, it is a new file.
+            self.seen.remove(&path);
             self.set.remove_file(&path);
         }
 
         let settled = self.set.settle();
         for (path, wanted) in settled.reread {
-            let text = match read(&path) {
-                Ok(Some(text)) if self.texts.get(&path) == Some(&text_digest(&text)) => text,
+            // Only the text of the file's last good parse holds the versions in force.
+            let good = self
+                .seen
+                .get(&path)
+                .filter(|seen| !seen.failed)
+                .and_then(|seen| seen.look.text);
+            let text = match files.read(&path) {
+                Ok(Some(text)) if good.is_some() && good == Some(text_digest(&text)) => text,
                 // Changed since it was parsed (or broken, or gone): what is in force stays
                 // until the file is read next.
                 _ => {
@@ -286,11 +445,45 @@ impl DirState {
         Ok(sent)
     }
 
-    /// Parses a new or changed file and sends what changed in it. A file that fails to parse
-    /// keeps its last good content.
+    /// Records that a file failed to read or parse at `look`, and reports it (logs `err` and
+    /// counts it under `reason`) unless the previous look saw the same version fail.
+    ///
+    /// Every per-file failure goes through here, so that each is reported once per change of
+    /// the file whatever its kind. The file's last good content stays in force.
+    fn failed(
+        &mut self,
+        path: &Path,
+        look: Look,
+        settled: bool,
+        reason: &'static str,
+        err: SourceError,
+    ) {
+        let seen = self.seen.entry(path.to_path_buf()).or_insert(Seen {
+            look,
+            settled,
+            failed: false,
+        });
+        let reported = seen.failed && seen.look == look;
+        *seen = Seen {
+            look,
+            settled,
+            failed: true,
+        };
+        if reported {
+            debug!(error = %err, "still failing, unchanged");
+            return;
+        }
+        error!(error = %err, "keeping the file's last good content");
+        self.metrics.source_error(SOURCE, reason);
+    }
+
+    /// Parses a new or changed file, seen at `look`, and sends what changed in it. A file that
+    /// fails to parse keeps its last good content.
     fn read_file(
         &mut self,
         path: &Path,
+        look: Look,
+        settled: bool,
         text: &str,
         emit: &mut dyn FnMut(SourceEvent) -> bool,
     ) -> Result<usize, Closed> {
@@ -306,10 +499,17 @@ impl DirState {
             }
         });
         if let Err(err) = parsed {
-            error!(error = %err, "keeping the file's last good content");
-            self.metrics.source_error(SOURCE, "parse");
+            self.failed(path, look, settled, "parse", err);
             return Ok(0);
         }
+        self.seen.insert(
+            path.to_path_buf(),
+            Seen {
+                look,
+                settled,
+                failed: false,
+            },
+        );
         let wanted = self.set.update_file(path, objects);
         self.send_wanted(path, text, kept, &wanted, emit)
     }
@@ -377,28 +577,6 @@ impl DirState {
         }
         Ok(sent)
     }
-
-    /// Test helper: one read of the directory, given as each file's text (or why it could not
-    /// be read), returning what it sends.
-    #[cfg(test)]
-    fn apply_read(
-        &mut self,
-        files: std::collections::BTreeMap<PathBuf, io::Result<String>>,
-    ) -> Vec<SourceEvent> {
-        let listing = files.keys().cloned().collect();
-        let mut read = |path: &Path| match files.get(path) {
-            Some(Ok(text)) => Ok(Some(text.clone())),
-            Some(Err(err)) => Err(io::Error::new(err.kind(), err.to_string())),
-            None => Ok(None),
-        };
-        let mut events = Vec::new();
-        let mut emit = |ev| {
-            events.push(ev);
-            true
-        };
-        let _ = self.scan(listing, &mut read, &mut emit);
-        events
-    }
 }
 
 /// The manifest files directly in `dir`, by name.
@@ -418,16 +596,23 @@ fn list_dir(dir: &Path) -> io::Result<Vec<PathBuf>> {
 
 /// Reads one file, following symlinks; `None` if it is not a regular file.
 fn read_file(path: &Path) -> io::Result<Option<String>> {
+    let too_large = || io::Error::other(format!("file is larger than {MAX_FILE_BYTES} bytes"));
     let meta = fs::metadata(path)?;
     if !meta.is_file() {
         return Ok(None);
     }
     if meta.len() > MAX_FILE_BYTES {
-        return Err(io::Error::other(format!(
-            "file is larger than {MAX_FILE_BYTES} bytes"
-        )));
+        return Err(too_large());
     }
-    let bytes = fs::read(path)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // Reading one byte past the limit tells a file that grew since its `stat` without
+    // reading all of it.
+    fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if u64::try_from(bytes.len()).map_or(true, |n| n > MAX_FILE_BYTES) {
+        return Err(too_large());
+    }
     String::from_utf8(bytes)
         .map(Some)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "file is not UTF-8"))

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kp_core::track::{Kind, Object, ObjectKey};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
@@ -26,6 +27,7 @@ use crate::SourceError;
 
 const CORE_V1: &str = "v1";
 const DISCOVERY_V1: &str = "discovery.k8s.io/v1";
+const NETWORKING_V1: &str = "networking.k8s.io/v1";
 
 /// Parses one manifest file into its objects. See [`for_each_object`] for what a file may hold.
 pub fn parse_file(path: &Path, text: &str) -> Result<Vec<Object>, SourceError> {
@@ -270,6 +272,7 @@ fn decode_document(doc: &impl Syntax, sink: &mut Sink<'_>) -> Result<(), String>
         (CORE_V1, "ServiceList") => Some((CORE_V1, "Service")),
         (DISCOVERY_V1, "EndpointSliceList") => Some((DISCOVERY_V1, "EndpointSlice")),
         (CORE_V1, "NodeList") => Some((CORE_V1, "Node")),
+        (NETWORKING_V1, "ServiceCIDRList") => Some((NETWORKING_V1, "ServiceCIDR")),
         _ => {
             let (n, wanted) = sink.take();
             if wanted {
@@ -319,7 +322,8 @@ fn type_of(
 fn unsupported(api_version: &str, kind: &str) -> String {
     format!(
         "unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Service, \
-         discovery.k8s.io/v1 EndpointSlice, v1 Node or a list of them"
+         discovery.k8s.io/v1 EndpointSlice, v1 Node, networking.k8s.io/v1 ServiceCIDR or a \
+         list of them"
     )
 }
 
@@ -336,6 +340,10 @@ fn decode_typed(doc: &impl Syntax, api_version: &str, kind: &str) -> Result<Obje
         )),
         (CORE_V1, "Node") => Object::Node(Box::new(
             doc.typed::<Node>().map_err(|err| format!("Node: {err}"))?,
+        )),
+        (NETWORKING_V1, "ServiceCIDR") => Object::ServiceCidr(Box::new(
+            doc.typed::<ServiceCIDR>()
+                .map_err(|err| format!("ServiceCIDR: {err}"))?,
         )),
         _ => return Err(unsupported(api_version, kind)),
     };
@@ -369,6 +377,10 @@ fn decode_item(value: Value, default: Option<(&str, &str)>) -> Result<Object, St
         )),
         (CORE_V1, "Node") => Object::Node(Box::new(
             serde_json::from_value::<Node>(value).map_err(|err| format!("Node: {err}"))?,
+        )),
+        (NETWORKING_V1, "ServiceCIDR") => Object::ServiceCidr(Box::new(
+            serde_json::from_value::<ServiceCIDR>(value)
+                .map_err(|err| format!("ServiceCIDR: {err}"))?,
         )),
         _ => return Err(unsupported(&api_version, &kind)),
     };
@@ -669,6 +681,7 @@ pub fn digest(obj: &Object) -> Digest {
         Object::Service(s) => s.serialize(&mut serde_json::Serializer::new(&mut w)),
         Object::EndpointSlice(s) => s.serialize(&mut serde_json::Serializer::new(&mut w)),
         Object::Node(n) => n.serialize(&mut serde_json::Serializer::new(&mut w)),
+        Object::ServiceCidr(c) => c.serialize(&mut serde_json::Serializer::new(&mut w)),
     };
     [w.0.finish(), w.1.finish()]
 }

@@ -1,14 +1,124 @@
 use std::collections::BTreeMap;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kp_core::track::SourceEvent;
 use kp_metrics::Metrics;
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
 use notify::EventKind;
 
-use super::{is_manifest_name, wakes, DirState};
+use super::parse::text_digest;
+use super::{is_manifest_name, wakes, DirState, Files, Stamp};
+
+/// A directory of fake files, counting how often each is read.
+#[derive(Default)]
+struct Fake {
+    files: BTreeMap<PathBuf, FakeFile>,
+    reads: BTreeMap<PathBuf, usize>,
+}
+
+/// A fake file: its metadata, or why it cannot be had; its text, or why it cannot be read.
+struct FakeFile {
+    stamp: io::Result<Stamp>,
+    text: io::Result<String>,
+}
+
+fn copy_err(err: &io::Error) -> io::Error {
+    io::Error::new(err.kind(), err.to_string())
+}
+
+impl Files for Fake {
+    fn stamp(&mut self, path: &Path) -> io::Result<Option<Stamp>> {
+        match self.files.get(path) {
+            Some(file) => file.stamp.as_ref().map(|s| Some(*s)).map_err(copy_err),
+            None => Err(io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    fn read(&mut self, path: &Path) -> io::Result<Option<String>> {
+        *self.reads.entry(path.to_path_buf()).or_default() += 1;
+        match self.files.get(path) {
+            Some(file) => file
+                .text
+                .as_ref()
+                .map(|t| Some(t.clone()))
+                .map_err(copy_err),
+            None => Err(io::ErrorKind::NotFound.into()),
+        }
+    }
+}
+
+impl Fake {
+    fn set(&mut self, name: &str, stamp: io::Result<Stamp>, text: io::Result<String>) {
+        self.files.insert(path(name), FakeFile { stamp, text });
+    }
+
+    fn reads(&self, name: &str) -> usize {
+        self.reads.get(&path(name)).copied().unwrap_or(0)
+    }
+}
+
+fn path(name: &str) -> PathBuf {
+    PathBuf::from("/m").join(name)
+}
+
+/// A stamp for a file that last changed at `changed` (seconds since the epoch).
+fn stamp(ino: u64, size: u64, changed: i64) -> Stamp {
+    Stamp {
+        dev: 1,
+        ino,
+        size,
+        mtime: (changed, 0),
+        ctime: (changed, 0),
+    }
+}
+
+/// Long ago: a stamp that is settled.
+const LONG_AGO: i64 = 1_000_000_000;
+
+fn now_secs() -> i64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after the epoch");
+    i64::try_from(now.as_secs()).expect("in range")
+}
+
+fn denied() -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, "denied")
+}
+
+impl DirState {
+    /// One read of the fake directory, returning what it sends.
+    fn scan_fake(&mut self, fake: &mut Fake) -> Vec<SourceEvent> {
+        let listing = fake.files.keys().cloned().collect();
+        let mut events = Vec::new();
+        let mut emit = |ev| {
+            events.push(ev);
+            true
+        };
+        let _ = self.scan(listing, fake, SystemTime::now(), &mut emit);
+        events
+    }
+
+    /// One read of the directory, given as each file's text (or why it could not be read),
+    /// returning what it sends. Each file's stamp follows from its text (or error), as if
+    /// every change were a rename into place long ago.
+    fn apply_read(&mut self, files: BTreeMap<PathBuf, io::Result<String>>) -> Vec<SourceEvent> {
+        let mut fake = Fake::default();
+        for (path, text) in files {
+            let key = match &text {
+                Ok(text) => text.clone(),
+                Err(err) => format!("error: {err}"),
+            };
+            let digest = text_digest(&key);
+            let stamp = Ok(stamp(digest[0], digest[1], LONG_AGO));
+            fake.files.insert(path, FakeFile { stamp, text });
+        }
+        self.scan_fake(&mut fake)
+    }
+}
 
 fn service(name: &str, port: u16) -> String {
     format!(
@@ -35,9 +145,9 @@ fn read(files: &[(&str, Option<&str>)]) -> BTreeMap<PathBuf, io::Result<String>>
         .map(|(name, text)| {
             let text = match text {
                 Some(t) => Ok(t.to_string()),
-                None => Err(io::Error::new(io::ErrorKind::PermissionDenied, "denied")),
+                None => Err(denied()),
             };
-            (PathBuf::from("/m").join(name), text)
+            (path(name), text)
         })
         .collect()
 }
@@ -252,4 +362,151 @@ fn a_renamed_file_reports_nothing() {
     assert!(dir.apply_read(read(&[("y.yaml", Some(&text))])).is_empty());
     let out = dir.apply_read(read(&[]));
     assert_eq!(show(&out), ["delete Service ns/a", "delete Service ns/b"]);
+}
+
+/// The rescans the other files' changes cause: each sees every file again.
+fn rescan_n(dir: &mut DirState, fake: &mut Fake, n: usize) {
+    for _ in 0..n {
+        assert!(dir.scan_fake(fake).is_empty());
+    }
+}
+
+#[test]
+fn an_unreadable_file_is_reported_and_read_once_per_change_of_its_metadata() {
+    let (mut dir, metrics) = state();
+    let mut fake = Fake::default();
+    let too_large = || io::Error::other("file is larger than 16777216 bytes");
+    fake.set(
+        "big.yaml",
+        Ok(stamp(1, 1 << 30, LONG_AGO)),
+        Err(too_large()),
+    );
+    fake.set(
+        "latin1.yaml",
+        Ok(stamp(2, 10, LONG_AGO)),
+        Err(io::Error::new(io::ErrorKind::InvalidData, "not UTF-8")),
+    );
+    fake.set("denied.yaml", Ok(stamp(3, 10, LONG_AGO)), Err(denied()));
+    assert!(dir.scan_fake(&mut fake).is_empty());
+    assert_eq!(errors(&metrics, "read"), 3);
+
+    rescan_n(&mut dir, &mut fake, 10);
+    assert_eq!(
+        errors(&metrics, "read"),
+        3,
+        "reported again while unchanged"
+    );
+    for name in ["big.yaml", "latin1.yaml", "denied.yaml"] {
+        assert_eq!(fake.reads(name), 1, "{name} read again while unchanged");
+    }
+
+    // Changed, still failing: read and reported once more.
+    fake.set(
+        "big.yaml",
+        Ok(stamp(1, 1 << 31, LONG_AGO)),
+        Err(too_large()),
+    );
+    rescan_n(&mut dir, &mut fake, 5);
+    assert_eq!(errors(&metrics, "read"), 4);
+    assert_eq!(fake.reads("big.yaml"), 2);
+
+    // Fixed: read as usual.
+    fake.set(
+        "denied.yaml",
+        Ok(stamp(3, 10, LONG_AGO + 1)),
+        Ok(service("a", 80)),
+    );
+    assert_eq!(show(&dir.scan_fake(&mut fake)), ["upsert Service ns/a"]);
+    assert_eq!(errors(&metrics, "read"), 4);
+}
+
+#[test]
+fn a_failed_file_that_changed_just_now_is_read_again_but_reported_once() {
+    // Its metadata might not change with a write in the same clock tick, so it is read at
+    // every rescan until it settles; failing the same way is not reported again.
+    let (mut dir, metrics) = state();
+    let mut fake = Fake::default();
+    fake.set("x.yaml", Ok(stamp(1, 10, now_secs())), Err(denied()));
+    dir.scan_fake(&mut fake);
+    rescan_n(&mut dir, &mut fake, 3);
+    assert_eq!(fake.reads("x.yaml"), 4);
+    assert_eq!(errors(&metrics, "read"), 1);
+    // Written within the same tick, stamp unchanged: seen at once.
+    fake.set("x.yaml", Ok(stamp(1, 10, now_secs())), Ok(service("a", 80)));
+    assert_eq!(show(&dir.scan_fake(&mut fake)), ["upsert Service ns/a"]);
+}
+
+#[test]
+fn a_file_without_metadata_is_reported_once_until_it_has_some() {
+    let (mut dir, metrics) = state();
+    let mut fake = Fake::default();
+    fake.set("x.yaml", Err(denied()), Ok(service("a", 80)));
+    dir.scan_fake(&mut fake);
+    rescan_n(&mut dir, &mut fake, 5);
+    assert_eq!(errors(&metrics, "read"), 1);
+    assert_eq!(fake.reads("x.yaml"), 0);
+    fake.set("x.yaml", Ok(stamp(1, 10, LONG_AGO)), Ok(service("a", 80)));
+    assert_eq!(show(&dir.scan_fake(&mut fake)), ["upsert Service ns/a"]);
+}
+
+#[test]
+fn a_broken_file_is_reported_once_per_change_of_its_text_and_not_read_while_unchanged() {
+    let (mut dir, metrics) = state();
+    let mut fake = Fake::default();
+    fake.set("x.yaml", Ok(stamp(1, 7, LONG_AGO)), Ok("kind: [".into()));
+    dir.scan_fake(&mut fake);
+    rescan_n(&mut dir, &mut fake, 5);
+    assert_eq!(errors(&metrics, "parse"), 1);
+    assert_eq!(fake.reads("x.yaml"), 1);
+
+    // Replaced by the same text (a ConfigMap update of another key): read once, not reported.
+    fake.set("x.yaml", Ok(stamp(2, 7, LONG_AGO)), Ok("kind: [".into()));
+    rescan_n(&mut dir, &mut fake, 5);
+    assert_eq!(errors(&metrics, "parse"), 1);
+    assert_eq!(fake.reads("x.yaml"), 2);
+
+    // Broken differently: reported.
+    fake.set("x.yaml", Ok(stamp(3, 8, LONG_AGO)), Ok("kind: [[".into()));
+    rescan_n(&mut dir, &mut fake, 5);
+    assert_eq!(errors(&metrics, "parse"), 2);
+
+    // Unreadable, then readable with the text that failed before: both are changes.
+    fake.set("x.yaml", Ok(stamp(4, 8, LONG_AGO)), Err(denied()));
+    rescan_n(&mut dir, &mut fake, 2);
+    fake.set("x.yaml", Ok(stamp(5, 8, LONG_AGO)), Ok("kind: [[".into()));
+    rescan_n(&mut dir, &mut fake, 2);
+    assert_eq!(errors(&metrics, "read"), 1);
+    assert_eq!(errors(&metrics, "parse"), 3);
+}
+
+#[test]
+fn a_removed_file_is_forgotten_with_its_failure() {
+    let (mut dir, metrics) = state();
+    let mut fake = Fake::default();
+    fake.set("x.yaml", Ok(stamp(1, 10, LONG_AGO)), Err(denied()));
+    dir.scan_fake(&mut fake);
+    fake.files.clear();
+    dir.scan_fake(&mut fake);
+    assert!(dir.seen.is_empty(), "{:?}", dir.seen);
+    // Back as it was: a new file, read and reported.
+    fake.set("x.yaml", Ok(stamp(1, 10, LONG_AGO)), Err(denied()));
+    dir.scan_fake(&mut fake);
+    assert_eq!(errors(&metrics, "read"), 2);
+    assert_eq!(fake.reads("x.yaml"), 2);
+}
+
+#[test]
+fn a_stamp_settles_some_seconds_after_the_file_changed() {
+    let at = |secs: u64| UNIX_EPOCH + Duration::from_secs(secs);
+    let s = stamp(1, 1, 1_000);
+    assert!(!s.settled(at(1_000)));
+    assert!(!s.settled(at(1_001)));
+    assert!(s.settled(at(1_002)));
+    // A file time in the future (a skewed network filesystem) never settles.
+    assert!(!stamp(1, 1, 5_000).settled(at(1_002)));
+    let ctime_later = Stamp {
+        ctime: (1_005, 0),
+        ..s
+    };
+    assert!(!ctime_later.settled(at(1_003)));
 }

@@ -41,6 +41,11 @@ pub(super) fn info(kind: Kind) -> KindInfo {
             list_kind: "NodeList",
             namespaced: false,
         },
+        Kind::ServiceCidr => KindInfo {
+            api_version: "networking.k8s.io/v1",
+            list_kind: "ServiceCIDRList",
+            namespaced: false,
+        },
     }
 }
 

@@ -3,10 +3,11 @@
 //! bounded by [`DEADLINE`].
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::Api;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::ResourceExt;
@@ -25,6 +26,10 @@ fn service(name: &str, labels: Value) -> Value {
 
 fn node(name: &str) -> Value {
     json!({"metadata": {"name": name}})
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
+    json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}})
 }
 
 fn selects(labels: &str, fields: &str, object: &Value) -> bool {
@@ -467,7 +472,12 @@ async fn a_held_list_is_answered_only_once_released() {
 /// One plain HTTP/1.1 request; the whole answer, as text (watch bodies are chunked, one event
 /// per chunk, so their JSON lines stay whole).
 fn http_get(server: &FakeApiServer, target: &str) -> String {
-    let mut conn = TcpStream::connect(server.addr()).expect("connect");
+    http_get_addr(server.addr(), target)
+}
+
+/// [`http_get`] by address, for a blocking task of an async test.
+fn http_get_addr(addr: SocketAddr, target: &str) -> String {
+    let mut conn = TcpStream::connect(addr).expect("connect");
     conn.set_read_timeout(Some(DEADLINE)).expect("timeout");
     write!(
         conn,
@@ -654,4 +664,223 @@ async fn lists_are_paged_as_kube_rs_asks_and_every_object_arrives_once() {
         .iter()
         .all(|r| r.query.get("limit").map(String::as_str) == Some("3")));
     assert!(lists[1].query.contains_key("continue") && lists[2].query.contains_key("continue"));
+}
+
+#[test]
+fn service_cidrs_are_stored_cluster_scoped_in_networking_k8s_io_v1() {
+    let mut store = Store::default();
+    assert_eq!(
+        store.upsert(
+            Kind::ServiceCidr,
+            service_cidr("kubernetes", &["10.96.0.0/16"])
+        ),
+        Ok(1)
+    );
+    let cidr = store
+        .get(Kind::ServiceCidr, "ignored", "kubernetes")
+        .expect("stored");
+    assert_eq!(cidr["apiVersion"], "networking.k8s.io/v1");
+    assert_eq!(cidr["kind"], "ServiceCIDR");
+    assert!(cidr["metadata"].get("namespace").is_none(), "{cidr}");
+    let namespaced = json!({"metadata": {"name": "x", "namespace": "ns"}});
+    assert!(store.upsert(Kind::ServiceCidr, namespaced).is_err());
+    assert_eq!(store.delete(Kind::ServiceCidr, "", "kubernetes"), Some(2));
+}
+
+/// Everything the other kinds get, through kube-rs's watcher: a paged list, watch events,
+/// bookmarks, a dropped watch resumed without a list, and a 410 that makes it list again.
+#[tokio::test]
+async fn service_cidrs_are_listed_and_watched_as_the_other_kinds_are() {
+    const PATH: &str = "/apis/networking.k8s.io/v1/servicecidrs";
+    let server = FakeApiServer::start().expect("server");
+    for name in ["a", "b", "c"] {
+        server
+            .upsert(Kind::ServiceCidr, service_cidr(name, &["10.96.0.0/16"]))
+            .expect("upsert");
+    }
+    let config = watcher::Config::default().page_size(2);
+    let mut cidrs = watch_all::<ServiceCIDR>(client(&server), config);
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(show(&next_ok(&mut cidrs, "the paged list").await));
+    }
+    assert_eq!(
+        got,
+        [
+            "init",
+            "init-apply a",
+            "init-apply b",
+            "init-apply c",
+            "init-done"
+        ]
+    );
+    until(&server, "the watch", |s| {
+        s.open_watches(Kind::ServiceCidr) == 1
+    })
+    .await;
+    let log = server.request_log();
+    let lists: Vec<_> = log.iter().filter(|r| r.path == PATH && !r.watch).collect();
+    assert_eq!(lists.len(), 2, "two pages: {lists:?}");
+    assert!(lists[1].query.contains_key("continue"), "{lists:?}");
+    let watch = log
+        .iter()
+        .find(|r| r.path == PATH && r.watch)
+        .expect("a watch");
+    assert_eq!(
+        watch.query.get("allowWatchBookmarks").map(String::as_str),
+        Some("true")
+    );
+
+    // Changes reach the watch; a dropped watch resumes from the last one, without a list.
+    server
+        .upsert(Kind::ServiceCidr, service_cidr("d", &["fd00:10:96::/112"]))
+        .expect("d");
+    let deleted = server
+        .delete(Kind::ServiceCidr, "", "a")
+        .expect("a deleted");
+    assert_eq!(show(&next_ok(&mut cidrs, "d").await), "apply d");
+    assert_eq!(show(&next_ok(&mut cidrs, "a's deletion").await), "delete a");
+    server.drop_watches();
+    until(&server, "the second watch", |s| {
+        s.requests()[PATH].watches == 2 && s.open_watches(Kind::ServiceCidr) == 1
+    })
+    .await;
+    let resumed = server
+        .request_log()
+        .into_iter()
+        .filter(|r| r.path == PATH && r.watch)
+        .nth(1)
+        .expect("the second watch");
+    assert_eq!(
+        resumed.query.get("resourceVersion").map(String::as_str),
+        Some(deleted.to_string().as_str())
+    );
+    assert_eq!(server.requests()[PATH].lists, 2, "no relist");
+
+    // A bookmark names the kind and group version, as the real server's do.
+    let addr = server.addr();
+    let watching = tokio::task::spawn_blocking(move || {
+        http_get_addr(
+            addr,
+            &format!("{PATH}?watch=1&resourceVersion={deleted}&allowWatchBookmarks=true&timeoutSeconds=1"),
+        )
+    });
+    until(&server, "the raw watch", |s| {
+        s.open_watches(Kind::ServiceCidr) == 2
+    })
+    .await;
+    server.send_bookmarks();
+    let watching = watching.await.expect("request thread");
+    let events = json_lines(&watching);
+    assert_eq!(events.len(), 1, "{watching}");
+    assert_eq!(events[0]["type"], "BOOKMARK");
+    assert_eq!(events[0]["object"]["kind"], "ServiceCIDR");
+    assert_eq!(events[0]["object"]["apiVersion"], "networking.k8s.io/v1");
+
+    // Compaction while nobody watches: the next watch is 410 Gone, and the client lists again.
+    server.set_outage(Some(Outage::Status(500)));
+    assert!(next(&mut cidrs, "the broken watch").await.is_err());
+    server
+        .delete(Kind::ServiceCidr, "", "b")
+        .expect("b deleted");
+    server.compact();
+    server.set_outage(None);
+    let mut got = Vec::new();
+    while got.last().map(String::as_str) != Some("init-done") {
+        match next(&mut cidrs, "the relist").await {
+            Ok(event) => got.push(show(&event)),
+            Err(watcher::Error::WatchError(status)) => {
+                assert_eq!(status.code, 410);
+                got.push("gone".into());
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert_eq!(
+        got,
+        ["gone", "init", "init-apply c", "init-apply d", "init-done"]
+    );
+}
+
+/// `serve_service_cidrs(false)` answers as a 1.28 API server: 404 NotFound for lists and
+/// watches (kube-rs's watcher sees it as its initial list failing), open watches end, and the
+/// other kinds are untouched. Serving it again brings back what was stored.
+#[tokio::test]
+async fn an_api_server_without_service_cidrs_answers_404_as_before_1_33() {
+    const PATH: &str = "/apis/networking.k8s.io/v1/servicecidrs";
+    let server = FakeApiServer::start().expect("server");
+    server
+        .upsert(
+            Kind::ServiceCidr,
+            service_cidr("kubernetes", &["10.96.0.0/16"]),
+        )
+        .expect("upsert");
+    server.upsert(Kind::Node, node("n")).expect("n");
+    let mut cidrs = watch_all::<ServiceCIDR>(client(&server), Default::default());
+    for _ in 0..3 {
+        next_ok(&mut cidrs, "the list while served").await;
+    }
+    until(&server, "the watch", |s| {
+        s.open_watches(Kind::ServiceCidr) == 1
+    })
+    .await;
+
+    // Switched off: the open watch ends, and watching again is refused with the 404.
+    server.serve_service_cidrs(false);
+    match next(&mut cidrs, "the refused watch").await {
+        Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) => {
+            assert_eq!(status.code, 404, "{status:?}");
+            assert!(status.is_not_found(), "{status:?}");
+        }
+        other => panic!("expected the watch to be refused with 404, got {other:?}"),
+    }
+    assert_eq!(server.open_watches(Kind::ServiceCidr), 0);
+
+    // A fresh client's initial list is refused the same way: no Init is ever reported after it.
+    let mut fresh = watch_all::<ServiceCIDR>(client(&server), Default::default());
+    assert_eq!(show(&next_ok(&mut fresh, "init").await), "init");
+    match next(&mut fresh, "the refused list").await {
+        Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) => {
+            assert_eq!(status.code, 404, "{status:?}");
+            assert_eq!(status.reason, "NotFound");
+            assert_eq!(
+                status.message,
+                "the server could not find the requested resource"
+            );
+        }
+        other => panic!("expected the list to be refused with 404, got {other:?}"),
+    }
+    drop(fresh);
+    // Held lists of an unserved kind are not held: the real server has nothing to hold.
+    server.hold_lists(Kind::ServiceCidr);
+    let answer = tokio::task::spawn_blocking({
+        let addr = server.addr();
+        move || http_get_addr(addr, &format!("{PATH}?watch=true"))
+    })
+    .await
+    .expect("request thread");
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert_eq!(json_lines(&answer)[0]["reason"], "NotFound");
+    server.release_lists(Kind::ServiceCidr);
+    let nodes = tokio::task::spawn_blocking({
+        let addr = server.addr();
+        move || http_get_addr(addr, "/api/v1/nodes")
+    })
+    .await
+    .expect("request thread");
+    assert!(nodes.starts_with("HTTP/1.1 200"), "other kinds are served");
+    assert!(server.requests()[PATH].failed >= 3);
+
+    // The upgrade: served again, with the object stored before. (The first watcher, refused
+    // a watch and not a list, only watches again, from where it was: nothing changed since.)
+    server.serve_service_cidrs(true);
+    drop(cidrs);
+    let mut fresh = watch_all::<ServiceCIDR>(client(&server), Default::default());
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(show(
+            &next_ok(&mut fresh, "the list once served again").await,
+        ));
+    }
+    assert_eq!(got, ["init", "init-apply kubernetes", "init-done"]);
 }

@@ -8,6 +8,12 @@
 //! `NAME CLIENT_IP`, or `timeout`, `refused`, `unreachable`, `reset`, or `error MESSAGE`. These
 //! are results, not failures: it exits 0 for all of them and 64 only for a usage error.
 //!
+//! `kp-echo stream` holds one TCP connection open and sends a numbered line every interval,
+//! each echoed back by the server (the connection's first line, `STREAM`, switches the server
+//! from HTTP to echoing): a long-lived connection whose every gap and reset is seen, for tests
+//! that restart or switch the proxy under it. It prints one line at the end:
+//! `stream NAME sent=N echoed=N max_gap_ms=G` followed by ` failed=WHY` if it broke.
+//!
 //! SCTP (`--sctp`, `request sctp`) uses one-to-one style sockets (`SOCK_STREAM`,
 //! `IPPROTO_SCTP`), which behave like TCP sockets for everything kp-echo does, so it shares the
 //! TCP code. Where the kernel lacks SCTP, binding or connecting reports the kernel's error.
@@ -29,11 +35,16 @@ use socket2::{Domain, Protocol, Socket, Type};
 const USAGE: &str = "\
 usage:
   kp-echo serve --name NAME [--tcp PORT]... [--udp PORT]... [--sctp PORT]...
-  kp-echo request tcp|udp|sctp HOST PORT [--timeout-ms N] [--src-port P] [--src-ip IP] [--count N]
+  kp-echo request tcp|udp|sctp HOST PORT [--timeout-ms N] [--src-port P] [--src-ip IP]
+                  [--count N | --duration-ms N]
+  kp-echo stream tcp HOST PORT [--interval-ms N] [--duration-ms N] [--timeout-ms N] [--src-ip IP]
 
 serve listens on every address (IPv4 and IPv6) and prints `kp-echo NAME ready` once all ports
 are bound. request prints one line per attempt: `NAME CLIENT_IP` for an answer, else `timeout`,
-`refused`, `unreachable`, `reset` or `error MESSAGE`; it exits 0 for all of these.";
+`refused`, `unreachable`, `reset` or `error MESSAGE` (with --duration-ms, followed by
+` ms=N`, the attempt's time); it exits 0 for all of these. stream keeps
+one connection, sends a line every interval for the duration and prints
+`stream NAME sent=N echoed=N max_gap_ms=G [failed=WHY]`.";
 
 /// Exit code for a usage error (sysexits' EX_USAGE), as for a bad config elsewhere.
 const EX_USAGE: u8 = 64;
@@ -50,6 +61,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("serve") => ServeArgs::parse(&args[1..]).map(serve),
         Some("request") => RequestArgs::parse(&args[1..]).map(request),
+        Some("stream") => RequestArgs::parse(&args[1..]).map(stream),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -225,6 +237,9 @@ fn answer_tcp(mut stream: TcpStream, name: &str) -> io::Result<()> {
         }
     }
 
+    if let Some(rest) = request.strip_prefix(STREAM_HELLO) {
+        return echo_stream(stream, name, peer, rest);
+    }
     let body = format!("{name} {peer}\n");
     let response = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -240,6 +255,29 @@ fn answer_tcp(mut stream: TcpStream, name: &str) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The first line of a `kp-echo stream` connection.
+const STREAM_HELLO: &[u8] = b"STREAM\n";
+
+/// A `stream` connection: say who answers, then echo every byte until the client closes.
+fn echo_stream(
+    mut stream: TcpStream,
+    name: &str,
+    peer: SocketAddr,
+    early: &[u8],
+) -> io::Result<()> {
+    stream.write_all(format!("{name} {peer}\n").as_bytes())?;
+    stream.write_all(early)?;
+    // The client sends at its own pace for as long as the test runs.
+    stream.set_read_timeout(None)?;
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk)? {
+            0 => return stream.shutdown(Shutdown::Write),
+            n => stream.write_all(&chunk[..n])?,
+        }
+    }
 }
 
 /// Whether `request` holds a whole request: an HTTP head ending in a blank line, or one line of
@@ -310,6 +348,11 @@ struct RequestArgs {
     src_ip: Option<IpAddr>,
     src_port: Option<u16>,
     count: usize,
+    /// `stream` only: time between two lines.
+    interval: Duration,
+    /// How long to keep sending: `stream` (default 1 s), and `request`, which then makes
+    /// attempts one after another until it has passed, instead of `count` of them.
+    duration: Option<Duration>,
 }
 
 impl RequestArgs {
@@ -319,6 +362,8 @@ impl RequestArgs {
         let mut src_ip = None;
         let mut src_port = None;
         let mut count = 1;
+        let mut interval = Duration::from_millis(10);
+        let mut duration = None;
         let mut it = args.iter();
         while let Some(arg) = it.next() {
             if !arg.starts_with("--") {
@@ -341,6 +386,13 @@ impl RequestArgs {
                             .ok_or_else(|| format!("--src-ip: `{value}` is not an IP"))?,
                     )
                 }
+                "--interval-ms" | "--duration-ms" => match value.parse::<u64>() {
+                    Ok(ms) if ms > 0 && arg == "--interval-ms" => {
+                        interval = Duration::from_millis(ms)
+                    }
+                    Ok(ms) if ms > 0 => duration = Some(Duration::from_millis(ms)),
+                    _ => return Err(format!("{arg}: `{value}` is not a positive number")),
+                },
                 "--count" => match value.parse::<usize>() {
                     Ok(n) if n > 0 => count = n,
                     _ => return Err(format!("--count: `{value}` is not a positive number")),
@@ -375,6 +427,8 @@ impl RequestArgs {
             src_ip,
             src_port,
             count,
+            interval,
+            duration,
         })
     }
 
@@ -417,12 +471,24 @@ fn resolve(host: &str, port: u16, src: Option<IpAddr>) -> Result<SocketAddr, Str
 
 fn request(args: RequestArgs) -> ExitCode {
     let stdout = io::stdout();
-    for _ in 0..args.count {
-        let line = match args.proto {
+    let start = Instant::now();
+    let mut made = 0;
+    while match args.duration {
+        Some(d) => start.elapsed() < d,
+        None => made < args.count,
+    } {
+        made += 1;
+        let began = Instant::now();
+        let mut line = match args.proto {
             Proto::Tcp | Proto::Sctp => request_stream(&args),
             Proto::Udp => request_udp(&args),
         }
         .unwrap_or_else(|e| classify(&e));
+        // In a timed run, how long the attempt took: an answer that needed a retransmitted SYN
+        // (a packet lost, then a second chance) shows as a second or more.
+        if args.duration.is_some() {
+            line.push_str(&format!(" ms={}", began.elapsed().as_millis()));
+        }
         let mut out = stdout.lock();
         if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
             // Nobody is reading any more.
@@ -430,6 +496,73 @@ fn request(args: RequestArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `kp-echo stream`: one connection, a numbered line every interval, each read back.
+fn stream(args: RequestArgs) -> ExitCode {
+    let mut report = StreamReport::default();
+    let failed = run_stream(&args, &mut report).err().map(|e| classify(&e));
+    let mut line = format!(
+        "stream {} sent={} echoed={} max_gap_ms={}",
+        report.backend.as_deref().unwrap_or("-"),
+        report.sent,
+        report.echoed,
+        report.max_gap.as_millis()
+    );
+    if let Some(why) = failed {
+        line.push_str(&format!(" failed={}", why.replace(' ', "_")));
+    }
+    println!("{line}");
+    ExitCode::SUCCESS
+}
+
+/// What a `stream` run saw.
+#[derive(Default)]
+struct StreamReport {
+    backend: Option<String>,
+    sent: u64,
+    echoed: u64,
+    /// The longest time between two echoes (or from the start to the first).
+    max_gap: Duration,
+}
+
+fn run_stream(args: &RequestArgs, report: &mut StreamReport) -> io::Result<()> {
+    if args.proto != Proto::Tcp {
+        return Err(io::Error::other("stream speaks TCP only"));
+    }
+    let socket = new_socket(args, Type::STREAM, Protocol::TCP)?;
+    socket.connect_timeout(&args.dst.into(), args.timeout)?;
+    let mut stream = TcpStream::from(socket);
+    stream.set_read_timeout(Some(args.timeout))?;
+    stream.set_write_timeout(Some(args.timeout))?;
+    stream.set_nodelay(true)?;
+    stream.write_all(STREAM_HELLO)?;
+    let mut reader = io::BufReader::new(stream.try_clone()?);
+    let mut hello = String::new();
+    io::BufRead::read_line(&mut reader, &mut hello)?;
+    report.backend = hello.split_whitespace().next().map(str::to_string);
+    let start = Instant::now();
+    let mut last = start;
+    let mut line = String::new();
+    let duration = args.duration.unwrap_or(Duration::from_secs(1));
+    while start.elapsed() < duration {
+        let n = report.sent;
+        stream.write_all(format!("{n}\n").as_bytes())?;
+        report.sent += 1;
+        line.clear();
+        if io::BufRead::read_line(&mut reader, &mut line)? == 0 {
+            return Err(io::ErrorKind::ConnectionReset.into());
+        }
+        if line.trim() != n.to_string() {
+            return Err(io::Error::other(format!("echo {line:?} for {n}")));
+        }
+        report.echoed += 1;
+        report.max_gap = report.max_gap.max(last.elapsed());
+        last = Instant::now();
+        thread::sleep(args.interval);
+    }
+    stream.shutdown(Shutdown::Write)?;
+    Ok(())
 }
 
 /// The time left before `deadline`, or a timeout error once it has passed.

@@ -1,0 +1,210 @@
+//! The maps' binary layout: the one place that says how a key or value is laid out in bytes.
+//! `crates/kp-ebpf/bpf/maps.h` declares the same structs for the programs; the tests here pin
+//! the offsets the header relies on.
+//!
+//! Every address is 16 bytes: an IPv6 address as is, an IPv4 address IPv4-mapped
+//! (`::ffff:a.b.c.d`), so one map serves both families and the programs compare one layout.
+//! Ports are in network byte order (as the kernel hands them to the programs); ids, slots and
+//! counts in the host's order.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use kp_core::model::Protocol;
+
+/// Size of a services map key ([`ServiceKey::to_bytes`]).
+pub const SERVICE_KEY_SIZE: usize = 24;
+/// Size of a services map value ([`ServiceValue::to_bytes`]).
+pub const SERVICE_VALUE_SIZE: usize = 8;
+/// Size of a backends map value ([`Backend::to_bytes`]).
+pub const BACKEND_SIZE: usize = 20;
+/// Size of a reverse-NAT map value ([`RevNat::to_bytes`]).
+pub const REV_NAT_SIZE: usize = 20;
+
+/// The IANA protocol number the kernel uses (`IPPROTO_*`).
+pub fn ip_proto(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+        Protocol::Sctp => 132,
+    }
+}
+
+/// The protocol of an `IPPROTO_*` number this mode programs.
+pub fn protocol_of(n: u8) -> Option<Protocol> {
+    match n {
+        6 => Some(Protocol::Tcp),
+        17 => Some(Protocol::Udp),
+        132 => Some(Protocol::Sctp),
+        _ => None,
+    }
+}
+
+/// An address as the maps hold it: 16 bytes, IPv4 mapped.
+pub fn addr_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The address 16 map bytes stand for (IPv4-mapped ones as IPv4).
+pub fn addr_of(bytes: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(bytes);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+fn take<const N: usize>(bytes: &[u8], at: usize) -> Option<[u8; N]> {
+    bytes.get(at..at + N)?.try_into().ok()
+}
+
+/// A services map key: a frontend (address, port, protocol) and a slot. Slot 0 holds the
+/// frontend's backend count, slots 1..=count its backends' ids (Cilium's layout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    /// The frontend.
+    pub frontend: FrontendAddr,
+    /// 0 for the count, 1..=count for a backend.
+    pub slot: u16,
+}
+
+/// A frontend's address, port and protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FrontendAddr {
+    /// The address clients connect to.
+    pub ip: IpAddr,
+    /// The port, host order.
+    pub port: u16,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+impl ServiceKey {
+    /// The key's bytes: address (16), port (network order, 2), slot (2), protocol (1), padding
+    /// (3).
+    pub fn to_bytes(&self) -> [u8; SERVICE_KEY_SIZE] {
+        let mut b = [0u8; SERVICE_KEY_SIZE];
+        b[..16].copy_from_slice(&addr_bytes(self.frontend.ip));
+        b[16..18].copy_from_slice(&self.frontend.port.to_be_bytes());
+        b[18..20].copy_from_slice(&self.slot.to_ne_bytes());
+        b[20] = ip_proto(self.frontend.protocol);
+        b
+    }
+
+    /// Reads a key back; `None` for bytes this layout never writes.
+    pub fn from_bytes(b: &[u8]) -> Option<ServiceKey> {
+        if b.len() != SERVICE_KEY_SIZE || b[21..].iter().any(|x| *x != 0) {
+            return None;
+        }
+        Some(ServiceKey {
+            frontend: FrontendAddr {
+                ip: addr_of(take(b, 0)?),
+                port: u16::from_be_bytes(take(b, 16)?),
+                protocol: protocol_of(b[20])?,
+            },
+            slot: u16::from_ne_bytes(take(b, 18)?),
+        })
+    }
+}
+
+/// A services map value. In slot 0: `backend_id` 0 and the frontend's backend `count`; in a
+/// backend slot: the backend's id and count 0 (so a count change rewrites one entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceValue {
+    /// The backend (slots 1..), or 0 (slot 0).
+    pub backend_id: u32,
+    /// The backend count (slot 0), or 0.
+    pub count: u16,
+    /// The frontend's reverse-NAT id (every slot, so a program holding any slot finds it).
+    pub rev_nat: u16,
+}
+
+impl ServiceValue {
+    /// The value's bytes: backend id (4), count (2), reverse-NAT id (2).
+    pub fn to_bytes(&self) -> [u8; SERVICE_VALUE_SIZE] {
+        let mut b = [0u8; SERVICE_VALUE_SIZE];
+        b[..4].copy_from_slice(&self.backend_id.to_ne_bytes());
+        b[4..6].copy_from_slice(&self.count.to_ne_bytes());
+        b[6..8].copy_from_slice(&self.rev_nat.to_ne_bytes());
+        b
+    }
+
+    /// Reads a value back.
+    pub fn from_bytes(b: &[u8]) -> Option<ServiceValue> {
+        if b.len() != SERVICE_VALUE_SIZE {
+            return None;
+        }
+        Some(ServiceValue {
+            backend_id: u32::from_ne_bytes(take(b, 0)?),
+            count: u16::from_ne_bytes(take(b, 4)?),
+            rev_nat: u16::from_ne_bytes(take(b, 6)?),
+        })
+    }
+}
+
+/// A backends map value (key: the backend's `u32` id, host order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Backend {
+    /// The endpoint's address.
+    pub ip: IpAddr,
+    /// The endpoint's port, host order.
+    pub port: u16,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+impl Backend {
+    /// The value's bytes: address (16), port (network order, 2), protocol (1), padding (1).
+    pub fn to_bytes(&self) -> [u8; BACKEND_SIZE] {
+        let mut b = [0u8; BACKEND_SIZE];
+        b[..16].copy_from_slice(&addr_bytes(self.ip));
+        b[16..18].copy_from_slice(&self.port.to_be_bytes());
+        b[18] = ip_proto(self.protocol);
+        b
+    }
+
+    /// Reads a value back.
+    pub fn from_bytes(b: &[u8]) -> Option<Backend> {
+        if b.len() != BACKEND_SIZE || b[19] != 0 {
+            return None;
+        }
+        Some(Backend {
+            ip: addr_of(take(b, 0)?),
+            port: u16::from_be_bytes(take(b, 16)?),
+            protocol: protocol_of(b[18])?,
+        })
+    }
+}
+
+/// A reverse-NAT map value (key: the frontend's `u16` id, host order): the address and port a
+/// reply from a backend is given back, so the client sees the frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RevNat {
+    /// The frontend's address.
+    pub ip: IpAddr,
+    /// The frontend's port, host order.
+    pub port: u16,
+}
+
+impl RevNat {
+    /// The value's bytes: address (16), port (network order, 2), padding (2).
+    pub fn to_bytes(&self) -> [u8; REV_NAT_SIZE] {
+        let mut b = [0u8; REV_NAT_SIZE];
+        b[..16].copy_from_slice(&addr_bytes(self.ip));
+        b[16..18].copy_from_slice(&self.port.to_be_bytes());
+        b
+    }
+
+    /// Reads a value back.
+    pub fn from_bytes(b: &[u8]) -> Option<RevNat> {
+        if b.len() != REV_NAT_SIZE || b[18..].iter().any(|x| *x != 0) {
+            return None;
+        }
+        Some(RevNat {
+            ip: addr_of(take(b, 0)?),
+            port: u16::from_be_bytes(take(b, 16)?),
+        })
+    }
+}

@@ -1,0 +1,469 @@
+//! Plans the eBPF mode's maps (the pure half; the programs and their loader are `kp-ebpf`).
+//!
+//! Three maps, in Cilium's layout ([`layout`] has the bytes):
+//! - **services**: `{address, port, protocol, slot}` → slot 0 holds the frontend's backend
+//!   count, slots 1..=count hold backend ids; a program picks a slot at random;
+//! - **backends**: backend id → `{address, port, protocol}`;
+//! - **reverse NAT**: frontend id → `{address, port}`, what a reply is given back as.
+//!
+//! [`frontend_specs`] turns one Service port's [`Frontends`] into the frontends these maps
+//! hold; [`Planner`] keeps the ids and slot orders it handed out and returns, for each
+//! Service it is told about, the element-level [`Op`]s that bring the maps there. A backend
+//! that goes away leaves its slot to the frontend's last backend (one slot rewritten, one
+//! deleted, the count rewritten), so a one-endpoint change costs a handful of map updates
+//! whatever the number of Services or endpoints. [`Planner::contents`] lists everything the
+//! maps should hold, for the periodic read-back, and [`diff`] the updates from what the maps
+//! hold (read back, or pinned by a previous run) to that.
+//!
+//! Mirrors Cilium's `pkg/loadbalancer` / `lbmap` (`Service4Key`, `Backend4Value`,
+//! `RevNat4Value`) for the layout and upstream's `pkg/proxy` for which frontends exist.
+//!
+//! Pure: no I/O, no clock.
+
+pub mod layout;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use kp_core::frontend::{FrontendKind, Frontends};
+use kp_core::model::{IpFamily, ServiceKey as ServiceName};
+
+pub use layout::{Backend, FrontendAddr, RevNat, ServiceKey, ServiceValue};
+
+/// What the planner refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Every backend id (`u32`) is in use. Not retryable until backends go away.
+    #[error("no free backend id")]
+    BackendIds,
+    /// Every reverse-NAT id (`u16`, 65535 frontends) is in use. Not retryable until frontends
+    /// go away.
+    #[error("no free reverse-NAT id: more than 65535 frontends")]
+    RevNatIds,
+    /// A frontend lists more backends than a slot number (`u16`) can count.
+    #[error("frontend {0:?} has more than 65535 backends")]
+    TooManyBackends(FrontendAddr),
+}
+
+/// One frontend as the maps hold it: where clients connect, and the backends in the order the
+/// policy selected them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontendSpec {
+    /// Address, port, protocol.
+    pub addr: FrontendAddr,
+    /// The backends; empty: connections are refused.
+    pub backends: Vec<Backend>,
+}
+
+/// The frontends of one Service port in one family, as the socket load balancer sees them:
+/// traffic that starts on this node or in its pods. ClusterIPs, external IPs and
+/// LoadBalancer IPs each give one frontend; a NodePort one per address in `node_addresses` of
+/// the family. `externalTrafficPolicy: Local` frontends use their short-circuit endpoints (as
+/// traffic from pods and the node does in every mode).
+pub fn frontend_specs(frontends: &Frontends<'_>, node_addresses: &[IpAddr]) -> Vec<FrontendSpec> {
+    let family = frontends.family();
+    let mut out = Vec::new();
+    for f in frontends.iter() {
+        let endpoints = if f.short_circuit.is_empty() {
+            f.endpoints
+        } else {
+            f.short_circuit
+        };
+        let backends: Vec<Backend> = endpoints
+            .iter()
+            .map(|e| Backend {
+                ip: e.ip,
+                port: e.port,
+                protocol: f.protocol,
+            })
+            .collect();
+        let addresses: Vec<IpAddr> = match (f.kind, f.address) {
+            (FrontendKind::NodePort, _) => node_addresses
+                .iter()
+                .filter(|a| IpFamily::of(a) == family)
+                .copied()
+                .collect(),
+            (_, Some(a)) => vec![a],
+            (_, None) => Vec::new(),
+        };
+        for ip in addresses {
+            out.push(FrontendSpec {
+                addr: FrontendAddr {
+                    ip,
+                    port: f.port,
+                    protocol: f.protocol,
+                },
+                backends: backends.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// One map update, in the order the planner returns them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Write a backend.
+    UpsertBackend(u32, Backend),
+    /// Write a reverse-NAT entry.
+    UpsertRevNat(u16, RevNat),
+    /// Write a services entry.
+    UpsertService(ServiceKey, ServiceValue),
+    /// Delete a services entry.
+    DeleteService(ServiceKey),
+    /// Delete a reverse-NAT entry.
+    DeleteRevNat(u16),
+    /// Delete a backend.
+    DeleteBackend(u32),
+}
+
+impl Op {
+    /// Where this kind of operation goes in a batch: new backends and frontend ids first, so
+    /// no slot ever points at a missing backend; backend slots before the count that makes
+    /// them reachable; the count (or, for a frontend that goes, its slot 0) before the slots
+    /// it stops covering are deleted; backends last, once no slot points at them.
+    fn rank(&self) -> u8 {
+        match self {
+            Op::UpsertBackend(..) => 0,
+            Op::UpsertRevNat(..) => 1,
+            Op::UpsertService(k, _) if k.slot != 0 => 2,
+            Op::UpsertService(..) => 3,
+            Op::DeleteService(k) if k.slot == 0 => 4,
+            Op::DeleteService(..) => 5,
+            Op::DeleteRevNat(..) => 6,
+            Op::DeleteBackend(..) => 7,
+        }
+    }
+}
+
+/// What one frontend holds: its reverse-NAT id and its backends' ids by slot (index 0 is
+/// slot 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Programmed {
+    rev_nat: u16,
+    slots: Vec<u32>,
+}
+
+/// Everything the maps should hold, for comparing with what they do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contents {
+    /// Services map entries.
+    pub services: BTreeMap<ServiceKey, ServiceValue>,
+    /// Backends map entries.
+    pub backends: BTreeMap<u32, Backend>,
+    /// Reverse-NAT map entries.
+    pub rev_nat: BTreeMap<u16, RevNat>,
+}
+
+/// Keeps the ids and slot orders already programmed, and plans each change against them.
+#[derive(Debug, Clone, Default)]
+pub struct Planner {
+    frontends: HashMap<FrontendAddr, Programmed>,
+    owners: HashMap<ServiceName, Vec<FrontendAddr>>,
+    backend_ids: HashMap<Backend, (u32, usize)>,
+    backends: HashMap<u32, Backend>,
+    next_backend: u32,
+    free_backends: Vec<u32>,
+    rev_nat_used: BTreeSet<u16>,
+    next_rev_nat: u16,
+    free_rev_nat: Vec<u16>,
+}
+
+impl Planner {
+    /// A planner for empty maps.
+    pub fn new() -> Planner {
+        Planner {
+            next_backend: 1,
+            next_rev_nat: 1,
+            ..Planner::default()
+        }
+    }
+
+    /// Makes `service`'s frontends `specs` (every port and family of the Service; empty once
+    /// it is deleted) and returns the map updates, ordered so the maps are consistent after
+    /// each one. Costs O(the Service's frontends and backends), whatever else is programmed.
+    /// After an error the planner is no longer a record of the maps: start a new one and sync
+    /// everything.
+    pub fn set_service(
+        &mut self,
+        service: &ServiceName,
+        specs: &[FrontendSpec],
+    ) -> Result<Vec<Op>, Error> {
+        let mut ops = Vec::new();
+        let old: Vec<FrontendAddr> = self.owners.remove(service).unwrap_or_default();
+        let wanted: BTreeSet<FrontendAddr> = specs.iter().map(|s| s.addr).collect();
+        for addr in old.iter().filter(|a| !wanted.contains(a)) {
+            self.remove_frontend(addr, &mut ops);
+        }
+        for spec in specs {
+            self.set_frontend(spec, &mut ops)?;
+        }
+        if !specs.is_empty() {
+            self.owners
+                .insert(service.clone(), wanted.into_iter().collect());
+        }
+        ops.sort_by_key(Op::rank);
+        Ok(ops)
+    }
+
+    fn set_frontend(&mut self, spec: &FrontendSpec, ops: &mut Vec<Op>) -> Result<(), Error> {
+        if spec.backends.len() > usize::from(u16::MAX) {
+            return Err(Error::TooManyBackends(spec.addr));
+        }
+        let mut wanted_ids = Vec::with_capacity(spec.backends.len());
+        let mut seen = BTreeSet::new();
+        for b in &spec.backends {
+            if seen.insert(*b) {
+                wanted_ids.push(self.take_backend(*b, ops)?);
+            }
+        }
+        let (rev_nat, old_slots) = match self.frontends.get(&spec.addr) {
+            Some(p) => (p.rev_nat, p.slots.clone()),
+            None => {
+                let id = self.take_rev_nat()?;
+                ops.push(Op::UpsertRevNat(
+                    id,
+                    RevNat {
+                        ip: spec.addr.ip,
+                        port: spec.addr.port,
+                    },
+                ));
+                (id, Vec::new())
+            }
+        };
+        let new_slots = reslot(&old_slots, &wanted_ids);
+        let key = |slot: usize| ServiceKey {
+            frontend: spec.addr,
+            // Bounded by the length check above.
+            slot: u16::try_from(slot).unwrap_or(u16::MAX),
+        };
+        for (i, id) in new_slots.iter().enumerate() {
+            if old_slots.get(i) != Some(id) {
+                ops.push(Op::UpsertService(
+                    key(i + 1),
+                    ServiceValue {
+                        backend_id: *id,
+                        count: 0,
+                        rev_nat,
+                    },
+                ));
+            }
+        }
+        for i in new_slots.len()..old_slots.len() {
+            ops.push(Op::DeleteService(key(i + 1)));
+        }
+        let fresh = !self.frontends.contains_key(&spec.addr);
+        if fresh || old_slots.len() != new_slots.len() {
+            ops.push(Op::UpsertService(
+                key(0),
+                ServiceValue {
+                    backend_id: 0,
+                    count: u16::try_from(new_slots.len()).unwrap_or(u16::MAX),
+                    rev_nat,
+                },
+            ));
+        }
+        // References from the old slots go last, so a backend kept is never released.
+        for id in &old_slots {
+            self.release_backend(*id, ops);
+        }
+        self.frontends.insert(
+            spec.addr,
+            Programmed {
+                rev_nat,
+                slots: new_slots,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove_frontend(&mut self, addr: &FrontendAddr, ops: &mut Vec<Op>) {
+        let Some(p) = self.frontends.remove(addr) else {
+            return;
+        };
+        for slot in (0..=p.slots.len()).rev() {
+            ops.push(Op::DeleteService(ServiceKey {
+                frontend: *addr,
+                slot: u16::try_from(slot).unwrap_or(u16::MAX),
+            }));
+        }
+        for id in &p.slots {
+            self.release_backend(*id, ops);
+        }
+        self.rev_nat_used.remove(&p.rev_nat);
+        self.free_rev_nat.push(p.rev_nat);
+        ops.push(Op::DeleteRevNat(p.rev_nat));
+    }
+
+    fn take_backend(&mut self, b: Backend, ops: &mut Vec<Op>) -> Result<u32, Error> {
+        if let Some((id, refs)) = self.backend_ids.get_mut(&b) {
+            *refs += 1;
+            return Ok(*id);
+        }
+        let id = match self.free_backends.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.next_backend;
+                self.next_backend = id.checked_add(1).ok_or(Error::BackendIds)?;
+                id
+            }
+        };
+        self.backend_ids.insert(b, (id, 1));
+        self.backends.insert(id, b);
+        ops.push(Op::UpsertBackend(id, b));
+        Ok(id)
+    }
+
+    fn release_backend(&mut self, id: u32, ops: &mut Vec<Op>) {
+        let Some(b) = self.backends.get(&id).copied() else {
+            return;
+        };
+        let gone = match self.backend_ids.get_mut(&b) {
+            Some((_, refs)) => {
+                *refs -= 1;
+                *refs == 0
+            }
+            None => false,
+        };
+        if gone {
+            self.backend_ids.remove(&b);
+            self.backends.remove(&id);
+            self.free_backends.push(id);
+            // A backend written in this batch and released again cancels out.
+            if let Some(pos) = ops
+                .iter()
+                .position(|op| matches!(op, Op::UpsertBackend(i, _) if *i == id))
+            {
+                ops.remove(pos);
+            } else {
+                ops.push(Op::DeleteBackend(id));
+            }
+        }
+    }
+
+    fn take_rev_nat(&mut self) -> Result<u16, Error> {
+        let id = match self.free_rev_nat.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.next_rev_nat;
+                if id == u16::MAX {
+                    return Err(Error::RevNatIds);
+                }
+                self.next_rev_nat = id + 1;
+                id
+            }
+        };
+        self.rev_nat_used.insert(id);
+        Ok(id)
+    }
+
+    /// The Services this planner has frontends for.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceName> + '_ {
+        self.owners.keys()
+    }
+
+    /// Everything the maps should hold now.
+    pub fn contents(&self) -> Contents {
+        let mut c = Contents::default();
+        for (addr, p) in &self.frontends {
+            c.rev_nat.insert(
+                p.rev_nat,
+                RevNat {
+                    ip: addr.ip,
+                    port: addr.port,
+                },
+            );
+            let count = u16::try_from(p.slots.len()).unwrap_or(u16::MAX);
+            c.services.insert(
+                ServiceKey {
+                    frontend: *addr,
+                    slot: 0,
+                },
+                ServiceValue {
+                    backend_id: 0,
+                    count,
+                    rev_nat: p.rev_nat,
+                },
+            );
+            for (i, id) in p.slots.iter().enumerate() {
+                c.services.insert(
+                    ServiceKey {
+                        frontend: *addr,
+                        slot: u16::try_from(i + 1).unwrap_or(u16::MAX),
+                    },
+                    ServiceValue {
+                        backend_id: *id,
+                        count: 0,
+                        rev_nat: p.rev_nat,
+                    },
+                );
+            }
+        }
+        c.backends = self.backends.iter().map(|(k, v)| (*k, *v)).collect();
+        c
+    }
+}
+
+/// The updates that turn maps holding `have` into `want`, element by element, in the same
+/// safe order [`Planner::set_service`] uses: for a full sync, for repairing what the periodic
+/// read-back found, and for adopting maps a previous run pinned.
+pub fn diff(have: &Contents, want: &Contents) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for (id, b) in &want.backends {
+        if have.backends.get(id) != Some(b) {
+            ops.push(Op::UpsertBackend(*id, *b));
+        }
+    }
+    for (id, r) in &want.rev_nat {
+        if have.rev_nat.get(id) != Some(r) {
+            ops.push(Op::UpsertRevNat(*id, *r));
+        }
+    }
+    for (k, v) in &want.services {
+        if have.services.get(k) != Some(v) {
+            ops.push(Op::UpsertService(*k, *v));
+        }
+    }
+    ops.extend(
+        have.services
+            .keys()
+            .filter(|k| !want.services.contains_key(k))
+            .map(|k| Op::DeleteService(*k)),
+    );
+    ops.extend(
+        have.rev_nat
+            .keys()
+            .filter(|k| !want.rev_nat.contains_key(k))
+            .map(|k| Op::DeleteRevNat(*k)),
+    );
+    ops.extend(
+        have.backends
+            .keys()
+            .filter(|k| !want.backends.contains_key(k))
+            .map(|k| Op::DeleteBackend(*k)),
+    );
+    ops.sort_by_key(Op::rank);
+    ops
+}
+
+/// The new slot order: backends kept stay in their slot; a slot whose backend went takes the
+/// last kept backend; new backends are appended. So removing one backend rewrites at most one
+/// slot and deletes one, and adding one writes one.
+fn reslot(old: &[u32], wanted: &[u32]) -> Vec<u32> {
+    let keep: BTreeSet<u32> = wanted.iter().copied().collect();
+    let mut slots: Vec<u32> = old.to_vec();
+    let mut i = 0;
+    while i < slots.len() {
+        if keep.contains(&slots[i]) {
+            i += 1;
+        } else {
+            slots.swap_remove(i);
+        }
+    }
+    let present: BTreeSet<u32> = slots.iter().copied().collect();
+    slots.extend(wanted.iter().filter(|id| !present.contains(id)));
+    slots
+}
+
+#[cfg(test)]
+mod tests;

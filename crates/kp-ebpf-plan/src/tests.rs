@@ -1,0 +1,375 @@
+use super::*;
+
+use std::collections::BTreeSet;
+
+use kp_core::model::{Endpoint, Protocol, ServicePort, ServicePortName};
+use kp_core::select::SelectedEndpoints;
+
+// ClusterIP 10.96.0.1, external IP 203.0.113.10, node 192.0.2.1, endpoints in 10.244.0.0/16.
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+fn frontend(addr: &str, port: u16) -> FrontendAddr {
+    FrontendAddr {
+        ip: ip(addr),
+        port,
+        protocol: Protocol::Tcp,
+    }
+}
+
+fn backend(addr: &str) -> Backend {
+    Backend {
+        ip: ip(addr),
+        port: 8080,
+        protocol: Protocol::Tcp,
+    }
+}
+
+fn spec(addr: &str, backends: &[&str]) -> FrontendSpec {
+    FrontendSpec {
+        addr: frontend(addr, 80),
+        backends: backends.iter().map(|b| backend(b)).collect(),
+    }
+}
+
+fn svc(name: &str) -> ServiceName {
+    ServiceName::new("web", name)
+}
+
+/// Applies ops to a model of the maps, checking after each one that every reachable slot
+/// points at an existing backend (the order's promise).
+fn apply(maps: &mut Contents, ops: &[Op]) {
+    for op in ops {
+        match op {
+            Op::UpsertBackend(id, b) => {
+                maps.backends.insert(*id, *b);
+            }
+            Op::UpsertRevNat(id, r) => {
+                maps.rev_nat.insert(*id, *r);
+            }
+            Op::UpsertService(k, v) => {
+                maps.services.insert(*k, *v);
+            }
+            Op::DeleteService(k) => {
+                maps.services.remove(k);
+            }
+            Op::DeleteRevNat(id) => {
+                maps.rev_nat.remove(id);
+            }
+            Op::DeleteBackend(id) => {
+                maps.backends.remove(id);
+            }
+        }
+        for (k, v) in maps.services.iter().filter(|(k, _)| k.slot == 0) {
+            assert!(maps.rev_nat.contains_key(&v.rev_nat), "after {op:?}");
+            for slot in 1..=v.count {
+                let key = ServiceKey { slot, ..*k };
+                let entry = maps.services.get(&key);
+                let id = entry.map(|e| e.backend_id);
+                assert!(
+                    id.is_some_and(|id| maps.backends.contains_key(&id)),
+                    "after {op:?}: slot {slot} of {k:?} reaches no backend"
+                );
+            }
+        }
+    }
+}
+
+fn backends_of(maps: &Contents, addr: FrontendAddr) -> BTreeSet<Backend> {
+    let count = maps.services[&ServiceKey {
+        frontend: addr,
+        slot: 0,
+    }]
+        .count;
+    (1..=count)
+        .map(|slot| {
+            let id = maps.services[&ServiceKey {
+                frontend: addr,
+                slot,
+            }]
+                .backend_id;
+            maps.backends[&id]
+        })
+        .collect()
+}
+
+#[test]
+fn a_frontend_gets_a_count_slot_and_one_slot_per_backend() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    let ops = planner
+        .set_service(
+            &svc("a"),
+            &[spec("10.96.0.1", &["10.244.1.1", "10.244.2.1"])],
+        )
+        .expect("plan");
+    apply(&mut maps, &ops);
+    assert_eq!(maps, planner.contents());
+    assert_eq!(maps.services.len(), 3);
+    assert_eq!(
+        backends_of(&maps, frontend("10.96.0.1", 80)),
+        [backend("10.244.1.1"), backend("10.244.2.1")].into()
+    );
+    let rev = maps.rev_nat.values().next().expect("rev nat entry");
+    assert_eq!((rev.ip, rev.port), (ip("10.96.0.1"), 80));
+}
+
+#[test]
+fn removing_one_endpoint_of_many_moves_the_last_slot_into_its_place() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    let many: Vec<String> = (1..=100).map(|i| format!("10.244.1.{i}")).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    apply(
+        &mut maps,
+        &planner
+            .set_service(&svc("a"), &[spec("10.96.0.1", &refs)])
+            .expect("plan"),
+    );
+    let fewer: Vec<&str> = refs
+        .iter()
+        .copied()
+        .filter(|b| *b != "10.244.1.7")
+        .collect();
+    let ops = planner
+        .set_service(&svc("a"), &[spec("10.96.0.1", &fewer)])
+        .expect("plan");
+    // Slot 7 takes the last backend, slot 100 goes, the count drops, the backend goes.
+    assert_eq!(ops.len(), 4, "{ops:?}");
+    apply(&mut maps, &ops);
+    assert_eq!(maps, planner.contents());
+    let expected: BTreeSet<Backend> = fewer.iter().map(|b| backend(b)).collect();
+    assert_eq!(backends_of(&maps, frontend("10.96.0.1", 80)), expected);
+}
+
+#[test]
+fn adding_one_endpoint_writes_the_backend_its_slot_and_the_count() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    apply(
+        &mut maps,
+        &planner
+            .set_service(&svc("a"), &[spec("10.96.0.1", &["10.244.1.1"])])
+            .expect("plan"),
+    );
+    let ops = planner
+        .set_service(
+            &svc("a"),
+            &[spec("10.96.0.1", &["10.244.1.1", "10.244.1.2"])],
+        )
+        .expect("plan");
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    assert!(matches!(ops[0], Op::UpsertBackend(..)));
+    assert!(matches!(ops[2], Op::UpsertService(k, v) if k.slot == 0 && v.count == 2));
+    apply(&mut maps, &ops);
+    assert_eq!(maps, planner.contents());
+}
+
+#[test]
+fn a_backend_shared_by_two_services_stays_until_both_let_it_go() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    for name in ["a", "b"] {
+        let addr = if name == "a" {
+            "10.96.0.1"
+        } else {
+            "10.96.0.2"
+        };
+        apply(
+            &mut maps,
+            &planner
+                .set_service(&svc(name), &[spec(addr, &["10.244.1.1"])])
+                .expect("plan"),
+        );
+    }
+    assert_eq!(maps.backends.len(), 1);
+    apply(
+        &mut maps,
+        &planner.set_service(&svc("a"), &[]).expect("plan"),
+    );
+    assert_eq!(maps.backends.len(), 1);
+    assert_eq!(
+        backends_of(&maps, frontend("10.96.0.2", 80)),
+        [backend("10.244.1.1")].into()
+    );
+    apply(
+        &mut maps,
+        &planner.set_service(&svc("b"), &[]).expect("plan"),
+    );
+    assert_eq!(maps, Contents::default());
+    assert_eq!(planner.contents(), Contents::default());
+}
+
+#[test]
+fn a_frontend_without_endpoints_keeps_a_zero_count() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    apply(
+        &mut maps,
+        &planner
+            .set_service(&svc("a"), &[spec("10.96.0.1", &[])])
+            .expect("plan"),
+    );
+    let count = maps.services[&ServiceKey {
+        frontend: frontend("10.96.0.1", 80),
+        slot: 0,
+    }];
+    assert_eq!(count.count, 0);
+    assert_eq!(maps.services.len(), 1);
+}
+
+#[test]
+fn an_unchanged_service_costs_no_update() {
+    let mut planner = Planner::new();
+    let specs = [spec("10.96.0.1", &["10.244.1.1", "10.244.1.2"])];
+    planner.set_service(&svc("a"), &specs).expect("plan");
+    assert_eq!(
+        planner.set_service(&svc("a"), &specs).expect("plan"),
+        vec![]
+    );
+}
+
+#[test]
+fn keys_and_values_read_back_as_written() {
+    let key = ServiceKey {
+        frontend: FrontendAddr {
+            ip: ip("fd00:10:96::1"),
+            port: 53,
+            protocol: Protocol::Udp,
+        },
+        slot: 3,
+    };
+    assert_eq!(ServiceKey::from_bytes(&key.to_bytes()), Some(key));
+    let v4 = ServiceKey {
+        frontend: frontend("10.96.0.1", 443),
+        slot: 0,
+    };
+    let bytes = v4.to_bytes();
+    // The offsets maps.h relies on: mapped address, port in network order, protocol at 20.
+    assert_eq!(&bytes[10..16], &[0xff, 0xff, 10, 96, 0, 1]);
+    assert_eq!(&bytes[16..18], &[1, 187]);
+    assert_eq!(bytes[20], 6);
+    assert_eq!(ServiceKey::from_bytes(&bytes), Some(v4));
+    let b = backend("10.244.1.1");
+    assert_eq!(Backend::from_bytes(&b.to_bytes()), Some(b));
+    let v = ServiceValue {
+        backend_id: 7,
+        count: 0,
+        rev_nat: 2,
+    };
+    assert_eq!(ServiceValue::from_bytes(&v.to_bytes()), Some(v));
+    let r = RevNat {
+        ip: ip("10.96.0.1"),
+        port: 80,
+    };
+    assert_eq!(RevNat::from_bytes(&r.to_bytes()), Some(r));
+}
+
+fn endpoint(addr: &str, local: bool) -> Endpoint {
+    Endpoint {
+        ip: ip(addr),
+        port: 8080,
+        ready: true,
+        serving: true,
+        terminating: false,
+        is_local: local,
+        zone_hints: None,
+    }
+}
+
+#[test]
+fn frontend_specs_cover_cluster_external_and_node_port_addresses() {
+    let port = ServicePort {
+        name: ServicePortName {
+            service: svc("a"),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        },
+        cluster_ips: vec![ip("10.96.0.1"), ip("fd00:10:96::1")],
+        port: 80,
+        node_port: Some(30080),
+        external_ips: vec![ip("203.0.113.10")],
+        load_balancer_ips: Vec::new(),
+        load_balancer_source_ranges: Vec::new(),
+        session_affinity_timeout: None,
+        internal_traffic_local: false,
+        external_traffic_local: true,
+        health_check_node_port: None,
+    };
+    let selected = SelectedEndpoints {
+        cluster: vec![endpoint("10.244.1.1", true), endpoint("10.244.2.1", false)],
+        local: vec![endpoint("10.244.1.1", true)],
+        has_any: true,
+        has_any_by_family: [true, false],
+    };
+    let fronts = Frontends::new(&port, &selected, IpFamily::V4);
+    let specs = frontend_specs(&fronts, &[ip("192.0.2.1"), ip("2001:db8::1")]);
+    let addrs: Vec<(IpAddr, u16)> = specs.iter().map(|s| (s.addr.ip, s.addr.port)).collect();
+    assert_eq!(
+        addrs,
+        vec![
+            (ip("10.96.0.1"), 80),
+            (ip("203.0.113.10"), 80),
+            (ip("192.0.2.1"), 30080)
+        ]
+    );
+    // Local external policy: traffic from the node short-circuits to every endpoint.
+    for s in &specs {
+        assert_eq!(s.backends.len(), 2, "{s:?}");
+    }
+}
+
+#[test]
+fn diff_repairs_drifted_maps_and_removes_strangers_without_exposing_a_dangling_slot() {
+    let mut planner = Planner::new();
+    planner
+        .set_service(
+            &svc("a"),
+            &[spec("10.96.0.1", &["10.244.1.1", "10.244.1.2"])],
+        )
+        .expect("plan");
+    let want = planner.contents();
+    let mut have = want.clone();
+    // Drift: a backend rewritten by someone, a stranger frontend with its own backend.
+    let id = *have.backends.keys().next().expect("a backend");
+    have.backends.insert(id, backend("10.244.9.9"));
+    let mut other = Planner::new();
+    other
+        .set_service(&svc("x"), &[spec("10.96.0.99", &["10.244.8.1"])])
+        .expect("plan");
+    let stranger = other.contents();
+    let shifted = |k: &ServiceKey| ServiceKey {
+        frontend: FrontendAddr {
+            port: 9999,
+            ..k.frontend
+        },
+        ..*k
+    };
+    for (k, v) in &stranger.services {
+        have.services.insert(
+            shifted(k),
+            ServiceValue {
+                backend_id: if v.backend_id == 0 { 0 } else { 77 },
+                rev_nat: 700,
+                ..*v
+            },
+        );
+    }
+    have.backends.insert(77, backend("10.244.8.1"));
+    have.rev_nat.insert(
+        700,
+        RevNat {
+            ip: ip("10.96.0.99"),
+            port: 9999,
+        },
+    );
+
+    let ops = diff(&have, &want);
+    assert_eq!(ops.len(), 1 + 2 + 1 + 1, "{ops:?}");
+    let mut maps = have;
+    apply(&mut maps, &ops);
+    assert_eq!(maps, want);
+    assert!(diff(&want, &want).is_empty());
+}

@@ -1,0 +1,154 @@
+//! The `ebpf` mode as a [`Dataplane`]: loads and attaches the socket load balancer at start,
+//! plans each changed Service's frontends with `kp-ebpf-plan` and writes the element-level
+//! updates; a full sync plans everything afresh and writes only the difference from what the
+//! maps hold (so maps pinned by a previous run are adopted, not flushed).
+//!
+//! Not yet: the mode registry entry, keeping the programs attached across a restart (pinned
+//! links), the tc path.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
+use kp_core::frontend::Frontends;
+use kp_core::model::{IpFamily, ServiceKey as ServiceName};
+use kp_core::track::{Changes, ProxyState};
+use kp_ebpf_plan::{diff, frontend_specs, FrontendSpec, Planner};
+
+use crate::{names, Error, MapSizes, SocketLb};
+
+/// How the mode is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The cgroup v2 directory the hooks attach to: the hierarchy's root in a real node
+    /// ([`crate::cgroup::find_cgroup2_root`]), a cgroup of their own in tests.
+    pub cgroup: PathBuf,
+    /// Where the maps are pinned (a bpffs directory); `None`: not pinned.
+    pub pin_dir: Option<PathBuf>,
+    /// Map sizes.
+    pub sizes: MapSizes,
+}
+
+/// The eBPF dataplane.
+pub struct EbpfDataplane {
+    config: Config,
+    lb: Option<SocketLb>,
+    planner: Planner,
+}
+
+impl EbpfDataplane {
+    /// A dataplane that loads and attaches nothing until [`Dataplane::start`].
+    pub fn new(config: Config) -> EbpfDataplane {
+        EbpfDataplane {
+            config,
+            lb: None,
+            planner: Planner::new(),
+        }
+    }
+
+    fn lb(&mut self) -> Result<&mut SocketLb, DataplaneError> {
+        self.lb
+            .as_mut()
+            .ok_or_else(|| DataplaneError::permanent(Error::Missing("loaded program (start)")))
+    }
+}
+
+fn dataplane_error(e: Error) -> DataplaneError {
+    match e {
+        Error::Map { .. } | Error::Unreadable(_) => DataplaneError::transient(e),
+        Error::Load(_) | Error::Program { .. } | Error::Missing(_) | Error::Cgroup { .. } => {
+            DataplaneError::permanent(e)
+        }
+    }
+}
+
+/// Every frontend of `service`, all ports and both families.
+fn specs(state: &ProxyState, service: &ServiceName) -> Vec<FrontendSpec> {
+    let node_addresses: Vec<IpAddr> = state.node().addresses.clone();
+    let mut out = Vec::new();
+    for sps in state.service_state(service) {
+        for family in IpFamily::ALL {
+            out.extend(frontend_specs(
+                &Frontends::of(&sps, family),
+                &node_addresses,
+            ));
+        }
+    }
+    out
+}
+
+impl Dataplane for EbpfDataplane {
+    fn mode(&self) -> &'static str {
+        "ebpf"
+    }
+
+    fn start(&mut self) -> Result<(), DataplaneError> {
+        let mut lb = SocketLb::load(self.config.sizes, self.config.pin_dir.as_deref())
+            .map_err(dataplane_error)?;
+        lb.attach(&self.config.cgroup).map_err(dataplane_error)?;
+        self.lb = Some(lb);
+        Ok(())
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &Changes,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let plan_error = |e| DataplaneError::transient(e);
+        let ops = if full {
+            let mut planner = Planner::new();
+            for service in state.service_keys() {
+                planner
+                    .set_service(service, &specs(state, service))
+                    .map_err(plan_error)?;
+            }
+            let have = self.lb()?.read_back().map_err(dataplane_error)?;
+            let ops = diff(&have, &planner.contents());
+            self.planner = planner;
+            ops
+        } else {
+            let mut ops = Vec::new();
+            for service in &changes.services {
+                ops.extend(
+                    self.planner
+                        .set_service(service, &specs(state, service))
+                        .map_err(plan_error)?,
+                );
+            }
+            ops
+        };
+        self.lb()?.apply(&ops).map_err(dataplane_error)?;
+        Ok(SyncReport {
+            full,
+            operations: ops.len(),
+            no_local_endpoints: (0, 0),
+        })
+    }
+
+    fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
+        let want = self.planner.contents();
+        let have = self.lb()?.read_back().map_err(dataplane_error)?;
+        Ok(diff(&have, &want)
+            .into_iter()
+            .map(|op| format!("maps differ from the plan: needs {op:?}"))
+            .collect())
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        // Dropping the loader detaches every program (BPF links) and closes the maps.
+        self.lb = None;
+        self.planner = Planner::new();
+        if let Some(dir) = &self.config.pin_dir {
+            for name in names::ALL {
+                match std::fs::remove_file(dir.join(name)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(DataplaneError::transient(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! The eBPF dataplane's I/O half: the BPF programs (C under `bpf/`, compiled with clang by
+//! `build.rs`), loading them with aya, attaching them to a cgroup v2 directory, and writing
+//! the map updates `kp-ebpf-plan` computes.
+//!
+//! - [`SocketLb::load`] loads the socket load balancer (`bpf/sock.c`: cgroup
+//!   `connect4/6`, `sendmsg4/6`, `recvmsg4/6`, `getpeername4/6`), its maps optionally pinned
+//!   under a bpffs directory so a restart finds them;
+//! - [`cgroup::find_cgroup2_root`] finds where the cgroup v2 hierarchy is mounted;
+//! - [`SocketLb::attach`] attaches every program to one cgroup v2 directory (the proxy: the
+//!   hierarchy's root; tests: a cgroup of their own); dropping the [`SocketLb`] detaches them;
+//! - [`SocketLb::apply`] writes [`kp_ebpf_plan::Op`]s, [`SocketLb::read_back`] reads the maps
+//!   into the planner's [`kp_ebpf_plan::Contents`] to compare.
+//!
+//! [`dataplane::EbpfDataplane`] puts these together as the mode's `Dataplane`.
+//!
+//! What is not here yet: the mode registry entry, the tc path
+//! for traffic from outside the node, affinity and Maglev maps, stale UDP socket destruction
+//! (README.md).
+//!
+//! No unsafe code: aya makes the `bpf()` calls.
+
+pub mod cgroup;
+pub mod dataplane;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap, MapData};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::{Ebpf, EbpfLoader};
+use kp_ebpf_plan::layout::{BACKEND_SIZE, REV_NAT_SIZE, SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE};
+use kp_ebpf_plan::{Backend, Contents, Op, RevNat, ServiceKey, ServiceValue};
+
+/// The socket load balancer's object file, built by `build.rs`.
+pub static SOCK_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
+
+/// The socket load balancer's programs, by function name in `bpf/sock.c`.
+pub const SOCK_PROGRAMS: [&str; 8] = [
+    "kp_connect4",
+    "kp_connect6",
+    "kp_sendmsg4",
+    "kp_sendmsg6",
+    "kp_recvmsg4",
+    "kp_recvmsg6",
+    "kp_getpeername4",
+    "kp_getpeername6",
+];
+
+/// The maps the planner fills, by name in `bpf/maps.h`.
+pub mod names {
+    /// `{frontend, slot}` → count or backend id.
+    pub const SERVICES: &str = "kp_services";
+    /// Backend id → address, port, protocol.
+    pub const BACKENDS: &str = "kp_backends";
+    /// Frontend id → address and port.
+    pub const REV_NAT: &str = "kp_rev_nat";
+    /// `{socket cookie, backend}` → frontend: what recvmsg and getpeername give back (LRU).
+    pub const SK_REV: &str = "kp_sk_rev";
+    /// Every map, for pinning.
+    pub const ALL: [&str; 4] = [SERVICES, BACKENDS, REV_NAT, SK_REV];
+}
+
+/// What failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// aya could not load the object or create its maps (the verifier's log is in the
+    /// detail). Not retryable: the programs or the kernel must change.
+    #[error("loading the BPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program was refused by the verifier or could not be attached. Not retryable.
+    #[error("program {name}: {source}")]
+    Program {
+        /// The program.
+        name: &'static str,
+        /// aya's error.
+        source: aya::programs::ProgramError,
+    },
+    /// A program or map the object should contain is missing. Not retryable: a build error.
+    #[error("the BPF object has no {0}")]
+    Missing(&'static str),
+    /// A map could not be opened, read or written. Retryable (a full map may drain).
+    #[error("map {name}: {source}")]
+    Map {
+        /// The map.
+        name: &'static str,
+        /// aya's error.
+        source: aya::maps::MapError,
+    },
+    /// A map held bytes this version never writes. Retryable: a full sync rewrites them.
+    #[error("map {0} holds an entry this version cannot read")]
+    Unreadable(&'static str),
+    /// The cgroup directory could not be opened. Not retryable.
+    #[error("cgroup {path}: {source}")]
+    Cgroup {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Sizes of the maps, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Services map entries: one per frontend plus one per backend slot.
+    pub services: u32,
+    /// Backends map entries.
+    pub backends: u32,
+    /// Reverse-NAT entries: one per frontend.
+    pub rev_nat: u32,
+    /// Socket reverse entries (LRU): one per live load-balanced socket and backend.
+    pub sockets: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        MapSizes {
+            services: 65536,
+            backends: 65536,
+            rev_nat: 65535,
+            sockets: 262144,
+        }
+    }
+}
+
+/// The socket load balancer, loaded; attached once [`SocketLb::attach`] is called.
+pub struct SocketLb {
+    ebpf: Ebpf,
+}
+
+type ByteMap<'a, const K: usize, const V: usize> = HashMap<&'a mut MapData, [u8; K], [u8; V]>;
+
+impl SocketLb {
+    /// Loads the object and every program into the kernel (the verifier runs here). With
+    /// `pin_dir`, each map is pinned there under its name, or the pinned one is reused.
+    pub fn load(sizes: MapSizes, pin_dir: Option<&Path>) -> Result<SocketLb, Error> {
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(names::SERVICES, sizes.services)
+            .map_max_entries(names::BACKENDS, sizes.backends)
+            .map_max_entries(names::REV_NAT, sizes.rev_nat)
+            .map_max_entries(names::SK_REV, sizes.sockets);
+        if let Some(dir) = pin_dir {
+            for name in names::ALL {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let mut ebpf = loader.load(SOCK_OBJECT)?;
+        for name in SOCK_PROGRAMS {
+            let prog: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing(name))?
+                .try_into()
+                .map_err(|source| Error::Program { name, source })?;
+            prog.load()
+                .map_err(|source| Error::Program { name, source })?;
+        }
+        Ok(SocketLb { ebpf })
+    }
+
+    /// Attaches every program to the cgroup v2 directory `cgroup`, alongside programs others
+    /// attached there. They stay attached until this value is dropped.
+    pub fn attach(&mut self, cgroup: &Path) -> Result<(), Error> {
+        let dir = File::open(cgroup).map_err(|source| Error::Cgroup {
+            path: cgroup.to_path_buf(),
+            source,
+        })?;
+        for name in SOCK_PROGRAMS {
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing(name))?
+                .try_into()
+                .map_err(|source| Error::Program { name, source })?;
+            // Through a BPF link (Linux 5.7+), which always runs beside other programs on the
+            // cgroup and refuses any attach flag: the mode must be `Single` (no flag).
+            prog.attach(&dir, CgroupAttachMode::Single)
+                .map_err(|source| Error::Program { name, source })?;
+        }
+        Ok(())
+    }
+
+    fn map<const K: usize, const V: usize>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<ByteMap<'_, K, V>, Error> {
+        let map = self.ebpf.map_mut(name).ok_or(Error::Missing(name))?;
+        HashMap::try_from(map).map_err(|source| Error::Map { name, source })
+    }
+
+    /// Writes `ops` in order (the planner's order keeps every reachable slot valid after
+    /// each one). Stops at the first error: the maps then hold a prefix of `ops`, and the
+    /// caller resyncs in full.
+    pub fn apply(&mut self, ops: &[Op]) -> Result<(), Error> {
+        for op in ops {
+            self.apply_one(op)?;
+        }
+        Ok(())
+    }
+
+    fn apply_one(&mut self, op: &Op) -> Result<(), Error> {
+        let err = |name: &'static str| move |source| Error::Map { name, source };
+        match op {
+            Op::UpsertBackend(id, b) => self
+                .map::<4, BACKEND_SIZE>(names::BACKENDS)?
+                .insert(id.to_ne_bytes(), b.to_bytes(), 0)
+                .map_err(err(names::BACKENDS)),
+            Op::DeleteBackend(id) => self
+                .map::<4, BACKEND_SIZE>(names::BACKENDS)?
+                .remove(&id.to_ne_bytes())
+                .map_err(err(names::BACKENDS)),
+            Op::UpsertRevNat(id, r) => self
+                .map::<2, REV_NAT_SIZE>(names::REV_NAT)?
+                .insert(id.to_ne_bytes(), r.to_bytes(), 0)
+                .map_err(err(names::REV_NAT)),
+            Op::DeleteRevNat(id) => self
+                .map::<2, REV_NAT_SIZE>(names::REV_NAT)?
+                .remove(&id.to_ne_bytes())
+                .map_err(err(names::REV_NAT)),
+            Op::UpsertService(k, v) => self
+                .map::<SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE>(names::SERVICES)?
+                .insert(k.to_bytes(), v.to_bytes(), 0)
+                .map_err(err(names::SERVICES)),
+            Op::DeleteService(k) => self
+                .map::<SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE>(names::SERVICES)?
+                .remove(&k.to_bytes())
+                .map_err(err(names::SERVICES)),
+        }
+    }
+
+    /// Reads the services, backends and reverse-NAT maps back.
+    pub fn read_back(&mut self) -> Result<Contents, Error> {
+        let mut c = Contents::default();
+        let err = |name: &'static str| move |source| Error::Map { name, source };
+        {
+            let m = self.map::<SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE>(names::SERVICES)?;
+            let mut services = BTreeMap::new();
+            for entry in m.iter() {
+                let (k, v) = entry.map_err(err(names::SERVICES))?;
+                let k = ServiceKey::from_bytes(&k).ok_or(Error::Unreadable(names::SERVICES))?;
+                let v = ServiceValue::from_bytes(&v).ok_or(Error::Unreadable(names::SERVICES))?;
+                services.insert(k, v);
+            }
+            c.services = services;
+        }
+        {
+            let m = self.map::<4, BACKEND_SIZE>(names::BACKENDS)?;
+            for entry in m.iter() {
+                let (k, v) = entry.map_err(err(names::BACKENDS))?;
+                let v = Backend::from_bytes(&v).ok_or(Error::Unreadable(names::BACKENDS))?;
+                c.backends.insert(u32::from_ne_bytes(k), v);
+            }
+        }
+        {
+            let m = self.map::<2, REV_NAT_SIZE>(names::REV_NAT)?;
+            for entry in m.iter() {
+                let (k, v) = entry.map_err(err(names::REV_NAT))?;
+                let v = RevNat::from_bytes(&v).ok_or(Error::Unreadable(names::REV_NAT))?;
+                c.rev_nat.insert(u16::from_ne_bytes(k), v);
+            }
+        }
+        Ok(c)
+    }
+}

@@ -1,0 +1,80 @@
+//! Guards shared by the root tests: a cgroup and a bpffs of the test's own, removed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The cgroup v2 hierarchy on the development machines.
+const CGROUP2: &str = "/sys/fs/cgroup/unified";
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A name no other test (or test process) uses.
+pub fn unique(what: &str) -> String {
+    format!(
+        "kpt-ebpf-{}-{}-{what}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A cgroup of the test's own; its processes are killed and it is removed on drop.
+pub struct Cgroup {
+    /// The cgroup's directory.
+    pub path: PathBuf,
+}
+
+impl Cgroup {
+    /// Creates it.
+    pub fn new() -> Cgroup {
+        let path = Path::new(CGROUP2).join(unique("cg"));
+        std::fs::create_dir(&path).expect("creating a test cgroup");
+        Cgroup { path }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+            if std::fs::remove_dir(&self.path).is_ok() || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A bpffs of the test's own, mounted on a fresh directory, unmounted and removed on drop.
+pub struct Bpffs {
+    /// The mount point.
+    pub path: PathBuf,
+}
+
+impl Bpffs {
+    /// Mounts it.
+    pub fn new() -> Bpffs {
+        let path = std::env::temp_dir().join(unique("bpffs"));
+        std::fs::create_dir(&path).expect("creating the bpffs mount point");
+        let fs = Bpffs { path };
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&fs.path)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mount -t bpf failed");
+        fs
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}

@@ -1,0 +1,135 @@
+//! The `ebpf` Dataplane on the shared fixture cluster, attached to a cgroup of the test's own
+//! with its maps pinned on a bpffs of the test's own: a full sync fills the maps, verify finds
+//! them as planned, and a restarted dataplane adopts the pinned maps without rewriting them.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use kp_core::dataplane::Dataplane;
+use kp_core::track::{Changes, Object, SourceEvent};
+use kp_ebpf::dataplane::{Config, EbpfDataplane};
+use kp_ebpf::MapSizes;
+use kp_test::lab::Lab;
+use kp_test::netns::{require_root, Netns};
+
+mod common;
+use common::{Bpffs, Cgroup};
+
+#[test]
+#[ignore = "needs root"]
+fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
+    if !require_root() {
+        return;
+    }
+    let cgroup = Cgroup::new();
+    let bpffs = Bpffs::new();
+    let config = Config {
+        cgroup: cgroup.path.clone(),
+        pin_dir: Some(bpffs.path.clone()),
+        sizes: MapSizes::default(),
+    };
+    let state = kp_flows::fixture::state();
+
+    let mut first = EbpfDataplane::new(config.clone());
+    first.start().expect("start");
+    let report = first
+        .sync(&state, &Changes::default(), true)
+        .expect("first full sync");
+    assert!(report.operations > 20, "{report:?}");
+    assert_eq!(first.verify().expect("verify"), Vec::<String>::new());
+    let again = first
+        .sync(&state, &Changes::default(), true)
+        .expect("second full sync");
+    assert_eq!(again.operations, 0, "an unchanged cluster rewrote maps");
+    drop(first);
+
+    let mut second = EbpfDataplane::new(config);
+    second.start().expect("restart");
+    let adopted = second
+        .sync(&state, &Changes::default(), true)
+        .expect("full sync after restart");
+    assert_eq!(adopted.operations, 0, "the restart rewrote the pinned maps");
+    assert_eq!(second.verify().expect("verify"), Vec::<String>::new());
+    second.cleanup().expect("cleanup");
+    for name in kp_ebpf::names::ALL {
+        assert!(!bpffs.path.join(name).exists(), "{name} still pinned");
+    }
+}
+
+/// Runs kp-sockpeer from `ns` inside `cgroup` and counts answers by backend, requiring the
+/// application to see `peer` every time.
+fn spread(cgroup: &Cgroup, ns: &Netns, args: &[&str], peer: &str) -> BTreeMap<String, usize> {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} \"$@\"",
+        cgroup.path.display(),
+        ns.name(),
+        env!("CARGO_BIN_EXE_kp-sockpeer")
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script, "kp-sockpeer"])
+        .args(args)
+        .output()
+        .expect("running kp-sockpeer");
+    let mut counts = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let (backend, seen) = line.split_once(' ').unwrap_or((line, ""));
+        assert_eq!(seen, peer, "the application saw another peer: {line}");
+        *counts.entry(backend.to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+#[ignore = "needs root"]
+fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_partial_sync() {
+    if !require_root() {
+        return;
+    }
+    let lab = Lab::new(4).expect("lab");
+    let _pods: Vec<_> = (1..=3)
+        .map(|i| lab.serve_echo(i, &[8080], &[]).expect("echo server"))
+        .collect();
+    let cgroup = Cgroup::new();
+    let mut state = kp_flows::fixture::state();
+    let mut dp = EbpfDataplane::new(Config {
+        cgroup: cgroup.path.clone(),
+        pin_dir: None,
+        sizes: MapSizes::default(),
+    });
+    dp.start().expect("start");
+    dp.sync(&state, &Changes::default(), true)
+        .expect("full sync");
+
+    // web: ClusterIP 10.96.0.10:80, endpoints pod-1..3 (10.244.1.11-13:8080).
+    let all = spread(
+        &cgroup,
+        lab.node(),
+        &["tcp", "10.96.0.10", "80", "45"],
+        "10.96.0.10:80",
+    );
+    assert_eq!(
+        all.keys().collect::<Vec<_>>(),
+        ["pod-1", "pod-2", "pod-3"],
+        "{all:?}"
+    );
+
+    let slice = kp_flows::fixture::web_slice(&["pod-1"]);
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(slice))))
+        .expect("slice update");
+    let changes = state.take_changes();
+    let report = dp.sync(&state, &changes, false).expect("partial sync");
+    assert!(
+        report.operations <= 8,
+        "two endpoints removed took {} map updates",
+        report.operations
+    );
+    assert_eq!(dp.verify().expect("verify"), Vec::<String>::new());
+    let one = spread(
+        &cgroup,
+        lab.node(),
+        &["tcp", "10.96.0.10", "80", "15"],
+        "10.96.0.10:80",
+    );
+    assert_eq!(one, [("pod-1".to_string(), 15)].into());
+}

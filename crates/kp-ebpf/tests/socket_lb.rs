@@ -1,0 +1,233 @@
+//! The socket load balancer with real sockets: programs attached to a cgroup the test
+//! creates, clients moved into it and into a network namespace the test creates, backends
+//! (kp-echo) in that namespace. Nothing is attached to the machine's own cgroups; the cgroup,
+//! the namespace and any bpffs mount are removed on drop, also when an assertion fails.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::process::Command;
+use std::time::Instant;
+
+use kp_core::model::{Protocol, ServiceKey as ServiceName};
+use kp_ebpf::{MapSizes, SocketLb};
+use kp_ebpf_plan::{Backend, FrontendAddr, FrontendSpec, Planner};
+use kp_test::netns::{require_root, Netns};
+
+mod common;
+use common::{Bpffs, Cgroup};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+fn spec(vip: &str, port: u16, protocol: Protocol, backends: &[(&str, u16)]) -> FrontendSpec {
+    FrontendSpec {
+        addr: FrontendAddr {
+            ip: ip(vip),
+            port,
+            protocol,
+        },
+        backends: backends
+            .iter()
+            .map(|(a, p)| Backend {
+                ip: ip(a),
+                port: *p,
+                protocol,
+            })
+            .collect(),
+    }
+}
+
+/// Runs kp-sockpeer inside `cgroup` and `ns` and returns its lines.
+fn client(cgroup: &Cgroup, ns: &Netns, args: &[&str]) -> Vec<String> {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} \"$@\"",
+        cgroup.path.display(),
+        ns.name(),
+        env!("CARGO_BIN_EXE_kp-sockpeer")
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script, "kp-sockpeer"])
+        .args(args)
+        .output()
+        .expect("running kp-sockpeer");
+    assert!(
+        out.status.success(),
+        "kp-sockpeer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Counts answers by backend, requiring every peer the application saw to be `peer`.
+fn spread(lines: &[String], peer: &str) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for line in lines {
+        let (backend, seen) = line.split_once(' ').unwrap_or((line, ""));
+        assert_eq!(seen, peer, "the application saw another peer: {line}");
+        *counts.entry(backend.to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// A namespace with two kp-echo backends: `a` on 10.244.1.1:8080 and [fd00:10:244::1]:8080's
+/// port, `b` on 8081 (all addresses on the namespace's loopback).
+fn backends(ns: &Netns) -> Vec<kp_test::netns::ChildGuard> {
+    for cidr in [
+        "10.244.1.1/32",
+        "10.244.1.2/32",
+        "fd00:10:244::1/128",
+        "fd00:10:244::2/128",
+    ] {
+        ns.add_addr("lo", cidr).expect("address on lo");
+    }
+    vec![
+        kp_test::echo::serve(ns, "a", &[8080], &[8080]).expect("backend a"),
+        kp_test::echo::serve(ns, "b", &[8081], &[8081]).expect("backend b"),
+    ]
+}
+
+#[test]
+#[ignore = "needs root"]
+fn connections_to_a_vip_spread_over_both_backends_and_the_application_sees_the_vip() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("ebpf").expect("namespace");
+    let _servers = backends(&ns);
+    let cgroup = Cgroup::new();
+
+    let started = Instant::now();
+    let mut lb = SocketLb::load(MapSizes::default(), None).expect("load");
+    let load_time = started.elapsed();
+    lb.attach(&cgroup.path).expect("attach");
+
+    let mut planner = Planner::new();
+    let v4 = [("10.244.1.1", 8080), ("10.244.1.2", 8081)];
+    let v6 = [("fd00:10:244::1", 8080), ("fd00:10:244::2", 8081)];
+    let specs = [
+        spec("10.96.0.10", 80, Protocol::Tcp, &v4),
+        spec("10.96.0.10", 53, Protocol::Udp, &v4),
+        spec("fd00:10:96::10", 80, Protocol::Tcp, &v6),
+        spec("fd00:10:96::10", 53, Protocol::Udp, &v6),
+        spec("10.96.0.11", 80, Protocol::Tcp, &[]),
+    ];
+    let ops = planner
+        .set_service(&ServiceName::new("t", "echo"), &specs)
+        .expect("plan");
+    lb.apply(&ops).expect("apply");
+    assert_eq!(lb.read_back().expect("read back"), planner.contents());
+    eprintln!("program load (8 programs, verifier included): {load_time:?}");
+
+    let tcp = spread(
+        &client(&cgroup, &ns, &["tcp", "10.96.0.10", "80", "40"]),
+        "10.96.0.10:80",
+    );
+    assert_eq!(tcp.keys().collect::<Vec<_>>(), ["a", "b"], "{tcp:?}");
+    let udp = spread(
+        &client(&cgroup, &ns, &["udp", "10.96.0.10", "53", "40"]),
+        "10.96.0.10:53",
+    );
+    assert_eq!(udp.keys().collect::<Vec<_>>(), ["a", "b"], "{udp:?}");
+    let tcp6 = spread(
+        &client(&cgroup, &ns, &["tcp", "fd00:10:96::10", "80", "40"]),
+        "[fd00:10:96::10]:80",
+    );
+    assert_eq!(tcp6.keys().collect::<Vec<_>>(), ["a", "b"], "{tcp6:?}");
+    let udp6 = spread(
+        &client(&cgroup, &ns, &["udp", "fd00:10:96::10", "53", "40"]),
+        "[fd00:10:96::10]:53",
+    );
+    assert_eq!(udp6.keys().collect::<Vec<_>>(), ["a", "b"], "{udp6:?}");
+
+    // A frontend without backends refuses the connect.
+    let refused = client(&cgroup, &ns, &["tcp", "10.96.0.11", "80", "1"]);
+    assert!(
+        refused[0].starts_with("error connect"),
+        "connect to a frontend without endpoints: {refused:?}"
+    );
+
+    // One backend removed: every new connection goes to the other, after one small update.
+    let one = [
+        spec("10.96.0.10", 80, Protocol::Tcp, &v4[1..]),
+        spec("10.96.0.10", 53, Protocol::Udp, &v4),
+        spec("fd00:10:96::10", 80, Protocol::Tcp, &v6),
+        spec("fd00:10:96::10", 53, Protocol::Udp, &v6),
+        spec("10.96.0.11", 80, Protocol::Tcp, &[]),
+    ];
+    let ops = planner
+        .set_service(&ServiceName::new("t", "echo"), &one)
+        .expect("plan");
+    assert!(ops.len() <= 4, "{ops:?}");
+    let started = Instant::now();
+    lb.apply(&ops).expect("apply");
+    eprintln!(
+        "one-endpoint removal: {} map updates in {:?}",
+        ops.len(),
+        started.elapsed()
+    );
+    let after = spread(
+        &client(&cgroup, &ns, &["tcp", "10.96.0.10", "80", "20"]),
+        "10.96.0.10:80",
+    );
+    assert_eq!(after, [("b".to_string(), 20)].into());
+
+    // Outside the cgroup nothing is rewritten: the VIP is nobody's address in the namespace.
+    let outside = ns
+        .exec(&[
+            env!("CARGO_BIN_EXE_kp-sockpeer"),
+            "tcp",
+            "10.96.0.10",
+            "80",
+            "1",
+        ])
+        .expect("client outside the cgroup");
+    let line = String::from_utf8_lossy(&outside.stdout);
+    assert!(
+        line.starts_with("error connect"),
+        "outside the cgroup: {line}"
+    );
+    drop(lb);
+    let detached = client(&cgroup, &ns, &["tcp", "10.96.0.10", "80", "1"]);
+    assert!(
+        detached[0].starts_with("error connect"),
+        "after detaching: {detached:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn maps_pinned_under_bpffs_survive_the_loader_and_are_adopted_by_the_next() {
+    if !require_root() {
+        return;
+    }
+    let bpffs = Bpffs::new();
+    let mut planner = Planner::new();
+    let ops = planner
+        .set_service(
+            &ServiceName::new("t", "pinned"),
+            &[spec(
+                "10.96.0.20",
+                443,
+                Protocol::Tcp,
+                &[("10.244.2.1", 8443), ("10.244.2.2", 8443)],
+            )],
+        )
+        .expect("plan");
+    {
+        let mut first = SocketLb::load(MapSizes::default(), Some(&bpffs.path)).expect("load");
+        first.apply(&ops).expect("apply");
+    }
+    for name in kp_ebpf::names::ALL {
+        assert!(bpffs.path.join(name).exists(), "{name} is not pinned");
+    }
+    let mut second = SocketLb::load(MapSizes::default(), Some(&bpffs.path)).expect("reload");
+    assert_eq!(second.read_back().expect("read back"), planner.contents());
+    drop(second);
+    for name in kp_ebpf::names::ALL {
+        let _ = std::fs::remove_file(bpffs.path.join(name));
+    }
+}

@@ -1,0 +1,80 @@
+//! Defects the fuzzer found and that are fixed, each as the smallest reproducer asserting the
+//! correct behaviour. A defect still open is an example instead (`examples/`), since CI runs
+//! ignored tests too: its reproducer moves here once it is fixed, and its entry leaves
+//! `kp_fuzz::KNOWN_DEFECTS`, which keeps the fuzzer from failing on it meanwhile.
+
+use kp_core::model::IpFamily;
+use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
+use kp_core::track::{Kind, Object, ProxyState, SourceEvent};
+use serde_json::json;
+
+fn object(v: serde_json::Value) -> Object {
+    match v["kind"].as_str() {
+        Some("Service") => Object::Service(Box::new(serde_json::from_value(v).unwrap())),
+        Some("EndpointSlice") => {
+            Object::EndpointSlice(Box::new(serde_json::from_value(v).unwrap()))
+        }
+        Some("Node") => Object::Node(Box::new(serde_json::from_value(v).unwrap())),
+        _ => Object::ServiceCidr(Box::new(serde_json::from_value(v).unwrap())),
+    }
+}
+
+/// The objects loaded as a source would: a rejected one is skipped (and stays out).
+fn state(objects: Vec<serde_json::Value>) -> ProxyState {
+    let mut s = ProxyState::new("node-a");
+    for o in objects {
+        let _ = s.apply(SourceEvent::Upsert(object(o)));
+    }
+    for k in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
+        s.apply(SourceEvent::Synced(k)).unwrap();
+    }
+    s.take_changes();
+    s
+}
+
+/// A valid IPv6 Service, so the IPv6 tables have something to lose.
+fn web6() -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "web6", "namespace": "default"},
+           "spec": {"clusterIP": "fd00:10:96::10", "ports": [{"protocol": "TCP", "port": 80}]}})
+}
+
+/// Found by `kp-fuzz`. A ServiceCIDR holding an IPv4-compatible IPv6 range (`::a00:0/104`, that is
+/// `::10.0.0.0/104`) passes kp-core's validation (`convert::service_cidrs` refuses only the special
+/// ranges), and the iptables planner renders it into the shared filter `KUBE-SERVICES` rule that
+/// drops unallocated ClusterIPs. Its own validator then refuses that rule (iptables-save prints the
+/// address dotted, so the read-back would never match) as a `PlanError::Shared`: the whole IPv6
+/// restore is empty, and every later IPv6 sync too, for every Service, as long as the object
+/// exists. One object stops a family; the other family goes on.
+///
+/// Fixed in kp-core: IPv4-compatible addresses (`::/96`) are refused as IPv4-mapped ones are.
+#[test]
+fn ipv4_compatible_ipv6_address_stops_every_iptables_sync_of_the_family() {
+    let state = state(vec![
+        web6(),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+               "metadata": {"name": "odd"}, "spec": {"cidrs": ["::a00:0/104"]}}),
+    ]);
+    let node = NodeContext::resolve(&DetectLocal::None, &NodePortAddresses::AllLocal, &state);
+    let mut p = kp_iptables_plan::Planner::new(kp_iptables_plan::PlanConfig::new(IpFamily::V6));
+    let restore = p.full(&state, &node);
+    assert!(restore.fatal().is_none(), "{:?}", restore.errors);
+}
+
+/// Found by `kp-fuzz`. The same defect through this node's own Node object: an InternalIP of
+/// `::1003:b748` is accepted (`convert::node_info` checks only that it parses), becomes the IPv6
+/// NodePort address with `nodePortAddresses: primary`, and the nat `KUBE-SERVICES` rule that sends
+/// it to `KUBE-NODEPORTS` is refused as a shared rule: no IPv6 iptables sync until the Node
+/// changes.
+#[test]
+fn ipv4_compatible_node_address_stops_every_iptables_sync_of_the_family() {
+    let state = state(vec![
+        web6(),
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+               "status": {"addresses": [{"type": "InternalIP", "address": "::1003:b748"}]}}),
+    ]);
+    let node = NodeContext::resolve(&DetectLocal::None, &NodePortAddresses::Primary, &state);
+    let mut p = kp_iptables_plan::Planner::new(kp_iptables_plan::PlanConfig::new(IpFamily::V6));
+    let restore = p.full(&state, &node);
+    assert!(restore.fatal().is_none(), "{:?}", restore.errors);
+}

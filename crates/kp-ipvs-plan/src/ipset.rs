@@ -1,0 +1,474 @@
+//! The ipsets the ipvs mode's iptables rules match (upstream's `pkg/proxy/ipvs/ipset.go` and
+//! the set entries `syncProxyRules` collects), their contents planned from the frontends, the
+//! element-level difference against what the kernel holds, and that difference as
+//! `ipset restore` text.
+//!
+//! Names are upstream's; an IPv6 proxier's sets are named `KUBE-6-...` (upstream's rule for
+//! dual-stack nodes, where both families' sets coexist).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::frontend::{FrontendKind, Frontends, TrafficPolicy};
+use kp_core::model::{IpFamily, Protocol};
+use kp_core::node::NodeContext;
+
+/// The longest set name the kernel takes (`IPSET_MAXNAMELEN` less the NUL).
+pub const NAME_MAX: usize = 31;
+
+/// How a set stores its entries (the `ipset create` type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetType {
+    /// `bitmap:port` (ports 0-65535).
+    BitmapPort,
+    /// `hash:ip`.
+    HashIp,
+    /// `hash:ip,port`.
+    HashIpPort,
+    /// `hash:ip,port,ip`.
+    HashIpPortIp,
+    /// `hash:ip,port,net`.
+    HashIpPortNet,
+}
+
+impl SetType {
+    /// The type as `ipset` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetType::BitmapPort => "bitmap:port",
+            SetType::HashIp => "hash:ip",
+            SetType::HashIpPort => "hash:ip,port",
+            SetType::HashIpPortIp => "hash:ip,port,ip",
+            SetType::HashIpPortNet => "hash:ip,port,net",
+        }
+    }
+}
+
+/// One of the mode's sets (upstream's names without the family prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetName {
+    /// `KUBE-LOOP-BACK`: endpoint IP, port and the same IP as source (hairpin masquerade).
+    LoopBack,
+    /// `KUBE-CLUSTER-IP`: ClusterIP and port (masquerade of traffic from outside the pods).
+    ClusterIp,
+    /// `KUBE-EXTERNAL-IP`: external IP and port with `externalTrafficPolicy: Cluster`.
+    ExternalIp,
+    /// `KUBE-EXTERNAL-IP-LOCAL`: external IP and port with `externalTrafficPolicy: Local`.
+    ExternalIpLocal,
+    /// `KUBE-LOAD-BALANCER`: every LoadBalancer IP and port.
+    LoadBalancer,
+    /// `KUBE-LOAD-BALANCER-LOCAL`: LoadBalancer IP and port with `externalTrafficPolicy: Local`.
+    LoadBalancerLocal,
+    /// `KUBE-LOAD-BALANCER-FW`: LoadBalancer IP and port with `loadBalancerSourceRanges`.
+    LoadBalancerFw,
+    /// `KUBE-LOAD-BALANCER-SOURCE-IP`: LoadBalancer IP, port and the LoadBalancer IP as source
+    /// (the node reaching its own LoadBalancer when its address is in the ranges).
+    LoadBalancerSourceIp,
+    /// `KUBE-LOAD-BALANCER-SOURCE-CIDR`: LoadBalancer IP, port and an allowed source range.
+    LoadBalancerSourceCidr,
+    /// `KUBE-NODE-PORT-TCP`: TCP NodePorts.
+    NodePortTcp,
+    /// `KUBE-NODE-PORT-LOCAL-TCP`: TCP NodePorts with `externalTrafficPolicy: Local`.
+    NodePortLocalTcp,
+    /// `KUBE-NODE-PORT-UDP`: UDP NodePorts.
+    NodePortUdp,
+    /// `KUBE-NODE-PORT-LOCAL-UDP`: UDP NodePorts with `externalTrafficPolicy: Local`.
+    NodePortLocalUdp,
+    /// `KUBE-NODE-PORT-SCTP-HASH`: node address and SCTP NodePort.
+    NodePortSctp,
+    /// `KUBE-NODE-PORT-LOCAL-SCTP-HASH`: the same with `externalTrafficPolicy: Local`.
+    NodePortLocalSctp,
+    /// `KUBE-HEALTH-CHECK-NODE-PORT`: health check node ports (accepted in filter INPUT).
+    HealthCheckNodePort,
+    /// `KUBE-IPVS-IPS`: every address bound to `kube-ipvs0` (other ports on them rejected).
+    IpvsIps,
+}
+
+impl SetName {
+    /// Every set, in the order they are created.
+    pub const ALL: [SetName; 17] = [
+        SetName::LoopBack,
+        SetName::ClusterIp,
+        SetName::ExternalIp,
+        SetName::ExternalIpLocal,
+        SetName::LoadBalancer,
+        SetName::LoadBalancerLocal,
+        SetName::LoadBalancerFw,
+        SetName::LoadBalancerSourceIp,
+        SetName::LoadBalancerSourceCidr,
+        SetName::NodePortTcp,
+        SetName::NodePortLocalTcp,
+        SetName::NodePortUdp,
+        SetName::NodePortLocalUdp,
+        SetName::NodePortSctp,
+        SetName::NodePortLocalSctp,
+        SetName::HealthCheckNodePort,
+        SetName::IpvsIps,
+    ];
+
+    /// Upstream's name, without the family prefix.
+    fn base(self) -> &'static str {
+        match self {
+            SetName::LoopBack => "KUBE-LOOP-BACK",
+            SetName::ClusterIp => "KUBE-CLUSTER-IP",
+            SetName::ExternalIp => "KUBE-EXTERNAL-IP",
+            SetName::ExternalIpLocal => "KUBE-EXTERNAL-IP-LOCAL",
+            SetName::LoadBalancer => "KUBE-LOAD-BALANCER",
+            SetName::LoadBalancerLocal => "KUBE-LOAD-BALANCER-LOCAL",
+            SetName::LoadBalancerFw => "KUBE-LOAD-BALANCER-FW",
+            SetName::LoadBalancerSourceIp => "KUBE-LOAD-BALANCER-SOURCE-IP",
+            SetName::LoadBalancerSourceCidr => "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+            SetName::NodePortTcp => "KUBE-NODE-PORT-TCP",
+            SetName::NodePortLocalTcp => "KUBE-NODE-PORT-LOCAL-TCP",
+            SetName::NodePortUdp => "KUBE-NODE-PORT-UDP",
+            SetName::NodePortLocalUdp => "KUBE-NODE-PORT-LOCAL-UDP",
+            SetName::NodePortSctp => "KUBE-NODE-PORT-SCTP-HASH",
+            SetName::NodePortLocalSctp => "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
+            SetName::HealthCheckNodePort => "KUBE-HEALTH-CHECK-NODE-PORT",
+            SetName::IpvsIps => "KUBE-IPVS-IPS",
+        }
+    }
+
+    /// The set's name for a proxier of `family`: `KUBE-...` for IPv4, `KUBE-6-...` for IPv6
+    /// (cut to [`NAME_MAX`]).
+    pub fn name(self, family: IpFamily) -> String {
+        let base = self.base();
+        match family {
+            IpFamily::V4 => base.to_string(),
+            IpFamily::V6 => {
+                // ipset names are at most 31 bytes; like upstream, the longer v6 name is cut
+                // (`KUBE-6-LOAD-BALANCER-SOURCE-CID`).
+                let mut name = format!("KUBE-6-{}", &base["KUBE-".len()..]);
+                name.truncate(NAME_MAX);
+                name
+            }
+        }
+    }
+
+    /// The set's type.
+    pub fn set_type(self) -> SetType {
+        match self {
+            SetName::LoopBack | SetName::LoadBalancerSourceIp => SetType::HashIpPortIp,
+            SetName::LoadBalancerSourceCidr => SetType::HashIpPortNet,
+            SetName::NodePortTcp
+            | SetName::NodePortLocalTcp
+            | SetName::NodePortUdp
+            | SetName::NodePortLocalUdp
+            | SetName::HealthCheckNodePort => SetType::BitmapPort,
+            SetName::IpvsIps => SetType::HashIp,
+            _ => SetType::HashIpPort,
+        }
+    }
+
+    /// Upstream's comment for the set (used in the iptables rules that match it).
+    pub fn comment(self) -> &'static str {
+        match self {
+            SetName::LoopBack => "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose",
+            SetName::ClusterIp => "Kubernetes service cluster ip + port for masquerade purpose",
+            SetName::ExternalIp => "Kubernetes service external ip + port for masquerade and filter purpose",
+            SetName::ExternalIpLocal => "Kubernetes service external ip + port with externalTrafficPolicy=local",
+            SetName::LoadBalancer => "Kubernetes service lb portal",
+            SetName::LoadBalancerLocal => "Kubernetes service load balancer ip + port with externalTrafficPolicy=local",
+            SetName::LoadBalancerFw => "Kubernetes service load balancer ip + port for load balancer with sourceRange",
+            SetName::LoadBalancerSourceIp => "Kubernetes service load balancer ip + port + source IP for packet filter purpose",
+            SetName::LoadBalancerSourceCidr => "Kubernetes service load balancer ip + port + source cidr for packet filter purpose",
+            SetName::NodePortTcp => "Kubernetes nodeport TCP port for masquerade purpose",
+            SetName::NodePortLocalTcp => "Kubernetes nodeport TCP port with externalTrafficPolicy=local",
+            SetName::NodePortUdp => "Kubernetes nodeport UDP port for masquerade purpose",
+            SetName::NodePortLocalUdp => "Kubernetes nodeport UDP port with externalTrafficPolicy=local",
+            SetName::NodePortSctp => "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'",
+            SetName::NodePortLocalSctp => "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'",
+            SetName::HealthCheckNodePort => "Kubernetes health check node port",
+            SetName::IpvsIps => "Kubernetes service cluster ip + external ip + load balancer ip",
+        }
+    }
+
+    /// The set named `name` for a proxier of `family`, if it is one of ours.
+    pub fn parse(name: &str, family: IpFamily) -> Option<SetName> {
+        SetName::ALL.into_iter().find(|s| s.name(family) == name)
+    }
+}
+
+fn proto(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// One set entry. Its [`Display`](fmt::Display) is `ipset`'s own spelling, the one
+/// `ipset save` prints back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Entry {
+    /// `PORT` (`bitmap:port`).
+    Port(u16),
+    /// `IP` (`hash:ip`).
+    Ip(IpAddr),
+    /// `IP,PROTO:PORT` (`hash:ip,port`).
+    IpPort(IpAddr, Protocol, u16),
+    /// `IP,PROTO:PORT,IP` (`hash:ip,port,ip`).
+    IpPortIp(IpAddr, Protocol, u16, IpAddr),
+    /// `IP,PROTO:PORT,NET` (`hash:ip,port,net`).
+    IpPortNet(IpAddr, Protocol, u16, IpNet),
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Entry::Port(p) => write!(f, "{p}"),
+            Entry::Ip(ip) => write!(f, "{ip}"),
+            Entry::IpPort(ip, p, port) => write!(f, "{ip},{}:{port}", proto(*p)),
+            Entry::IpPortIp(ip, p, port, ip2) => write!(f, "{ip},{}:{port},{ip2}", proto(*p)),
+            Entry::IpPortNet(ip, p, port, net) => write!(f, "{ip},{}:{port},{net}", proto(*p)),
+        }
+    }
+}
+
+impl Entry {
+    /// Reads an entry as `ipset save` prints it for a set of type `set_type`.
+    pub fn parse(set_type: SetType, text: &str) -> Option<Entry> {
+        if set_type == SetType::BitmapPort {
+            return text.parse().ok().map(Entry::Port);
+        }
+        if set_type == SetType::HashIp {
+            return text.parse().ok().map(Entry::Ip);
+        }
+        let mut parts = text.splitn(3, ',');
+        let ip: IpAddr = parts.next()?.parse().ok()?;
+        let (p, port) = parts.next()?.split_once(':')?;
+        let p = match p {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "sctp" => Protocol::Sctp,
+            _ => return None,
+        };
+        let port: u16 = port.parse().ok()?;
+        let third = parts.next();
+        match (set_type, third) {
+            (SetType::HashIpPort, None) => Some(Entry::IpPort(ip, p, port)),
+            (SetType::HashIpPortIp, Some(t)) => Some(Entry::IpPortIp(ip, p, port, t.parse().ok()?)),
+            (SetType::HashIpPortNet, Some(t)) => {
+                // `ipset save` prints a host network without its prefix length.
+                let net = match t.parse::<IpNet>() {
+                    Ok(n) => n,
+                    Err(_) => IpNet::from(t.parse::<IpAddr>().ok()?),
+                };
+                Some(Entry::IpPortNet(ip, p, port, net))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The contents of every set of one family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sets {
+    family: IpFamily,
+    sets: BTreeMap<SetName, BTreeSet<Entry>>,
+}
+
+impl Sets {
+    /// Every set of `family`, empty.
+    pub fn new(family: IpFamily) -> Sets {
+        Sets {
+            family,
+            sets: SetName::ALL.iter().map(|s| (*s, BTreeSet::new())).collect(),
+        }
+    }
+
+    /// The family.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// One set's entries.
+    pub fn get(&self, set: SetName) -> &BTreeSet<Entry> {
+        static EMPTY: BTreeSet<Entry> = BTreeSet::new();
+        self.sets.get(&set).unwrap_or(&EMPTY)
+    }
+
+    /// Whether `set` has no entry.
+    pub fn is_empty(&self, set: SetName) -> bool {
+        self.get(set).is_empty()
+    }
+
+    /// Adds `entry` to `set`.
+    pub fn insert(&mut self, set: SetName, entry: Entry) {
+        self.sets.entry(set).or_default().insert(entry);
+    }
+
+    /// Adds the entries of one Service port's frontends (of this set's family; others are
+    /// ignored). `node_addresses` are the addresses NodePorts answer on (SCTP NodePorts get
+    /// one entry per address); `node` says whether the node's own address lies in a
+    /// LoadBalancer's source ranges.
+    pub fn add(
+        &mut self,
+        frontends: &Frontends<'_>,
+        node_addresses: &[IpAddr],
+        node: &NodeContext,
+    ) {
+        if frontends.family() != self.family {
+            return;
+        }
+        let port = frontends.port();
+        for f in frontends.iter() {
+            let local = f.policy == TrafficPolicy::Local;
+            match (f.kind, f.address) {
+                (FrontendKind::ClusterIp, Some(ip)) => {
+                    self.insert(SetName::ClusterIp, Entry::IpPort(ip, f.protocol, f.port));
+                    self.insert(SetName::IpvsIps, Entry::Ip(ip));
+                    for e in f.endpoints {
+                        self.insert(
+                            SetName::LoopBack,
+                            Entry::IpPortIp(e.ip, f.protocol, e.port, e.ip),
+                        );
+                    }
+                }
+                (FrontendKind::ExternalIp, Some(ip)) => {
+                    let set = if local {
+                        SetName::ExternalIpLocal
+                    } else {
+                        SetName::ExternalIp
+                    };
+                    self.insert(set, Entry::IpPort(ip, f.protocol, f.port));
+                    self.insert(SetName::IpvsIps, Entry::Ip(ip));
+                }
+                (FrontendKind::LoadBalancer { .. }, Some(ip)) => {
+                    let entry = Entry::IpPort(ip, f.protocol, f.port);
+                    self.insert(SetName::LoadBalancer, entry);
+                    self.insert(SetName::IpvsIps, Entry::Ip(ip));
+                    if local {
+                        self.insert(SetName::LoadBalancerLocal, entry);
+                    }
+                    if let Some(ranges) = f.source_ranges() {
+                        self.insert(SetName::LoadBalancerFw, entry);
+                        for net in ranges.of_family() {
+                            self.insert(
+                                SetName::LoadBalancerSourceCidr,
+                                Entry::IpPortNet(ip, f.protocol, f.port, *net),
+                            );
+                        }
+                        if f.admits_node(node) {
+                            self.insert(
+                                SetName::LoadBalancerSourceIp,
+                                Entry::IpPortIp(ip, f.protocol, f.port, ip),
+                            );
+                        }
+                    }
+                }
+                (FrontendKind::NodePort, _) => match f.protocol {
+                    Protocol::Tcp | Protocol::Udp => {
+                        let (all, loc) = if f.protocol == Protocol::Tcp {
+                            (SetName::NodePortTcp, SetName::NodePortLocalTcp)
+                        } else {
+                            (SetName::NodePortUdp, SetName::NodePortLocalUdp)
+                        };
+                        self.insert(all, Entry::Port(f.port));
+                        if local {
+                            self.insert(loc, Entry::Port(f.port));
+                        }
+                    }
+                    Protocol::Sctp => {
+                        let family = self.family;
+                        for a in node_addresses.iter().filter(|a| IpFamily::of(a) == family) {
+                            let entry = Entry::IpPort(*a, Protocol::Sctp, f.port);
+                            self.insert(SetName::NodePortSctp, entry);
+                            if local {
+                                self.insert(SetName::NodePortLocalSctp, entry);
+                            }
+                        }
+                    }
+                },
+                (_, None) => {}
+            }
+        }
+        if let (Some(hc), TrafficPolicy::Local) =
+            (port.health_check_node_port, frontends.external_policy())
+        {
+            if frontends.externally_accessible() {
+                self.insert(SetName::HealthCheckNodePort, Entry::Port(hc));
+            }
+        }
+    }
+
+    /// Reads `ipset save` output: the entries of this family's sets (other sets and lines
+    /// are skipped, as are entries that do not parse for their set's type).
+    pub fn parse_save(family: IpFamily, text: &str) -> Sets {
+        let mut sets = Sets::new(family);
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            if words.next() != Some("add") {
+                continue;
+            }
+            let (Some(name), Some(entry)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Some(set) = SetName::parse(name, family) else {
+                continue;
+            };
+            if let Some(e) = Entry::parse(set.set_type(), entry) {
+                sets.insert(set, e);
+            }
+        }
+        sets
+    }
+}
+
+/// One change to the sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetChange {
+    /// `add SET ENTRY`.
+    Add(SetName, Entry),
+    /// `del SET ENTRY`.
+    Del(SetName, Entry),
+}
+
+/// The element changes that bring `current` to `desired` (both of one family): entries
+/// added, then entries removed, set by set.
+pub fn diff(desired: &Sets, current: &Sets) -> Vec<SetChange> {
+    let mut out = Vec::new();
+    for set in SetName::ALL {
+        let (want, have) = (desired.get(set), current.get(set));
+        out.extend(want.difference(have).map(|e| SetChange::Add(set, *e)));
+        out.extend(have.difference(want).map(|e| SetChange::Del(set, *e)));
+    }
+    out
+}
+
+/// The `ipset restore` text for `changes` in `family`, led by a `create ... -exist` of every
+/// set (creating one that exists is a no-op, so the rules that name every set always load).
+pub fn restore_text(family: IpFamily, changes: &[SetChange]) -> String {
+    let mut out = String::new();
+    let inet = match family {
+        IpFamily::V4 => "inet",
+        IpFamily::V6 => "inet6",
+    };
+    for set in SetName::ALL {
+        let name = set.name(family);
+        let t = set.set_type();
+        match t {
+            SetType::BitmapPort => out.push_str(&format!(
+                "create {name} {} range 0-65535 -exist\n",
+                t.as_str()
+            )),
+            _ => out.push_str(&format!(
+                "create {name} {} family {inet} hashsize 1024 maxelem 65536 -exist\n",
+                t.as_str()
+            )),
+        }
+    }
+    for c in changes {
+        let (verb, set, entry) = match c {
+            SetChange::Add(s, e) => ("add", s, e),
+            SetChange::Del(s, e) => ("del", s, e),
+        };
+        out.push_str(&format!("{verb} {} {entry} -exist\n", set.name(family)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,311 @@
+//! Plans kube-proxy-rs's IPVS state (the ipvs mode's pure half; the I/O is `kp-ipvs`).
+//!
+//! - [`Desired::add`] turns a Service port's frontends ([`kp_core::frontend::Frontends`], one
+//!   IP family) into IPVS virtual servers: one per ClusterIP, external IP and LoadBalancer IP,
+//!   and one per node address for a NodePort, each listing the endpoints its traffic policy
+//!   leaves as masqueraded real servers of weight 1. ClientIP affinity makes the virtual server
+//!   persistent with the Service's timeout. The addresses to bind to `kube-ipvs0` come with it
+//!   ([`Desired::bind_addresses`]).
+//! - [`diff`] compares the desired state with a dump of the kernel's and returns the changes,
+//!   in an order the kernel accepts (a service before its destinations): services added,
+//!   changed or deleted, destinations added, changed or removed. A removed real server of a
+//!   TCP or SCTP virtual server is not deleted at once: it gets weight 0 (no new connections)
+//!   and is deleted by a later diff once its active and inactive connection counts are zero;
+//!   the plan lists such draining ones so the mode checks again on its timer
+//!   ([`Plan::draining`]). UDP real servers go at once.
+//!
+//! - [`addresses`]: what to bind to and unbind from `kube-ipvs0`; [`ipset`]: the contents of
+//!   upstream's ipsets (`KUBE-CLUSTER-IP`, `KUBE-LOOP-BACK`, `KUBE-NODE-PORT-*`, ...) with
+//!   element-level diffs as `ipset restore` text; [`rules`]: the iptables chains that match
+//!   those sets (masquerade, NodePort steering, source ranges, the VIP port filter) as
+//!   `iptables-restore` text.
+//!
+//! Mirrors upstream's `pkg/proxy/ipvs/proxier.go` (`syncService`, `syncEndpoint`) and
+//! `graceful_termination.go`, with the difference that upstream re-lists IPVS on every sync
+//! and this diff is handed the dump it compares with (the caller decides how fresh).
+//!
+//! Pure: no I/O, no clock. The kernel's types are `kp_netlink::ipvs`'s.
+
+pub mod addresses;
+pub mod ipset;
+pub mod rules;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::frontend::{FrontendKind, Frontends};
+use kp_core::model::{IpFamily, Protocol as CoreProtocol};
+use kp_netlink::ipvs::{abi, Destination, DestinationState, Protocol, Service, ServiceKey};
+
+/// The longest scheduler name the kernel takes (`IP_VS_SCHEDNAME_MAXLEN` less the NUL).
+const SCHEDULER_MAX: usize = abi::IP_VS_SCHEDNAME_MAXLEN - 1;
+
+/// What the planner refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A scheduler name the kernel cannot take (empty, too long, not ASCII alphanumeric).
+    /// Not retryable: a configuration error.
+    #[error("IPVS scheduler {0:?}: 1-15 ASCII letters and digits (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh)")]
+    Scheduler(String),
+}
+
+/// How the mode is configured (`--ipvs-scheduler`, its flags, `--ipvs-exclude-cidrs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    scheduler: String,
+    scheduler_flags: u32,
+    exclude: Vec<IpNet>,
+}
+
+impl Config {
+    /// A configuration with scheduler `scheduler` (upstream's default is `rr`), scheduler
+    /// flags `scheduler_flags` (`IP_VS_SVC_F_SCHED1..3`, e.g. `sh`'s fallback and port
+    /// flags) and virtual servers in `exclude` left alone (`--ipvs-exclude-cidrs`: another
+    /// program's).
+    pub fn new(
+        scheduler: &str,
+        scheduler_flags: u32,
+        exclude: Vec<IpNet>,
+    ) -> Result<Config, Error> {
+        let valid = !scheduler.is_empty()
+            && scheduler.len() <= SCHEDULER_MAX
+            && scheduler.chars().all(|c| c.is_ascii_alphanumeric());
+        if !valid {
+            return Err(Error::Scheduler(scheduler.to_string()));
+        }
+        let sched_bits =
+            abi::IP_VS_SVC_F_SCHED1 | abi::IP_VS_SVC_F_SCHED2 | abi::IP_VS_SVC_F_SCHED3;
+        Ok(Config {
+            scheduler: scheduler.to_string(),
+            scheduler_flags: scheduler_flags & sched_bits,
+            exclude,
+        })
+    }
+
+    /// Whether a virtual server belongs to another program (its address in an excluded CIDR).
+    fn excluded(&self, key: &ServiceKey) -> bool {
+        match key {
+            ServiceKey::Addr { addr, .. } => self.exclude.iter().any(|n| n.contains(addr)),
+            // kube-proxy makes no fwmark services; someone else's.
+            ServiceKey::Fwmark { .. } => true,
+        }
+    }
+}
+
+/// A virtual server as planned: the service and its real servers by address and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualServer {
+    /// The service.
+    pub service: Service,
+    /// Its real servers.
+    pub destinations: BTreeMap<(IpAddr, u16), Destination>,
+}
+
+/// The IPVS state the frontends ask for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    services: BTreeMap<ServiceKey, VirtualServer>,
+    bind: BTreeSet<IpAddr>,
+}
+
+fn protocol(p: CoreProtocol) -> Protocol {
+    match p {
+        CoreProtocol::Tcp => Protocol::Tcp,
+        CoreProtocol::Udp => Protocol::Udp,
+        CoreProtocol::Sctp => Protocol::Sctp,
+    }
+}
+
+impl Desired {
+    /// An empty state.
+    pub fn new() -> Desired {
+        Desired::default()
+    }
+
+    /// Adds the virtual servers of one Service port in one family. `node_addresses` are the
+    /// node's addresses NodePorts answer on (the mode reads them from the interfaces, filtered
+    /// by `--nodeport-addresses`); those of the frontends' family get a virtual server each.
+    pub fn add(&mut self, frontends: &Frontends<'_>, node_addresses: &[IpAddr], config: &Config) {
+        let family = frontends.family();
+        for f in frontends.iter() {
+            let addresses: Vec<IpAddr> = match (f.kind, f.address) {
+                (FrontendKind::NodePort, _) => node_addresses
+                    .iter()
+                    .filter(|a| IpFamily::of(a) == family)
+                    .copied()
+                    .collect(),
+                (_, Some(a)) => {
+                    self.bind.insert(a);
+                    vec![a]
+                }
+                (_, None) => Vec::new(),
+            };
+            for addr in addresses {
+                let key = ServiceKey::Addr {
+                    addr,
+                    protocol: protocol(f.protocol),
+                    port: f.port,
+                };
+                let mut service = Service::new(key, &config.scheduler);
+                service.flags = config.scheduler_flags;
+                if let Some(timeout) = f.affinity {
+                    service.flags |= abi::IP_VS_SVC_F_PERSISTENT;
+                    service.timeout = timeout;
+                }
+                let destinations = f
+                    .endpoints
+                    .iter()
+                    .map(|e| ((e.ip, e.port), Destination::masquerade(e.ip, e.port, 1)))
+                    .collect();
+                self.services.insert(
+                    key,
+                    VirtualServer {
+                        service,
+                        destinations,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The virtual servers, by key.
+    pub fn services(&self) -> &BTreeMap<ServiceKey, VirtualServer> {
+        &self.services
+    }
+
+    /// The addresses to bind to `kube-ipvs0`: every ClusterIP, external IP and LoadBalancer IP
+    /// that has a virtual server (NodePorts use the node's own addresses).
+    pub fn bind_addresses(&self) -> &BTreeSet<IpAddr> {
+        &self.bind
+    }
+}
+
+/// One change to the kernel's IPVS state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// `IPVS_CMD_NEW_SERVICE`.
+    AddService(Service),
+    /// `IPVS_CMD_SET_SERVICE`: scheduler, flags, timeout or netmask differ.
+    UpdateService(Service),
+    /// `IPVS_CMD_DEL_SERVICE` (its real servers go with it).
+    DeleteService(ServiceKey),
+    /// `IPVS_CMD_NEW_DEST`.
+    AddDestination(ServiceKey, Destination),
+    /// `IPVS_CMD_SET_DEST`: weight, forwarding or thresholds differ (weight 0: draining).
+    UpdateDestination(ServiceKey, Destination),
+    /// `IPVS_CMD_DEL_DEST`.
+    DeleteDestination(ServiceKey, IpAddr, u16),
+}
+
+/// A real server being drained: weight 0, connections left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draining {
+    /// Its virtual server.
+    pub service: ServiceKey,
+    /// Its address.
+    pub addr: IpAddr,
+    /// Its port.
+    pub port: u16,
+    /// Its active plus inactive connections at the dump.
+    pub connections: u32,
+}
+
+/// What [`diff`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The changes, in the order to apply them.
+    pub changes: Vec<Change>,
+    /// Real servers left in place with weight 0 until their connections end (after this
+    /// plan's changes): diff again later to delete them.
+    pub draining: Vec<Draining>,
+}
+
+/// The changes that bring `kernel` (a dump: every virtual server with its real servers) to
+/// `desired`. Virtual servers in `config`'s excluded CIDRs, and fwmark ones, are not
+/// touched.
+pub fn diff(
+    desired: &Desired,
+    kernel: &[(Service, Vec<DestinationState>)],
+    config: &Config,
+) -> Plan {
+    let mut plan = Plan::default();
+    let current: BTreeMap<ServiceKey, (&Service, &[DestinationState])> = kernel
+        .iter()
+        .map(|(s, d)| (s.key, (s, d.as_slice())))
+        .collect();
+    for (key, want) in &desired.services {
+        let have_dests: &[DestinationState] = match current.get(key) {
+            None => {
+                plan.changes.push(Change::AddService(want.service.clone()));
+                &[]
+            }
+            Some((have, dests)) => {
+                if **have != want.service {
+                    plan.changes
+                        .push(Change::UpdateService(want.service.clone()));
+                }
+                dests
+            }
+        };
+        let have: BTreeMap<(IpAddr, u16), &DestinationState> = have_dests
+            .iter()
+            .map(|d| ((d.destination.addr, d.destination.port), d))
+            .collect();
+        for (at, dest) in &want.destinations {
+            match have.get(at) {
+                None => plan.changes.push(Change::AddDestination(*key, *dest)),
+                Some(d) if d.destination != *dest => {
+                    plan.changes.push(Change::UpdateDestination(*key, *dest))
+                }
+                Some(_) => {}
+            }
+        }
+        for (at, d) in &have {
+            if want.destinations.contains_key(at) {
+                continue;
+            }
+            drain(&mut plan, key, d);
+        }
+    }
+    for key in current.keys() {
+        if !desired.services.contains_key(key) && !config.excluded(key) {
+            plan.changes.push(Change::DeleteService(*key));
+        }
+    }
+    plan
+}
+
+/// A real server no longer wanted: deleted if its virtual server is UDP or it has no
+/// connections, else set to weight 0 (once) and listed as draining.
+fn drain(plan: &mut Plan, key: &ServiceKey, d: &DestinationState) {
+    let udp = matches!(
+        key,
+        ServiceKey::Addr {
+            protocol: Protocol::Udp,
+            ..
+        }
+    );
+    let connections = d.active_connections.saturating_add(d.inactive_connections);
+    let dest = d.destination;
+    if udp || connections == 0 {
+        plan.changes
+            .push(Change::DeleteDestination(*key, dest.addr, dest.port));
+        return;
+    }
+    if dest.weight != 0 {
+        plan.changes.push(Change::UpdateDestination(
+            *key,
+            Destination { weight: 0, ..dest },
+        ));
+    }
+    plan.draining.push(Draining {
+        service: *key,
+        addr: dest.addr,
+        port: dest.port,
+        connections,
+    });
+}
+
+#[cfg(test)]
+mod tests;

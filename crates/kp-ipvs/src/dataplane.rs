@@ -1,0 +1,369 @@
+//! The ipvs mode's [`Dataplane`]: `kube-ipvs0` and its addresses, the ipsets, the iptables
+//! chains that match them, and the IPVS virtual servers, all planned by `kp-ipvs-plan` from
+//! the shared frontend list, with graceful termination on the mode's timer.
+//!
+//! Each sync plans the whole desired state (pure, cheap) and sends only differences: IPVS is
+//! dumped and diffed (as upstream re-lists it; the one-endpoint change is still one add and one
+//! delete per virtual server), set elements are diffed against what this dataplane last
+//! applied (against `ipset save` on a full sync), addresses against a dump of the interface,
+//! and the iptables text, whose rules change only when a set turns empty or non-empty, is
+//! restored only when it differs from the last one.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kp_core::dataplane::{Dataplane, DataplaneError, Retry, SyncReport};
+use kp_core::frontend::Frontends;
+use kp_core::model::IpFamily;
+use kp_core::node::NodeContext;
+use kp_core::track::{Changes, ProxyState};
+use kp_iptables::{Backend, IptablesRunner};
+use kp_iptables_plan::PlanConfig;
+use kp_ipvs_plan::addresses::{self, DUMMY_INTERFACE};
+use kp_ipvs_plan::ipset::{self, Sets};
+use kp_ipvs_plan::{diff, rules, Config, Desired, Draining};
+
+use crate::link::Dummy;
+use crate::{Client, Error};
+
+/// How often draining real servers are checked again.
+pub const DRAIN_CHECK: Duration = Duration::from_secs(1);
+
+/// The mode's settings.
+#[derive(Debug, Clone)]
+pub struct IpvsSettings {
+    /// The families programmed (one proxier each upstream).
+    pub families: Vec<IpFamily>,
+    /// Scheduler, its flags, excluded CIDRs.
+    pub ipvs: Config,
+    /// Mark bit and `masqueradeAll` (the iptables mode's configuration).
+    pub masquerade_bit: u32,
+    /// `masqueradeAll`.
+    pub masquerade_all: bool,
+    /// Detect-local CIDRs and the node's addresses.
+    pub node: NodeContext,
+    /// The addresses NodePorts answer on (a virtual server each).
+    pub node_port_addresses: Vec<IpAddr>,
+    /// `--ipvs-strict-arp`: `arp_ignore=1`, `arp_announce=2`.
+    pub strict_arp: bool,
+    /// The network namespace programmed (`None`: the proxy's own).
+    pub netns: Option<String>,
+}
+
+/// The ipvs dataplane.
+pub struct IpvsDataplane {
+    settings: IpvsSettings,
+    ipvs: Client,
+    dummy: Dummy,
+    iptables: Box<dyn IptablesRunner>,
+    backend: Backend,
+    sets: Vec<Sets>,
+    rules: Vec<String>,
+    desired: Desired,
+    draining: Vec<Draining>,
+    next_check: Option<Instant>,
+}
+
+fn dp(e: Error) -> DataplaneError {
+    let retry = match (&e, e.errno()) {
+        (Error::Unavailable { .. }, _) => Retry::Never,
+        (_, Some(n)) => Retry::of_errno(n),
+        _ => Retry::WithBackoff,
+    };
+    DataplaneError::new(retry, e)
+}
+
+fn ipt(op: &str) -> impl FnOnce(kp_iptables::Error) -> DataplaneError + '_ {
+    move |e| {
+        DataplaneError::transient(Error::Tool {
+            op: op.to_string(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+impl IpvsDataplane {
+    /// Opens IPVS (the error is [`Error::Unavailable`] where the kernel has none: the caller
+    /// falls back to iptables), creates `kube-ipvs0` and sets the sysctls upstream sets.
+    pub fn new(
+        settings: IpvsSettings,
+        iptables: Box<dyn IptablesRunner>,
+        backend: Backend,
+    ) -> Result<IpvsDataplane, DataplaneError> {
+        let ns = settings.netns.as_deref();
+        let ipvs = Client::open(ns).map_err(dp)?;
+        let dummy = Dummy::ensure(ns, DUMMY_INTERFACE).map_err(dp)?;
+        let mut sysctls = vec![
+            // IPVS keeps conntrack entries for its connections, so iptables' NAT sees them.
+            ("net/ipv4/vs/conntrack", "1"),
+            // Connections to a deleted real server are dropped, not left hanging.
+            ("net/ipv4/vs/expire_nodest_conn", "1"),
+            ("net/ipv4/vs/expire_quiescent_template", "1"),
+            ("net/ipv4/ip_forward", "1"),
+        ];
+        if settings.strict_arp {
+            sysctls.push(("net/ipv4/conf/all/arp_ignore", "1"));
+            sysctls.push(("net/ipv4/conf/all/arp_announce", "2"));
+        }
+        for (k, v) in sysctls {
+            iptables.sysctl(k, v).map_err(ipt(k))?;
+        }
+        let sets = settings.families.iter().map(|f| Sets::new(*f)).collect();
+        let rules = vec![String::new(); settings.families.len()];
+        Ok(IpvsDataplane {
+            settings,
+            ipvs,
+            dummy,
+            iptables,
+            backend,
+            sets,
+            rules,
+            desired: Desired::new(),
+            draining: Vec::new(),
+            next_check: None,
+        })
+    }
+
+    /// The real servers being drained after the last sync or tick.
+    pub fn draining(&self) -> &[Draining] {
+        &self.draining
+    }
+
+    fn ipset_restore(&self, text: &str) -> Result<(), DataplaneError> {
+        let mut cmd = match &self.settings.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "ipset", "restore"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("ipset");
+                c.arg("restore");
+                c
+            }
+        };
+        let tool = |detail: String| {
+            DataplaneError::transient(Error::Tool {
+                op: "ipset restore".into(),
+                detail,
+            })
+        };
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| tool(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|e| tool(e.to_string()))?;
+        }
+        let out = child.wait_with_output().map_err(|e| tool(e.to_string()))?;
+        if !out.status.success() {
+            return Err(tool(String::from_utf8_lossy(&out.stderr).into_owned()));
+        }
+        Ok(())
+    }
+
+    fn ipset_save(&self) -> Result<String, DataplaneError> {
+        let mut cmd = match &self.settings.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "ipset", "save"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("ipset");
+                c.arg("save");
+                c
+            }
+        };
+        let out = cmd.output().map_err(|e| {
+            DataplaneError::transient(Error::Tool {
+                op: "ipset save".into(),
+                detail: e.to_string(),
+            })
+        })?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn ensure_jumps(&self, family: IpFamily) -> Result<(), DataplaneError> {
+        for j in rules::jump_rules() {
+            let args: Vec<String> = kp_iptables::split_args(&j.args);
+            let mut check: Vec<&str> = vec!["-t", j.table, "-C", j.chain];
+            check.extend(args.iter().map(String::as_str));
+            let out = self
+                .iptables
+                .run(self.backend, family, &check)
+                .map_err(ipt("iptables -C"))?;
+            if out.success() {
+                continue;
+            }
+            let mut insert: Vec<&str> = vec!["-t", j.table, "-I", j.chain];
+            insert.extend(args.iter().map(String::as_str));
+            let out = self
+                .iptables
+                .run(self.backend, family, &insert)
+                .map_err(ipt("iptables -I"))?;
+            if !out.success() {
+                return Err(DataplaneError::transient(Error::Tool {
+                    op: format!("iptables -t {} -I {} {}", j.table, j.chain, j.args),
+                    detail: format!("{out:?}"),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies an IPVS diff of the last desired state against a fresh dump, and schedules the
+    /// next drain check.
+    fn reconcile_ipvs(&mut self, now: Instant) -> Result<usize, DataplaneError> {
+        let kernel = self.ipvs.dump().map_err(dp)?;
+        let plan = diff(&self.desired, &kernel, &self.settings.ipvs);
+        self.ipvs.apply(&plan.changes).map_err(dp)?;
+        self.draining = plan.draining;
+        self.next_check = if self.draining.is_empty() {
+            None
+        } else {
+            Some(now + DRAIN_CHECK)
+        };
+        Ok(plan.changes.len())
+    }
+}
+
+impl Dataplane for IpvsDataplane {
+    fn mode(&self) -> &'static str {
+        "ipvs"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        _changes: &Changes,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        let mut desired = Desired::new();
+        let mut sets: Vec<Sets> = self
+            .settings
+            .families
+            .iter()
+            .map(|f| Sets::new(*f))
+            .collect();
+        for key in state.service_keys() {
+            for sps in state.service_state(key) {
+                for s in sets.iter_mut() {
+                    let frontends = Frontends::of(&sps, s.family());
+                    desired.add(
+                        &frontends,
+                        &self.settings.node_port_addresses,
+                        &self.settings.ipvs,
+                    );
+                    s.add(
+                        &frontends,
+                        &self.settings.node_port_addresses,
+                        &self.settings.node,
+                    );
+                }
+            }
+        }
+        let mut operations = 0;
+        // Addresses first: IPVS answers on them only once they are local.
+        let current = self.dummy.addresses().map_err(dp)?;
+        let want: BTreeSet<IpAddr> = desired.bind_addresses().clone();
+        let addr = addresses::diff(&want, &current);
+        for ip in &addr.bind {
+            self.dummy.bind(*ip).map_err(dp)?;
+        }
+        // Sets before the rules that match them; removals after the IPVS change.
+        for (i, s) in sets.iter().enumerate() {
+            let family = s.family();
+            let had = if full {
+                Sets::parse_save(family, &self.ipset_save()?)
+            } else {
+                self.sets[i].clone()
+            };
+            let changes = ipset::diff(s, &had);
+            if full || !changes.is_empty() {
+                self.ipset_restore(&ipset::restore_text(family, &changes))?;
+            }
+            operations += changes.len();
+            let mut cfg = PlanConfig::new(family);
+            cfg.masquerade_bit = self.settings.masquerade_bit;
+            cfg.masquerade_all = self.settings.masquerade_all;
+            let text = rules::render(s, &cfg, &self.settings.node);
+            if full || text != self.rules[i] {
+                self.iptables
+                    .restore(self.backend, family, &text)
+                    .map_err(ipt("iptables-restore"))?;
+                self.ensure_jumps(family)?;
+                self.rules[i] = text;
+                operations += 1;
+            }
+        }
+        self.sets = sets;
+        self.desired = desired;
+        operations += self.reconcile_ipvs(Instant::now())?;
+        for ip in &addr.unbind {
+            self.dummy.unbind(*ip).map_err(dp)?;
+        }
+        operations += addr.bind.len() + addr.unbind.len();
+        Ok(SyncReport {
+            full,
+            operations,
+            no_local_endpoints: (0, 0),
+        })
+    }
+
+    fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
+        let mut out = Vec::new();
+        let kernel = self.ipvs.dump().map_err(dp)?;
+        for c in diff(&self.desired, &kernel, &self.settings.ipvs).changes {
+            out.push(format!("ipvs: {c:?}"));
+        }
+        let current = self.dummy.addresses().map_err(dp)?;
+        let a = addresses::diff(self.desired.bind_addresses(), &current);
+        out.extend(
+            a.bind
+                .iter()
+                .map(|ip| format!("{DUMMY_INTERFACE}: {ip} missing")),
+        );
+        out.extend(
+            a.unbind
+                .iter()
+                .map(|ip| format!("{DUMMY_INTERFACE}: {ip} extra")),
+        );
+        let saved = self.ipset_save()?;
+        for s in &self.sets {
+            for c in ipset::diff(s, &Sets::parse_save(s.family(), &saved)) {
+                out.push(format!("ipset: {c:?}"));
+            }
+        }
+        Ok(out)
+    }
+
+    fn cleanup(&mut self) -> Result<(), DataplaneError> {
+        self.desired = Desired::new();
+        self.ipvs.flush().map_err(dp)?;
+        for ip in self.dummy.addresses().map_err(dp)? {
+            self.dummy.unbind(ip).map_err(dp)?;
+        }
+        self.draining.clear();
+        self.next_check = None;
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.next_check
+    }
+
+    fn tick(&mut self, now: Instant) -> Result<(), DataplaneError> {
+        if self.next_check.is_some_and(|t| t <= now) {
+            self.reconcile_ipvs(now)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The dummy interface `kube-ipvs0` and its addresses, over `NETLINK_ROUTE` (the messages of
+//! `ip link add kube-ipvs0 type dummy` and `ip addr add|del ADDR/32 dev kube-ipvs0`).
+//!
+//! As upstream, the interface stays down: an address on it is still local (the kernel adds
+//! its `local` route), which is all IPVS needs to see the packets in `INPUT`.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kp_netlink::abi::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
+use kp_netlink::{attr, message, Protocol, Socket};
+
+use crate::{Error, Result};
+
+// linux/rtnetlink.h
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+const RTM_GETLINK: u16 = 18;
+const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
+const RTM_GETADDR: u16 = 22;
+// linux/if_link.h
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+// linux/if_addr.h
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+const RT_SCOPE_HOST: u8 = 254;
+// linux/socket.h
+const AF_UNSPEC: u8 = 0;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+/// `struct ifinfomsg`: family, pad, type, index, flags, change.
+const IFINFOMSG_LEN: usize = 16;
+/// `struct ifaddrmsg`: family, prefixlen, flags, scope, index.
+const IFADDRMSG_LEN: usize = 8;
+
+/// A `NETLINK_ROUTE` socket for one dummy interface in one namespace.
+pub struct Dummy {
+    socket: Socket,
+    name: String,
+    index: u32,
+}
+
+fn sock_err(op: String) -> impl FnOnce(kp_netlink::socket::Error) -> Error {
+    move |source| match source.kernel() {
+        Some(error) => Error::Kernel { op, error },
+        None => Error::Socket { op, source },
+    }
+}
+
+fn ifinfomsg(buf: &mut Vec<u8>, index: u32) {
+    buf.extend_from_slice(&[AF_UNSPEC, 0, 0, 0]);
+    buf.extend_from_slice(&index.to_ne_bytes());
+    buf.extend_from_slice(&[0u8; 8]);
+}
+
+impl Dummy {
+    /// Creates the dummy interface `name` in `netns` (kept if it exists) and opens it.
+    pub fn ensure(netns: Option<&str>, name: &str) -> Result<Dummy> {
+        let socket = Socket::open(Protocol::Route, netns)
+            .map_err(sock_err(format!("open a NETLINK_ROUTE socket for {name}")))?;
+        let mut d = Dummy {
+            socket,
+            name: name.to_string(),
+            index: 0,
+        };
+        let created = d.socket.request(
+            |b, seq| {
+                let m = message::begin(
+                    b,
+                    RTM_NEWLINK,
+                    NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+                    seq,
+                );
+                ifinfomsg(b, 0);
+                attr::put_str(b, IFLA_IFNAME, name);
+                attr::put_nested(b, IFLA_LINKINFO, |b| {
+                    attr::put_str(b, IFLA_INFO_KIND, "dummy")
+                });
+                message::end(b, m);
+            },
+            |_| Ok(()),
+        );
+        match created {
+            Ok(_) => {}
+            Err(e) if e.kernel().is_some_and(|k| k.is_exists()) => {}
+            Err(e) => return Err(sock_err(format!("ip link add {name} type dummy"))(e)),
+        }
+        d.index = d.lookup()?;
+        Ok(d)
+    }
+
+    fn lookup(&mut self) -> Result<u32> {
+        let name = self.name.clone();
+        let mut index = None;
+        self.socket
+            .request(
+                |b, seq| {
+                    // With an ack, the answer ends the exchange (a lone reply would not).
+                    let m = message::begin(b, RTM_GETLINK, NLM_F_REQUEST | NLM_F_ACK, seq);
+                    ifinfomsg(b, 0);
+                    attr::put_str(b, IFLA_IFNAME, &name);
+                    message::end(b, m);
+                },
+                |m| {
+                    if m.payload.len() >= IFINFOMSG_LEN {
+                        let i = &m.payload[4..8];
+                        index = Some(u32::from_ne_bytes([i[0], i[1], i[2], i[3]]));
+                    }
+                    Ok(())
+                },
+            )
+            .map_err(sock_err(format!("ip link show {name}")))?;
+        index.ok_or_else(|| Error::Tool {
+            op: format!("ip link show {name}"),
+            detail: "no link in the answer".into(),
+        })
+    }
+
+    /// The interface's index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The addresses on the interface (`ip addr show dev NAME`).
+    pub fn addresses(&mut self) -> Result<BTreeSet<IpAddr>> {
+        let index = self.index;
+        self.socket
+            .dump(
+                |b, seq| {
+                    let m = message::begin(b, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, seq);
+                    b.extend_from_slice(&[AF_UNSPEC, 0, 0, 0]);
+                    b.extend_from_slice(&0u32.to_ne_bytes());
+                    message::end(b, m);
+                },
+                |set: &mut BTreeSet<IpAddr>, m| {
+                    if m.payload.len() < IFADDRMSG_LEN {
+                        return Ok(());
+                    }
+                    let p = m.payload;
+                    if u32::from_ne_bytes([p[4], p[5], p[6], p[7]]) != index {
+                        return Ok(());
+                    }
+                    let family = p[0];
+                    for a in attr::attrs(&p[IFADDRMSG_LEN..]) {
+                        let a = a?;
+                        if a.kind != IFA_LOCAL && a.kind != IFA_ADDRESS {
+                            continue;
+                        }
+                        let ip = match (family, a.payload.len()) {
+                            (AF_INET, 4) => {
+                                let o: [u8; 4] = a.payload.try_into().unwrap_or([0; 4]);
+                                IpAddr::from(o)
+                            }
+                            (AF_INET6, 16) => {
+                                let o: [u8; 16] = a.payload.try_into().unwrap_or([0; 16]);
+                                IpAddr::from(o)
+                            }
+                            _ => continue,
+                        };
+                        set.insert(ip);
+                    }
+                    Ok(())
+                },
+            )
+            .map_err(sock_err(format!("ip addr show dev {}", self.name)))
+    }
+
+    fn address(&mut self, kind: u16, ip: IpAddr) -> Result<()> {
+        let index = self.index;
+        let (family, prefix, octets): (u8, u8, Vec<u8>) = match ip {
+            IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec()),
+            IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec()),
+        };
+        let flags = if kind == RTM_NEWADDR {
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+        } else {
+            NLM_F_REQUEST | NLM_F_ACK
+        };
+        let r = self.socket.request(
+            |b, seq| {
+                let m = message::begin(b, kind, flags, seq);
+                b.extend_from_slice(&[family, prefix, 0, RT_SCOPE_HOST]);
+                b.extend_from_slice(&index.to_ne_bytes());
+                attr::put(b, IFA_LOCAL, &octets);
+                attr::put(b, IFA_ADDRESS, &octets);
+                message::end(b, m);
+            },
+            |_| Ok(()),
+        );
+        let add = kind == RTM_NEWADDR;
+        match r {
+            Ok(_) => Ok(()),
+            // Already there on add, already gone on delete (EADDRNOTAVAIL): the state asked for.
+            Err(e) if add && e.kernel().is_some_and(|k| k.is_exists()) => Ok(()),
+            Err(e) if !add && e.kernel().is_some_and(|k| k.errno == EADDRNOTAVAIL) => Ok(()),
+            Err(e) => Err(sock_err(format!(
+                "ip addr {} {ip}/{prefix} dev {}",
+                if add { "add" } else { "del" },
+                self.name
+            ))(e)),
+        }
+    }
+
+    /// `ip addr add IP/32 (or /128) dev NAME`; an address already there is fine.
+    pub fn bind(&mut self, ip: IpAddr) -> Result<()> {
+        self.address(RTM_NEWADDR, ip)
+    }
+
+    /// `ip addr del IP/32 (or /128) dev NAME`; a missing address is fine.
+    pub fn unbind(&mut self, ip: IpAddr) -> Result<()> {
+        self.address(RTM_DELADDR, ip)
+    }
+
+    /// `ip link del NAME` (its addresses go with it).
+    pub fn delete(mut self) -> Result<()> {
+        let index = self.index;
+        let name = self.name.clone();
+        self.socket
+            .request(
+                |b, seq| {
+                    let m = message::begin(b, RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, seq);
+                    ifinfomsg(b, index);
+                    message::end(b, m);
+                },
+                |_| Ok(()),
+            )
+            .map_err(sock_err(format!("ip link del {name}")))?;
+        Ok(())
+    }
+}
+
+/// asm-generic/errno.h: what deleting an address that is not there answers.
+const EADDRNOTAVAIL: i32 = 99;

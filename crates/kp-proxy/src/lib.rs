@@ -1,0 +1,262 @@
+//! kube-proxy-rs as a library: the configuration, the mode registry and the running proxy
+//! (sources feeding the state, the sync loop driving one dataplane, the HTTP servers). The
+//! `kube-proxy` binary only sets up logging and calls [`run`]; tests drive [`SyncLoop`] with a
+//! fake dataplane. Mirrors upstream `cmd/kube-proxy/app/server.go` (`ProxyServer.Run`).
+//!
+//! What it leaves to others: each mode's kernel programming (its crates, reached through
+//! [`modes::MODES`]), the object sources (`kp-source`), the servers (`kp-serve`).
+
+pub mod config;
+pub mod modes;
+mod sync_loop;
+
+use std::sync::Arc;
+
+use kp_core::dataplane::DataplaneError;
+use kp_core::model::IpFamily;
+use kp_core::sync::SyncSchedule;
+use kp_core::track::{ProxyState, SourceEvent};
+use kp_metrics::Metrics;
+use kp_serve::{ProxyHealth, SharedHealth};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, Loaded};
+use crate::modes::ModeContext;
+pub use crate::sync_loop::{ConntrackCleanup, SyncLoop};
+
+/// Why the proxy stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Fatal {
+    /// The configuration cannot be served (exit code 64).
+    #[error("{0}")]
+    Config(String),
+    /// The dataplane failed in a way no retry can cure (no permission, a missing kernel
+    /// module or tool). The rules already in the kernel stay in place.
+    #[error("{mode} mode cannot program this node: {error}")]
+    Dataplane {
+        /// The mode.
+        mode: &'static str,
+        /// What failed.
+        error: DataplaneError,
+    },
+    /// The Service/EndpointSlice/Node source ended (it retries on its own; this means it
+    /// stopped for good).
+    #[error("the object source stopped")]
+    SourceStopped,
+    /// A start-up step failed.
+    #[error("{what}: {source}")]
+    Start {
+        /// The step.
+        what: String,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl Fatal {
+    fn start(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Fatal::Start {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+}
+
+fn node_name(cfg: &Config) -> Result<String, Fatal> {
+    match &cfg.hostname {
+        Some(h) => Ok(h.clone()),
+        None => {
+            let h = hostname::get().map_err(|e| Fatal::start("reading the hostname", e))?;
+            Ok(h.to_string_lossy().trim().to_lowercase())
+        }
+    }
+}
+
+/// Applies `oomScoreAdj` and the conntrack table size, as upstream does at start. Failures are
+/// logged, not fatal: inside a network namespace, for example, `nf_conntrack_max` is read-only.
+fn apply_process_settings(cfg: &Config) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", cfg.oom_score_adj.to_string()) {
+        tracing::warn!(error = %e, value = cfg.oom_score_adj, "cannot set oom_score_adj");
+    }
+    let per_core = u64::from(cfg.conntrack.max_per_core);
+    if per_core == 0 {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let want = (per_core * cores).max(u64::from(cfg.conntrack.min));
+    let path = "/proc/sys/net/netfilter/nf_conntrack_max";
+    let current = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    match current {
+        Some(c) if c >= want => {}
+        _ => match std::fs::write(path, want.to_string()) {
+            Ok(()) => tracing::info!(value = want, "set nf_conntrack_max"),
+            Err(e) => tracing::warn!(error = %e, value = want, "cannot set nf_conntrack_max"),
+        },
+    }
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+/// Runs the proxy until SIGTERM/SIGINT: `--write-config-to` and `--cleanup` end at once;
+/// otherwise the configured mode runs, after every other mode's leftovers are removed.
+pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
+    let cfg = &loaded.config;
+    if let Some(path) = &cfg.write_config_to {
+        let yaml =
+            crate::config::to_yaml(&loaded.effective).map_err(|e| Fatal::Config(e.to_string()))?;
+        std::fs::write(path, yaml)
+            .map_err(|e| Fatal::start(format!("writing {}", path.display()), e))?;
+        tracing::info!(path = %path.display(), "wrote the effective configuration");
+        return Ok(());
+    }
+    let metrics = Arc::new(Metrics::new());
+    let ctx = ModeContext::new(cfg, metrics.clone());
+    if cfg.cleanup {
+        return cleanup_all(&ctx);
+    }
+    let mode = match modes::fallback(&ctx) {
+        Some(fb) => {
+            tracing::warn!(
+                configured = fb.from.as_str(),
+                running = fb.to.as_str(),
+                reason = %fb.why,
+                "{} mode cannot run on this node: {}; running {} mode instead, as older kube-proxy releases did",
+                fb.from.as_str(),
+                fb.why,
+                fb.to.as_str()
+            );
+            metrics.mode_fallback(fb.from.as_str(), fb.to.as_str());
+            modes::require(fb.to)?
+        }
+        None => modes::require(cfg.mode)?,
+    };
+    // Switching modes: another mode's rules would still catch Service traffic first.
+    for (name, e) in modes::remove_leftovers(&ctx, Some(mode.mode)) {
+        tracing::warn!(error = %e, mode = name, "cannot remove another mode's leftovers");
+    }
+    let dataplane = (mode.build)(&ctx)?;
+    let conntrack = mode.reconciles_conntrack.then(ConntrackCleanup::new);
+    run_mode(&loaded, metrics, dataplane, conntrack).await
+}
+
+/// `--cleanup`: removes what every mode may have left behind, and nothing else.
+fn cleanup_all(ctx: &ModeContext<'_>) -> Result<(), Fatal> {
+    let failed = modes::remove_leftovers(ctx, None);
+    for m in modes::MODES {
+        if !failed.iter().any(|(name, _)| *name == m.name()) {
+            tracing::info!(mode = m.name(), "removed {}", m.leftovers);
+        }
+    }
+    match failed.into_iter().next() {
+        None => Ok(()),
+        Some((mode, error)) => Err(Fatal::Dataplane { mode, error }),
+    }
+}
+
+/// Runs the proxy with one dataplane until SIGTERM/SIGINT.
+async fn run_mode(
+    loaded: &Loaded,
+    metrics: Arc<Metrics>,
+    dataplane: Box<dyn kp_core::dataplane::Dataplane>,
+    conntrack: Option<ConntrackCleanup>,
+) -> Result<(), Fatal> {
+    let cfg = &loaded.config;
+    let mode = dataplane.mode();
+    let node = node_name(cfg)?;
+    tracing::info!(mode, node = %node, "starting kube-proxy-rs");
+    apply_process_settings(cfg);
+
+    let health = SharedHealth::new(ProxyHealth::new(
+        kp_serve::health_timeout(cfg.sync_period),
+        IpFamily::ALL,
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    if let Some(addr) = cfg.healthz_bind_address {
+        let listener = kp_serve::bind(addr)
+            .await
+            .map_err(|e| Fatal::start("binding the health server", e))?;
+        let h = health.clone();
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = kp_serve::serve_health(listener, h, stop).await {
+                tracing::error!(error = %e, "health server failed");
+            }
+        });
+        tracing::info!(%addr, "serving /healthz and /livez");
+    }
+    if let Some(addr) = cfg.metrics_bind_address {
+        let listener = kp_serve::bind(addr)
+            .await
+            .map_err(|e| Fatal::start("binding the metrics server", e))?;
+        let configz = serde_json::to_value(&loaded.effective).unwrap_or_default();
+        let server = kp_serve::serve_metrics(
+            listener,
+            metrics.clone(),
+            mode,
+            configz,
+            stopped(stop_rx.clone()),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+        tracing::info!(%addr, "serving /metrics, /proxyMode and /configz");
+    }
+
+    let (tx, rx) = mpsc::channel::<SourceEvent>(4096);
+    match &cfg.manifests_dir {
+        Some(dir) => {
+            tracing::info!(dir = %dir.display(), "reading Services, EndpointSlices and Nodes from manifests");
+            let (dir, m) = (dir.clone(), metrics.clone());
+            tokio::spawn(async move {
+                if let Err(e) = kp_source::run_manifests(dir, tx, m).await {
+                    tracing::error!(error = %e, "manifest source stopped");
+                }
+            });
+        }
+        None => {
+            let client = kp_source::client_from(cfg.kubeconfig.as_deref(), cfg.master.as_deref())
+                .await
+                .map_err(|e| Fatal::Config(format!("cannot build a Kubernetes client: {e}")))?;
+            let (node, m) = (node.clone(), metrics.clone());
+            tokio::spawn(kp_source::run_kubernetes(client, node, tx, m));
+        }
+    }
+
+    let mut state = ProxyState::new(node);
+    state.set_configured_service_cidrs(cfg.service_cidrs.clone());
+    let mut sync_loop = SyncLoop::new(
+        state,
+        SyncSchedule::new(cfg.min_sync_period, cfg.sync_period),
+        dataplane,
+        metrics,
+        health,
+        conntrack,
+    );
+    let result = sync_loop.run(rx, shutdown_signal()).await;
+    let _ = stop_tx.send(true);
+    result
+}

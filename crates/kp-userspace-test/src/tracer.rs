@@ -1,0 +1,725 @@
+//! Follows a connection's first packet through the `inet kube-proxy-userspace` table the
+//! redirect planner renders, without a kernel, and asks the balancer where a redirected one
+//! goes.
+//!
+//! The tracer replays transactions (a full one, then partial ones) into its own copy of the
+//! table, orders base chains by hook and priority, and walks the packet: prerouting, then input
+//! or forward, for traffic arriving on an interface; output, then input for a local
+//! destination, for the node's own. It knows only the rule shapes the planner emits and refuses
+//! anything else. In an `inet` table every `ip`/`ip6` selector also matches the family, as nft's
+//! implicit `meta nfproto` dependency does.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use kp_core::flow::{Origin, Packet, Tracer, Verdict};
+use kp_core::model::{IpFamily, Protocol};
+use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
+use kp_nftables_test::elements::{apply_elements, lookup, split_name, ElementTextError, Elements};
+use kp_userspace_plan::names::{FAMILY, REJECT_PACKET, TABLE};
+use kp_userspace_plan::{Balancer, Pick, Source};
+
+/// Why the tracer refused a transaction.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TraceError {
+    /// A statement or rule shape the tracer does not know.
+    #[error("line {line}: unsupported {what}: {text}")]
+    Unsupported {
+        /// 1-based line in the transaction.
+        line: usize,
+        /// What kind of thing.
+        what: &'static str,
+        /// The offending text.
+        text: String,
+    },
+    /// A statement refers to an object that does not exist, or changes an element wrongly.
+    #[error("line {line}: {reason}")]
+    Invalid {
+        /// 1-based line in the transaction (0: found after the whole transaction).
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+}
+
+#[derive(Clone, Debug)]
+struct Chain {
+    /// (nat, hook, priority) of a base chain.
+    base: Option<(bool, Hook, i32)>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Clone, Debug)]
+struct SetModel {
+    map: bool,
+    elements: Elements,
+}
+
+/// One component of a concatenated selector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sel {
+    Saddr,
+    Daddr,
+    L4Proto,
+    Dport,
+}
+
+#[derive(Clone, Debug)]
+enum Match {
+    CtStateNew,
+    Family(IpFamily),
+    FibLocal {
+        dst: bool,
+    },
+    L4ProtoIn(Vec<Protocol>),
+    /// `socket transparent 1`: a packet for a transparent socket. A connection's first packet
+    /// has none.
+    SocketTransparent,
+    InSet {
+        key: Vec<Sel>,
+        set: String,
+        negate: bool,
+    },
+    NotInNet {
+        key: Sel,
+        net: IpNet,
+    },
+}
+
+#[derive(Clone, Debug)]
+enum Action {
+    MarkSet(u32),
+    Vmap { key: Vec<Sel>, map: String },
+    Jump(String),
+    Goto(String),
+    Accept,
+    Drop,
+    Reject,
+    Redirect(u16),
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    matches: Vec<Match>,
+    actions: Vec<Action>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Table {
+    chains: HashMap<String, Chain>,
+    sets: HashMap<String, SetModel>,
+}
+
+/// A packet's state along its walk.
+#[derive(Clone, Debug)]
+struct Walk {
+    family: IpFamily,
+    src: IpAddr,
+    dst: IpAddr,
+    proto: Protocol,
+    dport: u16,
+    mark: u32,
+    /// The proxy port it was redirected to.
+    redirected: Option<u16>,
+}
+
+enum Flow {
+    Continue,
+    Return,
+    Accept,
+    Drop,
+    Reject,
+}
+
+/// A tracer over the rendered table and the balancer the proxy consults.
+#[derive(Debug)]
+pub struct UserspaceTracer {
+    table: Option<Table>,
+    local: Vec<IpAddr>,
+    balancer: RefCell<Balancer>,
+    now: Instant,
+}
+
+impl UserspaceTracer {
+    /// A tracer for a node whose own addresses are `local` (what `fib … type local` matches;
+    /// loopback is always local), asking `balancer` (synced by the caller) where redirected
+    /// connections go.
+    pub fn new(local: Vec<IpAddr>, balancer: Balancer) -> Self {
+        UserspaceTracer {
+            table: None,
+            local,
+            balancer: RefCell::new(balancer),
+            now: Instant::now(),
+        }
+    }
+
+    /// The balancer, to sync it along with the table.
+    pub fn balancer_mut(&mut self) -> &mut Balancer {
+        self.balancer.get_mut()
+    }
+
+    /// Moves the tracer's clock (affinity and quarantine expire with it).
+    pub fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    /// Whether the table exists.
+    pub fn has_table(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// The elements of a set, as replayed (spelled as the kernel's read-back spells them);
+    /// `None` when the table or the set does not exist.
+    pub fn elements(&self, set: &str) -> Option<Elements> {
+        Some(self.table.as_ref()?.sets.get(set)?.elements.clone())
+    }
+
+    /// Replays a transaction. Fails on any statement the planner would not emit.
+    pub fn apply(&mut self, text: &str) -> Result<(), TraceError> {
+        for (i, raw) in text.lines().enumerate() {
+            let line = i + 1;
+            let l = raw.trim();
+            if l.is_empty() {
+                continue;
+            }
+            let unsupported = |what| TraceError::Unsupported {
+                line,
+                what,
+                text: l.to_string(),
+            };
+            let invalid = |reason: String| TraceError::Invalid { line, reason };
+            let mut words = l.splitn(5, ' ');
+            let (verb, what, fam, table) = (
+                words.next().unwrap_or(""),
+                words.next().unwrap_or(""),
+                words.next().unwrap_or(""),
+                words.next().unwrap_or(""),
+            );
+            let rest = words.next().unwrap_or("");
+            if fam != FAMILY {
+                return Err(unsupported("family"));
+            }
+            if table != TABLE {
+                return Err(unsupported("table"));
+            }
+            match (verb, what) {
+                ("add", "table") => {
+                    if !rest.is_empty() && !rest.starts_with("{ comment \"") {
+                        return Err(unsupported("table"));
+                    }
+                    self.table.get_or_insert_with(Table::default);
+                }
+                ("delete", "table") => {
+                    self.table
+                        .take()
+                        .ok_or_else(|| invalid("delete of a missing table".into()))?;
+                }
+                (verb, what) => {
+                    let t = self
+                        .table
+                        .as_mut()
+                        .ok_or_else(|| invalid("no such table".into()))?;
+                    apply_statement(t, verb, what, rest, &unsupported, &invalid)?;
+                }
+            }
+        }
+        self.check_references()
+    }
+
+    /// Every chain and set a rule names must exist.
+    fn check_references(&self) -> Result<(), TraceError> {
+        let Some(t) = &self.table else {
+            return Ok(());
+        };
+        let invalid = |reason: String| Err(TraceError::Invalid { line: 0, reason });
+        for c in t.chains.values() {
+            for r in &c.rules {
+                for m in &r.matches {
+                    if let Match::InSet { set, .. } = m {
+                        if !t.sets.contains_key(set) {
+                            return invalid(format!("rule refers to missing set {set}"));
+                        }
+                    }
+                }
+                for a in &r.actions {
+                    match a {
+                        Action::Vmap { map, .. } if !t.sets.contains_key(map) => {
+                            return invalid(format!("rule refers to missing map {map}"));
+                        }
+                        Action::Jump(c) | Action::Goto(c) if !t.chains.contains_key(c) => {
+                            return invalid(format!("rule jumps to missing chain {c}"));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn is_local(&self, ip: &IpAddr) -> bool {
+        ip.is_loopback() || self.local.contains(ip)
+    }
+
+    /// Runs every base chain of `hook` in priority order.
+    fn run_hook(&self, t: &Table, hook: Hook, w: &mut Walk) -> Flow {
+        let mut chains: Vec<(i32, bool, &String)> = t
+            .chains
+            .iter()
+            .filter_map(|(n, c)| match c.base {
+                Some((nat, h, prio)) if h == hook => Some((prio, nat, n)),
+                _ => None,
+            })
+            .collect();
+        chains.sort();
+        for (_, nat, name) in chains {
+            // One NAT decision per connection.
+            if nat && w.redirected.is_some() {
+                continue;
+            }
+            match self.run_chain(t, name, w, 0) {
+                Flow::Drop => return Flow::Drop,
+                Flow::Reject => return Flow::Reject,
+                _ => {}
+            }
+        }
+        Flow::Continue
+    }
+
+    fn run_chain(&self, t: &Table, name: &str, w: &mut Walk, depth: usize) -> Flow {
+        let Some(chain) = t.chains.get(name) else {
+            return Flow::Continue;
+        };
+        if depth > 16 {
+            return Flow::Drop;
+        }
+        for rule in &chain.rules {
+            if !rule.matches.iter().all(|m| self.matches(t, m, w)) {
+                continue;
+            }
+            for a in &rule.actions {
+                match a {
+                    Action::MarkSet(m) => w.mark = *m,
+                    Action::Accept => return Flow::Accept,
+                    Action::Drop => return Flow::Drop,
+                    Action::Reject => return Flow::Reject,
+                    Action::Redirect(port) => {
+                        w.redirected = Some(*port);
+                        w.dst = match w.family {
+                            IpFamily::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                            IpFamily::V6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
+                        };
+                        w.dport = *port;
+                        return Flow::Accept;
+                    }
+                    Action::Jump(c) => match self.run_chain(t, c, w, depth + 1) {
+                        Flow::Continue | Flow::Return => {}
+                        f => return f,
+                    },
+                    Action::Goto(c) => {
+                        return match self.run_chain(t, c, w, depth + 1) {
+                            Flow::Continue | Flow::Return => Flow::Return,
+                            f => f,
+                        };
+                    }
+                    Action::Vmap { key, map } => {
+                        let verdict = t
+                            .sets
+                            .get(map)
+                            .and_then(|s| find(s, key, w))
+                            .cloned()
+                            .flatten();
+                        // A failed lookup ends the rule, as in the kernel.
+                        let Some(verdict) = verdict else { break };
+                        return match verdict.atoms() {
+                            [Atom::Verdict(NoEndpointVerdict::Drop)] => Flow::Drop,
+                            [Atom::Verdict(NoEndpointVerdict::Reject)] => {
+                                match self.run_chain(t, REJECT_PACKET, w, depth + 1) {
+                                    Flow::Continue | Flow::Return => Flow::Return,
+                                    f => f,
+                                }
+                            }
+                            _ => Flow::Drop,
+                        };
+                    }
+                }
+            }
+        }
+        Flow::Continue
+    }
+
+    fn matches(&self, t: &Table, m: &Match, w: &Walk) -> bool {
+        match m {
+            Match::CtStateNew => true,
+            Match::Family(f) => w.family == *f,
+            Match::FibLocal { dst } => self.is_local(if *dst { &w.dst } else { &w.src }),
+            Match::L4ProtoIn(ps) => ps.contains(&w.proto),
+            Match::SocketTransparent => false,
+            Match::InSet { key, set, negate } => {
+                let found = t.sets.get(set).is_some_and(|s| find(s, key, w).is_some());
+                found != *negate
+            }
+            Match::NotInNet { key, net } => match value(*key, w) {
+                Atom::Ip(ip) => !net.contains(&ip),
+                _ => false,
+            },
+        }
+    }
+
+    /// The walk's end: what the proxy does with a redirected connection, per the balancer.
+    fn redirected(&self, p: &Packet) -> Verdict {
+        let mut balancer = self.balancer.borrow_mut();
+        let pick = balancer.pick(
+            p.protocol,
+            SocketAddr::new(p.dst, p.dport),
+            SocketAddr::new(p.src, 40000),
+            p.origin == Origin::Node,
+            self.now,
+        );
+        match pick {
+            Pick::Connect { route, attempts } => Verdict::Dnat {
+                endpoints: attempts
+                    .iter()
+                    .map(|a| (a.endpoint.ip(), a.endpoint.port()))
+                    .collect::<BTreeSet<_>>(),
+                masquerade: attempts.iter().all(|a| a.source == Source::Node),
+                affinity: balancer
+                    .affinity(&route)
+                    .map(|d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX)),
+            },
+            Pick::Drop => Verdict::Drop,
+            // The proxy closes a connection it has no route for.
+            Pick::Reject | Pick::NotAService => Verdict::Reject,
+        }
+    }
+}
+
+impl Tracer for UserspaceTracer {
+    fn trace(&self, p: &Packet) -> Verdict {
+        let Some(t) = &self.table else {
+            return Verdict::Untouched;
+        };
+        let mut w = Walk {
+            family: IpFamily::of(&p.dst),
+            src: p.src,
+            dst: p.dst,
+            proto: p.protocol,
+            dport: p.dport,
+            mark: 0,
+            redirected: None,
+        };
+        let hooks: &[Hook] = match p.origin {
+            Origin::External | Origin::Pod => &[Hook::Prerouting],
+            Origin::Node => &[Hook::Output],
+        };
+        for hook in hooks {
+            match self.run_hook(t, *hook, &mut w) {
+                Flow::Drop => return Verdict::Drop,
+                Flow::Reject => return Verdict::Reject,
+                _ => {}
+            }
+        }
+        // Routing: delivered locally (a redirect always is), or forwarded.
+        let next = if self.is_local(&w.dst) {
+            Hook::Input
+        } else if p.origin == Origin::Node {
+            // Leaves the node: no hook of ours after output.
+            return self.outcome(p, &w);
+        } else {
+            Hook::Forward
+        };
+        match self.run_hook(t, next, &mut w) {
+            Flow::Drop => Verdict::Drop,
+            Flow::Reject => Verdict::Reject,
+            _ => self.outcome(p, &w),
+        }
+    }
+}
+
+impl UserspaceTracer {
+    fn outcome(&self, p: &Packet, w: &Walk) -> Verdict {
+        match w.redirected {
+            Some(_) => self.redirected(p),
+            None => Verdict::Untouched,
+        }
+    }
+}
+
+fn apply_statement(
+    t: &mut Table,
+    verb: &str,
+    what: &str,
+    rest: &str,
+    unsupported: &dyn Fn(&'static str) -> TraceError,
+    invalid: &dyn Fn(String) -> TraceError,
+) -> Result<(), TraceError> {
+    match (verb, what) {
+        ("add", "chain") => {
+            let (name, body) = split_name(rest);
+            let base = match body {
+                None => None,
+                Some(b) => Some(parse_hook(b).ok_or_else(|| unsupported("chain"))?),
+            };
+            t.chains.entry(name.to_string()).or_insert(Chain {
+                base,
+                rules: Vec::new(),
+            });
+        }
+        ("add", "set") | ("add", "map") => {
+            let (name, body) = split_name(rest);
+            let body = body.ok_or_else(|| unsupported("set"))?;
+            if !body.starts_with("type ") || (what == "map") != body.contains(": verdict") {
+                return Err(unsupported("set"));
+            }
+            t.sets.entry(name.to_string()).or_insert(SetModel {
+                map: what == "map",
+                elements: BTreeMap::new(),
+            });
+        }
+        ("add", "element") | ("delete", "element") => {
+            let (name, body) = split_name(rest);
+            let set = t
+                .sets
+                .get_mut(name)
+                .ok_or_else(|| invalid(format!("no set {name}")))?;
+            apply_elements(
+                &mut set.elements,
+                set.map,
+                verb == "add",
+                body.unwrap_or(""),
+            )
+            .map_err(|e| match e {
+                ElementTextError::Unsupported(what) => unsupported(what),
+                e => invalid(format!("{name}: {e}")),
+            })?;
+        }
+        ("add", "rule") => {
+            let (chain, body) = rest.split_once(' ').ok_or_else(|| unsupported("rule"))?;
+            let body = match body.rsplit_once(" comment \"") {
+                Some((b, _)) => b,
+                None => body,
+            };
+            let rule = parse_rule(body).ok_or_else(|| unsupported("rule"))?;
+            t.chains
+                .get_mut(chain)
+                .ok_or_else(|| invalid(format!("no chain {chain}")))?
+                .rules
+                .push(rule);
+        }
+        _ => return Err(unsupported("statement")),
+    }
+    Ok(())
+}
+
+fn value(s: Sel, w: &Walk) -> Atom {
+    match s {
+        Sel::Saddr => Atom::Ip(w.src),
+        Sel::Daddr => Atom::Ip(w.dst),
+        Sel::L4Proto => Atom::Proto(w.proto),
+        Sel::Dport => Atom::Port(w.dport),
+    }
+}
+
+fn find<'a>(set: &'a SetModel, key: &[Sel], w: &Walk) -> Option<&'a Option<Tuple>> {
+    let probe: Vec<Atom> = key.iter().map(|s| value(*s, w)).collect();
+    lookup(&set.elements, &probe)
+}
+
+/// `type nat hook prerouting priority -100; policy accept;`
+fn parse_hook(body: &str) -> Option<(bool, Hook, i32)> {
+    let mut parts = body.split(';').map(str::trim);
+    let w: Vec<&str> = parts.next()?.split_whitespace().collect();
+    if parts.next() != Some("policy accept") {
+        return None;
+    }
+    let [ty, nat, hk, hook, pr, prio] = w.as_slice() else {
+        return None;
+    };
+    if (*ty, *hk, *pr) != ("type", "hook", "priority") {
+        return None;
+    }
+    let nat = match *nat {
+        "nat" => true,
+        "filter" => false,
+        _ => return None,
+    };
+    let hook = match *hook {
+        "prerouting" => Hook::Prerouting,
+        "input" => Hook::Input,
+        "forward" => Hook::Forward,
+        "output" => Hook::Output,
+        _ => return None,
+    };
+    Some((nat, hook, prio.parse().ok()?))
+}
+
+/// Parses a selector at `w[i..]`: its family (for addresses), itself, and how many words.
+fn parse_sel(w: &[&str], i: usize) -> Option<(Option<IpFamily>, Sel, usize)> {
+    let at = |k: usize| w.get(i + k).copied().unwrap_or("");
+    let family = match at(0) {
+        "ip" => Some(IpFamily::V4),
+        "ip6" => Some(IpFamily::V6),
+        _ => None,
+    };
+    match (at(0), at(1)) {
+        ("ip" | "ip6", "saddr") => Some((family, Sel::Saddr, 2)),
+        ("ip" | "ip6", "daddr") => Some((family, Sel::Daddr, 2)),
+        ("meta", "l4proto") if at(2) != "{" => Some((None, Sel::L4Proto, 2)),
+        ("th", "dport") => Some((None, Sel::Dport, 2)),
+        _ => None,
+    }
+}
+
+/// Parses a concatenation; returns its families, itself and the index after it.
+fn parse_concat(w: &[&str], mut i: usize) -> Option<(Vec<IpFamily>, Vec<Sel>, usize)> {
+    let mut families = Vec::new();
+    let mut v = Vec::new();
+    loop {
+        let (f, s, n) = parse_sel(w, i)?;
+        families.extend(f);
+        v.push(s);
+        i += n;
+        if w.get(i) == Some(&".") {
+            i += 1;
+        } else {
+            return Some((families, v, i));
+        }
+    }
+}
+
+fn protocol(s: &str) -> Option<Protocol> {
+    Protocol::ALL.into_iter().find(|p| p.as_lower() == s)
+}
+
+fn parse_rule(body: &str) -> Option<Rule> {
+    let w: Vec<&str> = body.split_whitespace().collect();
+    let mut matches = Vec::new();
+    let mut actions = Vec::new();
+    let mut i = 0;
+    while i < w.len() {
+        let at = |k: usize| w.get(i + k).copied().unwrap_or("");
+        match (at(0), at(1), at(2)) {
+            ("ct", "state", "new") => {
+                matches.push(Match::CtStateNew);
+                i += 3;
+            }
+            ("meta", "nfproto", f) => {
+                matches.push(Match::Family(match f {
+                    "ipv4" => IpFamily::V4,
+                    "ipv6" => IpFamily::V6,
+                    _ => return None,
+                }));
+                i += 3;
+            }
+            ("meta", "l4proto", "{") => {
+                let close = w[i..].iter().position(|x| *x == "}")? + i;
+                let protos = w[i + 3..close]
+                    .iter()
+                    .map(|p| protocol(p.trim_end_matches(',')))
+                    .collect::<Option<Vec<_>>>()?;
+                matches.push(Match::L4ProtoIn(protos));
+                i = close + 1;
+            }
+            ("fib", which @ ("daddr" | "saddr"), "type") if at(3) == "local" => {
+                matches.push(Match::FibLocal {
+                    dst: which == "daddr",
+                });
+                i += 4;
+            }
+            ("socket", "transparent", "1") => {
+                matches.push(Match::SocketTransparent);
+                i += 3;
+            }
+            ("meta", "mark", "set") => {
+                actions.push(Action::MarkSet(
+                    u32::from_str_radix(at(3).strip_prefix("0x")?, 16).ok()?,
+                ));
+                i += 4;
+            }
+            ("redirect", "to", port) => {
+                actions.push(Action::Redirect(port.strip_prefix(':')?.parse().ok()?));
+                i += 3;
+            }
+            ("jump", c, _) => {
+                actions.push(Action::Jump(c.to_string()));
+                i += 2;
+            }
+            ("goto", c, _) => {
+                actions.push(Action::Goto(c.to_string()));
+                i += 2;
+            }
+            ("accept", _, _) => {
+                actions.push(Action::Accept);
+                i += 1;
+            }
+            ("drop", _, _) => {
+                actions.push(Action::Drop);
+                i += 1;
+            }
+            ("reject", _, _) => {
+                actions.push(Action::Reject);
+                i += 1;
+            }
+            _ => {
+                let (families, key, j) = parse_concat(&w, i)?;
+                matches.extend(families.into_iter().map(Match::Family));
+                let next = w.get(j).copied().unwrap_or("");
+                match next {
+                    "vmap" => {
+                        let map = w.get(j + 1)?.strip_prefix('@')?.to_string();
+                        actions.push(Action::Vmap { key, map });
+                        i = j + 2;
+                    }
+                    "!=" => {
+                        let target = w.get(j + 1)?;
+                        if let Some(set) = target.strip_prefix('@') {
+                            matches.push(Match::InSet {
+                                key,
+                                set: set.to_string(),
+                                negate: true,
+                            });
+                        } else if let [key] = key.as_slice() {
+                            let net = if target.contains('/') {
+                                target.parse().ok()?
+                            } else {
+                                IpNet::from(target.parse::<IpAddr>().ok()?)
+                            };
+                            matches.push(Match::NotInNet { key: *key, net });
+                        } else {
+                            return None;
+                        }
+                        i = j + 2;
+                    }
+                    s if s.starts_with('@') => {
+                        matches.push(Match::InSet {
+                            key,
+                            set: s[1..].to_string(),
+                            negate: false,
+                        });
+                        i = j + 1;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+    }
+    // A verdict or a statement ends every rule we emit; a rule of matches only is not ours.
+    if actions.is_empty() {
+        return None;
+    }
+    Some(Rule { matches, actions })
+}
+
+#[cfg(test)]
+mod tests;

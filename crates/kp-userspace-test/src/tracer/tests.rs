@@ -1,0 +1,172 @@
+use std::time::Duration;
+
+use kp_core::flow::Tracer;
+use kp_core::node::DetectLocal;
+use kp_core::track::{Changes, Object, SourceEvent};
+use kp_userspace_plan::{Balancer, BalancerConfig, RedirectConfig, RedirectPlanner, Scheduler};
+
+use super::*;
+
+fn balancer_config() -> BalancerConfig {
+    BalancerConfig {
+        scheduler: Scheduler::RoundRobin,
+        masquerade_all: false,
+        detect_local: DetectLocal::ClusterCidr(vec![
+            kp_flows::CLUSTER_CIDR.parse().expect("cidr"),
+            kp_flows::CLUSTER_CIDR6.parse().expect("cidr"),
+        ]),
+        quarantine: Duration::from_secs(10),
+    }
+}
+
+fn redirect_config(restricted: bool) -> RedirectConfig {
+    RedirectConfig {
+        proxy_port: 31000,
+        transparent_mark: 0x4000,
+        node_ports_restricted: restricted,
+    }
+}
+
+/// The fixture's table and balancer, as the proxy would program them.
+fn tracer_over(
+    state: &kp_core::track::ProxyState,
+    planner: &mut RedirectPlanner,
+) -> UserspaceTracer {
+    tracer_with(state, planner, &kp_flows::node_context())
+}
+
+fn tracer_with(
+    state: &kp_core::track::ProxyState,
+    planner: &mut RedirectPlanner,
+    node: &kp_core::node::NodeContext,
+) -> UserspaceTracer {
+    let mut balancer = Balancer::new(balancer_config());
+    balancer.sync(state, node, &Changes::default(), true);
+    let mut tracer = UserspaceTracer::new(kp_flows::node_addresses(), balancer);
+    tracer
+        .apply(&planner.full(state, node).text)
+        .expect("the tracer replays the full table");
+    tracer
+}
+
+#[test]
+fn the_flow_table_passes_through_the_rules_and_the_balancer() {
+    let state = kp_flows::state();
+    let mut planner = RedirectPlanner::new(redirect_config(true));
+    let tracer = tracer_over(&state, &mut planner);
+    // The proxy has no SCTP socket: the table rejects SCTP frontends.
+    let failures = kp_flows::check_tracer_for(&tracer, kp_flows::Support::NO_SCTP);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn element_changes_replay_and_the_table_follows_them() {
+    let mut state = kp_flows::state();
+    let node = kp_flows::node_context();
+    let mut planner = RedirectPlanner::new(redirect_config(true));
+    let mut tracer = tracer_over(&state, &mut planner);
+    let web = Packet {
+        origin: Origin::Pod,
+        src: "10.244.1.14".parse().expect("ip"),
+        protocol: Protocol::Tcp,
+        dst: "10.96.0.10".parse().expect("ip"),
+        dport: 80,
+    };
+    assert!(matches!(tracer.trace(&web), Verdict::Dnat { .. }));
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(
+            kp_flows::web_slice(&[]),
+        ))))
+        .expect("slice");
+    let changes = state.take_changes();
+    tracer.balancer_mut().sync(&state, &node, &changes, false);
+    let tx = planner.sync(&state, &node, &changes, false);
+    tracer.apply(&tx.text).expect("partial replays");
+    assert_eq!(tracer.trace(&web), Verdict::Reject);
+    // The kernel rejects before the proxy sees anything: the table alone decides.
+    let web_key = kp_nftables_plan::element::parse_tuple("10.96.0.10 . tcp . 80").expect("key");
+    let no_endpoints = tracer.elements("no-endpoint-vips-v4").expect("map");
+    assert!(no_endpoints.contains_key(&web_key));
+    let redirects = tracer.elements("redirect-vips-v4").expect("set");
+    assert!(!redirects.contains_key(&web_key));
+}
+
+#[test]
+fn with_every_local_address_the_node_ports_still_follow_the_table() {
+    let state = kp_flows::state();
+    let mut planner = RedirectPlanner::new(redirect_config(false));
+    // nodePortAddresses unset: the context restricts nothing either.
+    let node = kp_core::node::NodeContext {
+        node_port_addresses: Vec::new(),
+        ..kp_flows::node_context()
+    };
+    let tracer = tracer_with(&state, &mut planner, &node);
+    let to = |dst: &str, port: u16| Packet {
+        origin: Origin::External,
+        src: kp_flows::CLIENT.parse().expect("ip"),
+        protocol: Protocol::Tcp,
+        dst: dst.parse().expect("ip"),
+        dport: port,
+    };
+    // Every local address answers, loopback excepted.
+    assert!(matches!(
+        tracer.trace(&to(kp_flows::NODE_POD_GATEWAY, 30080)),
+        Verdict::Dnat { .. }
+    ));
+    assert_eq!(tracer.trace(&to("127.0.0.1", 30080)), Verdict::Untouched);
+    assert_eq!(
+        tracer.trace(&to(kp_flows::NODE_POD_GATEWAY, 30071)),
+        Verdict::Drop
+    );
+}
+
+#[test]
+fn rule_shapes_the_planner_does_not_emit_are_refused() {
+    let balancer = Balancer::new(balancer_config());
+    let mut tracer = UserspaceTracer::new(Vec::new(), balancer);
+    tracer
+        .apply(
+            "add table inet kube-proxy-userspace\n\
+             add chain inet kube-proxy-userspace services\n",
+        )
+        .expect("table and chain");
+    for rule in [
+        "add rule inet kube-proxy-userspace services ip daddr 10.0.0.1 dnat to 10.0.0.2",
+        "add rule inet kube-proxy-userspace services tcp dport 80 redirect to :1",
+        "add rule inet kube-proxy-userspace services ip daddr @nowhere drop",
+        "add rule inet kube-proxy-userspace services ct state new",
+        "add rule inet kube-proxy-userspace services masquerade",
+    ] {
+        assert!(tracer.apply(rule).is_err(), "accepted: {rule}");
+    }
+    for statement in [
+        "add table ip kube-proxy-userspace",
+        "add table inet kube-proxy",
+        "flush table inet kube-proxy-userspace",
+        "add chain inet kube-proxy-userspace c { type route hook output priority 0; policy accept; }",
+        "delete element inet kube-proxy-userspace nowhere { 10.0.0.1 }",
+    ] {
+        assert!(tracer.apply(statement).is_err(), "accepted: {statement}");
+    }
+}
+
+#[test]
+fn the_proxy_refusing_a_connection_the_kernel_redirected_reads_as_a_reject() {
+    // The table redirects web, but the balancer never heard of it (a sync race).
+    let state = kp_flows::state();
+    let node = kp_flows::node_context();
+    let mut planner = RedirectPlanner::new(redirect_config(true));
+    let mut tracer =
+        UserspaceTracer::new(kp_flows::node_addresses(), Balancer::new(balancer_config()));
+    tracer
+        .apply(&planner.full(&state, &node).text)
+        .expect("table");
+    let p = Packet {
+        origin: Origin::Pod,
+        src: "10.244.1.14".parse().expect("ip"),
+        protocol: Protocol::Tcp,
+        dst: "10.96.0.10".parse().expect("ip"),
+        dport: 80,
+    };
+    assert_eq!(tracer.trace(&p), Verdict::Reject);
+}

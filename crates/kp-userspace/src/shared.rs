@@ -1,0 +1,130 @@
+//! What the listeners' tasks and the dataplane share: the balancer, the node's addresses, the
+//! metrics, and the count of relays still running (for a graceful stop).
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use kp_core::model::ServiceKey;
+use kp_core::track::Changes;
+use kp_metrics::Metrics;
+use kp_userspace_plan::Balancer;
+
+use crate::relay::Copying;
+
+/// Shared between the dataplane and every connection's task.
+pub struct Shared {
+    balancer: Mutex<Balancer>,
+    node_addresses: RwLock<HashSet<IpAddr>>,
+    /// Where connections and sessions are counted.
+    pub metrics: Arc<Metrics>,
+    /// How relays move bytes.
+    pub copying: Copying,
+    /// How long a UDP session lives without traffic.
+    pub udp_timeout: Duration,
+    relays: AtomicUsize,
+    /// Bumped by every full sync: every UDP session picks again.
+    epoch: AtomicU64,
+    /// Bumped for a Service by every sync that changed it: its UDP sessions pick again.
+    generations: Mutex<HashMap<ServiceKey, u64>>,
+}
+
+/// Which syncs a UDP session's pick has seen (see [`Shared::generation`]).
+pub type Generation = (u64, u64);
+
+impl Shared {
+    /// A new state around `balancer`.
+    pub fn new(
+        balancer: Balancer,
+        metrics: Arc<Metrics>,
+        copying: Copying,
+        udp_timeout: Duration,
+    ) -> Shared {
+        Shared {
+            balancer: Mutex::new(balancer),
+            node_addresses: RwLock::new(HashSet::new()),
+            metrics,
+            copying,
+            udp_timeout,
+            relays: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+            generations: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The balancer, locked: keep each use short (one pick, one report).
+    pub fn balancer(&self) -> MutexGuard<'_, Balancer> {
+        // A panic while holding the lock leaves a balancer that is still consistent enough to
+        // pick from: every method finishes its updates before returning.
+        lock(&self.balancer)
+    }
+
+    /// Replaces the node's own addresses (loopback counts without being listed).
+    pub fn set_node_addresses(&self, addrs: HashSet<IpAddr>) {
+        *self
+            .node_addresses
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = addrs;
+    }
+
+    /// Whether `ip` is one of the node's own addresses (a connection from the node itself).
+    pub fn is_node_address(&self, ip: IpAddr) -> bool {
+        ip.is_loopback()
+            || self
+                .node_addresses
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&ip)
+    }
+
+    /// Counts a relay as running until the guard is dropped.
+    pub fn relay_started(self: &Arc<Self>) -> RelayGuard {
+        self.relays.fetch_add(1, Ordering::Relaxed);
+        self.metrics.userspace_active_connections.inc();
+        RelayGuard(self.clone())
+    }
+
+    /// Marks the UDP sessions of the Services a sync changed (all of them after a full one)
+    /// as picked before it: their next datagram picks again, so a client that keeps its source
+    /// port (a resolver) leaves an endpoint that was removed. TCP relays are left alone.
+    pub fn synced(&self, changes: &Changes, full: bool) {
+        if full {
+            self.epoch.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut g = lock(&self.generations);
+        for key in &changes.services {
+            *g.entry(key.clone()).or_default() += 1;
+        }
+    }
+
+    /// The syncs a pick for `service` made now has seen.
+    pub fn generation(&self, service: &ServiceKey) -> Generation {
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        (
+            epoch,
+            lock(&self.generations).get(service).copied().unwrap_or(0),
+        )
+    }
+
+    /// Relays running now.
+    pub fn relays(&self) -> usize {
+        self.relays.load(Ordering::Relaxed)
+    }
+}
+
+/// A running relay (see [`Shared::relay_started`]).
+pub struct RelayGuard(Arc<Shared>);
+
+impl Drop for RelayGuard {
+    fn drop(&mut self) {
+        self.0.relays.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.userspace_active_connections.dec();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
