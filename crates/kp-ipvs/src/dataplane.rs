@@ -15,10 +15,10 @@ use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kp_core::dataplane::{Dataplane, DataplaneError, Retry, SyncReport};
+use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
 use kp_core::frontend::Frontends;
 use kp_core::model::IpFamily;
-use kp_core::node::NodeContext;
+use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::{Changes, ProxyState};
 use kp_iptables::{Backend, IptablesRunner};
 use kp_iptables_plan::PlanConfig;
@@ -51,6 +51,42 @@ pub struct IpvsSettings {
     pub strict_arp: bool,
     /// The network namespace programmed (`None`: the proxy's own).
     pub netns: Option<String>,
+    /// Where `node` and `node_port_addresses` come from: `None` takes them as given (tests);
+    /// `Some` resolves them at every sync against the Node and ServiceCIDRs last seen and the
+    /// node's interfaces, as the proxy runs.
+    pub resolve: Option<NodeResolve>,
+}
+
+/// detect-local and `nodePortAddresses`, as configured, for the mode to resolve at each sync.
+#[derive(Debug, Clone)]
+pub struct NodeResolve {
+    /// How pod traffic is recognised.
+    pub detect_local: DetectLocal,
+    /// Where NodePorts answer: every address of the node's interfaces (but `kube-ipvs0`,
+    /// loopback and IPv6 link-local ones), those inside CIDRs, or the Node's primary ones.
+    pub node_ports: NodePortAddresses,
+}
+
+/// The addresses NodePorts answer on, given the node's interface addresses `local` (upstream's
+/// ipvs mode: a virtual server per local address `nodePortAddresses` admits; the Node's
+/// primary addresses with `primary`, none until it reports one).
+pub fn node_port_addresses(
+    node_ports: &NodePortAddresses,
+    node: &NodeContext,
+    local: &BTreeSet<IpAddr>,
+) -> Vec<IpAddr> {
+    match node_ports {
+        NodePortAddresses::AllLocal => local.iter().copied().collect(),
+        NodePortAddresses::Primary => node.node_ips.clone(),
+        NodePortAddresses::Cidrs(_) => local
+            .iter()
+            .copied()
+            .filter(|ip| match node.node_port_networks(IpFamily::of(ip)) {
+                None => true,
+                Some(nets) => nets.iter().any(|n| n.contains(ip)),
+            })
+            .collect(),
+    }
 }
 
 /// The ipvs dataplane.
@@ -68,12 +104,7 @@ pub struct IpvsDataplane {
 }
 
 fn dp(e: Error) -> DataplaneError {
-    let retry = match (&e, e.errno()) {
-        (Error::Unavailable { .. }, _) => Retry::Never,
-        (_, Some(n)) => Retry::of_errno(n),
-        _ => Retry::WithBackoff,
-    };
-    DataplaneError::new(retry, e)
+    e.into_dataplane()
 }
 
 fn ipt(op: &str) -> impl FnOnce(kp_iptables::Error) -> DataplaneError + '_ {
@@ -246,6 +277,18 @@ impl Dataplane for IpvsDataplane {
         _changes: &Changes,
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
+        let (node, node_port_addresses) = match &self.settings.resolve {
+            None => (
+                self.settings.node.clone(),
+                self.settings.node_port_addresses.clone(),
+            ),
+            Some(r) => {
+                let node = NodeContext::resolve(&r.detect_local, &r.node_ports, state);
+                let local = self.dummy.node_addresses().map_err(dp)?;
+                let np = node_port_addresses(&r.node_ports, &node, &local);
+                (node, np)
+            }
+        };
         let mut desired = Desired::new();
         let mut sets: Vec<Sets> = self
             .settings
@@ -257,16 +300,8 @@ impl Dataplane for IpvsDataplane {
             for sps in state.service_state(key) {
                 for s in sets.iter_mut() {
                     let frontends = Frontends::of(&sps, s.family());
-                    desired.add(
-                        &frontends,
-                        &self.settings.node_port_addresses,
-                        &self.settings.ipvs,
-                    );
-                    s.add(
-                        &frontends,
-                        &self.settings.node_port_addresses,
-                        &self.settings.node,
-                    );
+                    desired.add(&frontends, &node_port_addresses, &self.settings.ipvs);
+                    s.add(&frontends, &node_port_addresses, &node);
                 }
             }
         }
@@ -294,7 +329,7 @@ impl Dataplane for IpvsDataplane {
             let mut cfg = PlanConfig::new(family);
             cfg.masquerade_bit = self.settings.masquerade_bit;
             cfg.masquerade_all = self.settings.masquerade_all;
-            let text = rules::render(s, &cfg, &self.settings.node);
+            let text = rules::render(s, &cfg, &node);
             if full || text != self.rules[i] {
                 self.iptables
                     .restore(self.backend, family, &text)

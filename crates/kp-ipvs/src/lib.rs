@@ -13,6 +13,7 @@
 //!
 //! Upstream kube-proxy does the same through `github.com/moby/ipvs` (pkg/proxy/ipvs/util).
 
+pub mod cleanup;
 pub mod dataplane;
 pub mod link;
 
@@ -90,6 +91,20 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         self.errno()
             .is_some_and(|e| e == kp_netlink::abi::ESRCH || e == kp_netlink::abi::ENOENT)
+    }
+}
+
+impl Error {
+    /// As a dataplane error, with how to retry it: [`Error::Unavailable`] never, a kernel
+    /// refusal by its errno, anything else with backoff.
+    pub fn into_dataplane(self) -> kp_core::dataplane::DataplaneError {
+        use kp_core::dataplane::{DataplaneError, Retry};
+        let retry = match (&self, self.errno()) {
+            (Error::Unavailable { .. }, _) => Retry::Never,
+            (_, Some(n)) => Retry::of_errno(n),
+            _ => Retry::WithBackoff,
+        };
+        DataplaneError::new(retry, self)
     }
 }
 

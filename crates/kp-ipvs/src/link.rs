@@ -92,6 +92,26 @@ impl Dummy {
         Ok(d)
     }
 
+    /// Opens the interface `name` in `netns` if it exists (`None` if it does not), without
+    /// creating it: what removing the mode's leftovers starts from.
+    pub fn find(netns: Option<&str>, name: &str) -> Result<Option<Dummy>> {
+        let socket = Socket::open(Protocol::Route, netns)
+            .map_err(sock_err(format!("open a NETLINK_ROUTE socket for {name}")))?;
+        let mut d = Dummy {
+            socket,
+            name: name.to_string(),
+            index: 0,
+        };
+        match d.lookup() {
+            Ok(index) => {
+                d.index = index;
+                Ok(Some(d))
+            }
+            Err(e) if e.errno() == Some(kp_netlink::abi::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn lookup(&mut self) -> Result<u32> {
         let name = self.name.clone();
         let mut index = None;
@@ -127,6 +147,24 @@ impl Dummy {
     /// The addresses on the interface (`ip addr show dev NAME`).
     pub fn addresses(&mut self) -> Result<BTreeSet<IpAddr>> {
         let index = self.index;
+        self.dump_addresses(|i| i == index)
+    }
+
+    /// The node's own addresses, where NodePorts can answer: those of every other interface
+    /// (`ip addr show`, less this one), without loopback and IPv6 link-local addresses (as
+    /// upstream's ipvs mode, which lists the local addresses not on `kube-ipvs0`).
+    pub fn node_addresses(&mut self) -> Result<BTreeSet<IpAddr>> {
+        let index = self.index;
+        let mut all = self.dump_addresses(|i| i != index)?;
+        all.retain(|ip| match ip {
+            IpAddr::V4(a) => !a.is_loopback(),
+            IpAddr::V6(a) => !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80,
+        });
+        Ok(all)
+    }
+
+    /// The addresses of the interfaces whose index `keep` accepts.
+    fn dump_addresses(&mut self, keep: impl Fn(u32) -> bool) -> Result<BTreeSet<IpAddr>> {
         self.socket
             .dump(
                 |b, seq| {
@@ -140,7 +178,7 @@ impl Dummy {
                         return Ok(());
                     }
                     let p = m.payload;
-                    if u32::from_ne_bytes([p[4], p[5], p[6], p[7]]) != index {
+                    if !keep(u32::from_ne_bytes([p[4], p[5], p[6], p[7]])) {
                         return Ok(());
                     }
                     let family = p[0];

@@ -37,6 +37,7 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
         node,
         strict_arp: false,
         netns: Some(ns.clone()),
+        resolve: None,
     };
     let backend = kp_iptables::detect_backend(Some(&ns));
     let mut dp = IpvsDataplane::new(

@@ -1,0 +1,289 @@
+//! Removing what the ipvs mode leaves in a node (upstream's `CleanupLeftovers` in
+//! `pkg/proxy/ipvs/proxier.go`): its virtual servers, `kube-ipvs0`, the iptables chains that
+//! match its sets, and the sets.
+//!
+//! Every start of another mode runs this, so it must cost little and change nothing where the
+//! ipvs mode never ran: IPVS is asked only when `kube-ipvs0` exists (so a node without IPVS
+//! never loads `ip_vs` for it), a table's chains are touched only when one of the chains only
+//! this mode makes is there, and a set is destroyed only if it has one of this mode's names.
+//!
+//! Which virtual servers are ours: with `kube-ipvs0` present, every address-based one outside
+//! `--ipvs-exclude-cidrs` (upstream flushes IPVS whole; the excluded ranges and fwmark
+//! services, which kube-proxy never makes, are left to their owners).
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use ipnet::IpNet;
+use kp_core::model::IpFamily;
+use kp_iptables::{Backend, IptablesRunner};
+use kp_iptables_plan::names::{
+    KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
+};
+use kp_ipvs_plan::addresses::DUMMY_INTERFACE;
+use kp_ipvs_plan::ipset::SetName;
+use kp_ipvs_plan::rules::{
+    jump_rules, KUBE_IPVS_FILTER, KUBE_IPVS_OUT_FILTER, KUBE_LOAD_BALANCER, KUBE_NODE_PORT,
+    KUBE_SOURCE_RANGES_FIREWALL,
+};
+use kp_netlink::ipvs::ServiceKey;
+
+use crate::link::Dummy;
+use crate::{Client, Error, Result};
+
+/// What a removal did, for logs and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Virtual servers deleted.
+    pub services: usize,
+    /// Whether `kube-ipvs0` was deleted.
+    pub interface: bool,
+    /// Chains deleted (the ones only this mode makes; the ones it shares with the iptables
+    /// mode are flushed and left to that mode's cleanup).
+    pub chains: usize,
+    /// Sets destroyed.
+    pub sets: usize,
+}
+
+impl Removed {
+    /// Whether nothing was there.
+    pub fn is_empty(&self) -> bool {
+        *self == Removed::default()
+    }
+}
+
+/// The chains only the ipvs mode makes, by table.
+fn own_chains(table: &str) -> &'static [&'static str] {
+    match table {
+        "nat" => &[KUBE_NODE_PORT, KUBE_LOAD_BALANCER],
+        "filter" => &[
+            KUBE_NODE_PORT,
+            KUBE_SOURCE_RANGES_FIREWALL,
+            KUBE_IPVS_FILTER,
+            KUBE_IPVS_OUT_FILTER,
+        ],
+        _ => &[],
+    }
+}
+
+/// The chains the ipvs mode fills and shares by name with the iptables mode, by table.
+fn shared_chains(table: &str) -> &'static [&'static str] {
+    match table {
+        "nat" => &[KUBE_SERVICES, KUBE_POSTROUTING, KUBE_MARK_MASQ],
+        "filter" => &[KUBE_FORWARD, KUBE_PROXY_FIREWALL],
+        _ => &[],
+    }
+}
+
+/// The `iptables-restore --noflush` input that removes the ipvs mode's rules from one table,
+/// given its `iptables-save -t TABLE` text, or `None` when none of the chains only this mode
+/// makes is there (the table is the iptables mode's, or nobody's). The input deletes this
+/// mode's jumps from the built-in chains, flushes the shared chains (their rules match the
+/// sets, which cannot be destroyed while referenced) and deletes this mode's own chains.
+/// Also returns how many chains it deletes.
+pub fn table_removal(table: &str, saved: &str) -> Option<(String, usize)> {
+    let mut chains: BTreeSet<&str> = BTreeSet::new();
+    let mut rules: Vec<(&str, Vec<String>)> = Vec::new();
+    for line in saved.lines() {
+        if let Some(decl) = line.strip_prefix(':') {
+            if let Some(name) = decl.split_whitespace().next() {
+                chains.insert(name);
+            }
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            if let Some((chain, args)) = rest.split_once(' ') {
+                rules.push((chain, kp_iptables::split_args(args)));
+            }
+        }
+    }
+    let own: Vec<&str> = own_chains(table)
+        .iter()
+        .copied()
+        .filter(|c| chains.contains(c))
+        .collect();
+    if own.is_empty() {
+        return None;
+    }
+    let jumps: Vec<(&str, Vec<String>)> = jump_rules()
+        .into_iter()
+        .filter(|j| j.table == table)
+        .map(|j| (j.chain, kp_iptables::split_args(&j.args)))
+        .collect();
+    let mut out = format!("*{table}\n");
+    for (chain, args) in &rules {
+        if own_chains(table).contains(chain) || shared_chains(table).contains(chain) {
+            continue; // flushed below
+        }
+        let target = args
+            .windows(2)
+            .find(|w| w[0] == "-j" || w[0] == "-g")
+            .map(|w| w[1].as_str());
+        let to_own = target.is_some_and(|t| own.contains(&t));
+        let ours = jumps.iter().any(|(c, a)| c == chain && a == args);
+        if to_own || ours {
+            out.push_str(&format!("-D {chain} {}\n", quote(args)));
+        }
+    }
+    for c in shared_chains(table).iter().filter(|c| chains.contains(*c)) {
+        out.push_str(&format!(":{c} - [0:0]\n"));
+    }
+    for c in &own {
+        out.push_str(&format!(":{c} - [0:0]\n"));
+    }
+    for c in &own {
+        out.push_str(&format!("-X {c}\n"));
+    }
+    out.push_str("COMMIT\n");
+    Some((out, own.len()))
+}
+
+/// Words back into one `iptables-restore` line, quoting those with spaces.
+fn quote(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| {
+            if w.contains(char::is_whitespace) || w.is_empty() {
+                format!("\"{w}\"")
+            } else {
+                w.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn tool(op: &str) -> impl FnOnce(kp_iptables::Error) -> Error + '_ {
+    move |e| Error::Tool {
+        op: op.to_string(),
+        detail: e.to_string(),
+    }
+}
+
+/// Removes the ipvs mode's chains from every backend and family `iptables` can reach. A
+/// backend whose tables cannot be read (the tool missing, a kernel without the legacy
+/// interface) has nothing to remove. Returns the chains deleted.
+fn remove_chains(iptables: &dyn IptablesRunner) -> Result<usize> {
+    let mut removed = 0;
+    for backend in Backend::ALL {
+        for family in IpFamily::ALL {
+            for table in ["nat", "filter"] {
+                let mut saved = String::new();
+                let read = iptables.save_lines(backend, family, Some(table), &mut |l| {
+                    saved.push_str(l);
+                    saved.push('\n');
+                    Ok(())
+                });
+                if let Err(e) = read {
+                    tracing::debug!(error = %e, %backend, ?family, table, "nothing to read");
+                    continue;
+                }
+                if let Some((input, n)) = table_removal(table, &saved) {
+                    iptables
+                        .restore(backend, family, &input)
+                        .map_err(tool("iptables-restore (ipvs cleanup)"))?;
+                    removed += n;
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
+fn ipset(netns: Option<&str>, args: &[&str]) -> Command {
+    let mut c = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "ipset"]);
+            c
+        }
+        None => Command::new("ipset"),
+    };
+    c.args(args);
+    c
+}
+
+/// Destroys the ipvs mode's sets (both families' names) that exist. Without the `ipset` tool
+/// there is nothing this mode could have made. Returns the sets destroyed.
+fn remove_sets(netns: Option<&str>) -> Result<usize> {
+    let listed = match ipset(netns, &["list", "-n"]).output() {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => {
+            // No set subsystem in this kernel: no sets either.
+            tracing::debug!(stderr = %String::from_utf8_lossy(&o.stderr), "ipset list failed");
+            return Ok(0);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            return Err(Error::Tool {
+                op: "ipset list -n".into(),
+                detail: e.to_string(),
+            })
+        }
+    };
+    let ours: Vec<&str> = listed
+        .lines()
+        .map(str::trim)
+        .filter(|n| {
+            IpFamily::ALL
+                .iter()
+                .any(|f| SetName::parse(n, *f).is_some())
+        })
+        .collect();
+    for name in &ours {
+        let out = ipset(netns, &["destroy", name])
+            .output()
+            .map_err(|e| Error::Tool {
+                op: format!("ipset destroy {name}"),
+                detail: e.to_string(),
+            })?;
+        if !out.status.success() {
+            return Err(Error::Tool {
+                op: format!("ipset destroy {name}"),
+                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+    }
+    Ok(ours.len())
+}
+
+/// Removes everything the ipvs mode may have left in `netns` (the current namespace if
+/// `None`): with `kube-ipvs0` there, IPVS's virtual servers outside `exclude` and the
+/// interface; then the mode's iptables rules (through `iptables`, which runs in the same
+/// namespace) and its ipsets. Where the mode never ran, nothing is changed and nothing is
+/// loaded.
+pub fn remove_leftovers(
+    netns: Option<&str>,
+    iptables: &dyn IptablesRunner,
+    exclude: &[IpNet],
+) -> Result<Removed> {
+    let mut removed = Removed::default();
+    if let Some(dummy) = Dummy::find(netns, DUMMY_INTERFACE)? {
+        match Client::open(netns) {
+            Ok(mut ipvs) => {
+                for svc in ipvs.services()? {
+                    let ours = match svc.key {
+                        ServiceKey::Addr { addr, .. } => !exclude.iter().any(|n| n.contains(&addr)),
+                        ServiceKey::Fwmark { .. } => false,
+                    };
+                    if ours {
+                        match ipvs.delete_service(&svc.key) {
+                            Ok(()) => removed.services += 1,
+                            Err(e) if e.is_not_found() => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+            }
+            // The interface outlived the module: no virtual servers to remove.
+            Err(Error::Unavailable { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        dummy.delete()?;
+        removed.interface = true;
+    }
+    removed.chains = remove_chains(iptables)?;
+    removed.sets = remove_sets(netns)?;
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests;
