@@ -16,6 +16,7 @@
 pub mod elements;
 pub mod fake;
 pub mod tracer;
+pub mod transaction;
 
 pub use fake::FakeNftables;
 pub use tracer::{ElementError, NftTracer, TraceError};

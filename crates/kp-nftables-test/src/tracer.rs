@@ -15,52 +15,9 @@ use kp_core::model::{IpFamily, Protocol};
 
 use kp_nftables_plan::element::{canonical, Atom, NoEndpointVerdict, Tuple};
 
-use crate::elements::{apply_elements, lookup, num, split_name, ElementTextError};
-
-/// Why the tracer refused a transaction.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TraceError {
-    /// A statement or rule shape the tracer does not know.
-    #[error("line {line}: unsupported {what}: {text}")]
-    Unsupported {
-        /// 1-based line in the transaction.
-        line: usize,
-        /// What kind of thing.
-        what: &'static str,
-        /// The offending text.
-        text: String,
-    },
-    /// A statement refers to an object that does not exist, or creates one twice.
-    #[error("line {line}: {reason}")]
-    Invalid {
-        /// 1-based line in the transaction.
-        line: usize,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hook {
-    Prerouting,
-    Input,
-    Forward,
-    Output,
-    Postrouting,
-}
-
-#[derive(Clone, Debug)]
-struct Chain {
-    base: Option<(bool /* nat */, Hook, i32)>,
-    rules: Vec<Rule>,
-}
-
-#[derive(Clone, Debug)]
-struct SetModel {
-    map: bool,
-    timeout: Option<u32>,
-    elements: BTreeMap<Tuple, Option<Tuple>>,
-}
+use crate::elements::{lookup, num};
+pub use crate::transaction::TraceError;
+use crate::transaction::{self, statements, Hook, RuleModel, SetModel};
 
 /// One component of a concatenated selector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,12 +77,38 @@ struct Rule {
 /// What the read-back reports for a rule without comment (as `kp-nftables` does).
 const NO_COMMENT: &str = "<rule without comment>";
 
-#[derive(Clone, Debug, Default)]
-struct Table {
-    chains: HashMap<String, Chain>,
-    sets: HashMap<String, SetModel>,
-    /// The table's comment, from `add table … { comment "…"; }`.
-    comment: Option<String>,
+type Table = transaction::Table<Rule>;
+
+impl RuleModel for Rule {
+    fn parse(body: &str, comment: Option<&str>) -> Option<Self> {
+        let mut rule = parse_rule(body)?;
+        rule.id = comment.unwrap_or(NO_COMMENT).to_string();
+        Some(rule)
+    }
+
+    fn sets(&self) -> Vec<&str> {
+        let sets = self.matches.iter().filter_map(|m| match m {
+            Match::InSet { set, .. } => Some(set.as_str()),
+            _ => None,
+        });
+        let maps = self.actions.iter().filter_map(|a| match a {
+            Action::Vmap { map, .. } | Action::DnatMap { map, .. } | Action::Update { map } => {
+                Some(map.as_str())
+            }
+            _ => None,
+        });
+        sets.chain(maps).collect()
+    }
+
+    fn chains(&self) -> Vec<&str> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Jump(c) | Action::Goto(c) => Some(c.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// Why an element change was refused, as the kernel refuses one (see [`NftTracer::insert_element`]).
@@ -189,167 +172,35 @@ impl NftTracer {
 
     /// Replays a transaction. Fails on any statement the planner would not emit.
     pub fn apply(&mut self, text: &str) -> Result<(), TraceError> {
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let l = raw.trim();
-            if l.is_empty() {
-                continue;
-            }
-            let unsupported = |what| TraceError::Unsupported {
-                line,
-                what,
-                text: l.to_string(),
-            };
-            let invalid = |reason: String| TraceError::Invalid { line, reason };
-            let mut words = l.splitn(5, ' ');
-            let (verb, what, fam, table) = (
-                words.next().unwrap_or(""),
-                words.next().unwrap_or(""),
-                words.next().unwrap_or(""),
-                words.next().unwrap_or(""),
-            );
-            let rest = words.next().unwrap_or("");
-            let fam: &'static str = match fam {
+        for st in statements(text) {
+            let fam: &'static str = match st.family {
                 "ip" => "ip",
                 "ip6" => "ip6",
-                _ => return Err(unsupported("family")),
+                _ => return Err(st.unsupported("family")),
             };
-            if table != kp_nftables_plan::names::TABLE {
-                return Err(unsupported("table"));
+            if st.table != kp_nftables_plan::names::TABLE {
+                return Err(st.unsupported("table"));
             }
-            match (verb, what) {
+            match (st.verb, st.what) {
                 ("add", "table") => {
                     let t = self.tables.entry(fam).or_default();
-                    if let Some(c) = rest
-                        .split_once("comment \"")
-                        .and_then(|(_, c)| c.split_once('"'))
-                    {
-                        t.comment = Some(c.0.to_string());
+                    if let Some(c) = st.table_comment() {
+                        t.comment = Some(c.to_string());
                     }
                 }
                 ("delete", "table") => {
                     self.tables
                         .remove(fam)
-                        .ok_or_else(|| invalid("delete of a missing table".into()))?;
+                        .ok_or_else(|| st.invalid("delete of a missing table".into()))?;
                 }
-                (verb, what) => {
-                    let t = self
-                        .tables
-                        .get_mut(fam)
-                        .ok_or_else(|| invalid("no such table".into()))?;
-                    match (verb, what) {
-                        ("add", "chain") => {
-                            let (name, body) = split_name(rest);
-                            let base = match body {
-                                None => None,
-                                Some(b) => Some(parse_hook(b).ok_or_else(|| unsupported("chain"))?),
-                            };
-                            t.chains.entry(name.to_string()).or_insert(Chain {
-                                base,
-                                rules: Vec::new(),
-                            });
-                        }
-                        ("add", "set") | ("add", "map") => {
-                            let (name, body) = split_name(rest);
-                            let body = body.ok_or_else(|| unsupported("set"))?;
-                            let timeout = body
-                                .split(';')
-                                .map(str::trim)
-                                .find_map(|p| p.strip_prefix("timeout "))
-                                .and_then(|t| t.trim_end_matches('s').parse().ok());
-                            t.sets.entry(name.to_string()).or_insert(SetModel {
-                                map: what == "map",
-                                timeout,
-                                elements: BTreeMap::new(),
-                            });
-                        }
-                        ("add", "element") | ("delete", "element") => {
-                            let (name, body) = split_name(rest);
-                            let set = t
-                                .sets
-                                .get_mut(name)
-                                .ok_or_else(|| invalid(format!("no set {name}")))?;
-                            // Kept as the kernel's read-back spells elements, so changes
-                            // sent as netlink batches find them.
-                            apply_elements(
-                                &mut set.elements,
-                                set.map,
-                                verb == "add",
-                                body.unwrap_or(""),
-                            )
-                            .map_err(|e| match e {
-                                ElementTextError::Unsupported(what) => unsupported(what),
-                                ElementTextError::Shape => {
-                                    invalid(format!("element shape does not fit {name}"))
-                                }
-                                ElementTextError::Exists(k) => {
-                                    invalid(format!("element exists in {name}: {k}"))
-                                }
-                                ElementTextError::Missing(k) => {
-                                    invalid(format!("delete of a missing element in {name}: {k}"))
-                                }
-                            })?;
-                        }
-                        ("add", "rule") => {
-                            let (chain, body) =
-                                rest.split_once(' ').ok_or_else(|| unsupported("rule"))?;
-                            let (body, id) = match body.rsplit_once(" comment \"") {
-                                Some((b, c)) => (b, c.trim_end_matches('"')),
-                                None => (body, NO_COMMENT),
-                            };
-                            let mut rule = parse_rule(body).ok_or_else(|| unsupported("rule"))?;
-                            rule.id = id.to_string();
-                            t.chains
-                                .get_mut(chain)
-                                .ok_or_else(|| invalid(format!("no chain {chain}")))?
-                                .rules
-                                .push(rule);
-                        }
-                        _ => return Err(unsupported("statement")),
-                    }
-                }
+                _ => self
+                    .tables
+                    .get_mut(fam)
+                    .ok_or_else(|| st.invalid("no such table".into()))?
+                    .apply(&st)?,
             }
         }
-        self.check_references()
-    }
-
-    /// Every chain and set a rule names must exist.
-    fn check_references(&self) -> Result<(), TraceError> {
-        for t in self.tables.values() {
-            for c in t.chains.values() {
-                for r in &c.rules {
-                    let sets = r.matches.iter().filter_map(|m| match m {
-                        Match::InSet { set, .. } => Some(set),
-                        _ => None,
-                    });
-                    let maps = r.actions.iter().filter_map(|a| match a {
-                        Action::Vmap { map, .. }
-                        | Action::DnatMap { map, .. }
-                        | Action::Update { map } => Some(map),
-                        _ => None,
-                    });
-                    for s in sets.chain(maps) {
-                        if !t.sets.contains_key(s) {
-                            return Err(TraceError::Invalid {
-                                line: 0,
-                                reason: format!("rule refers to missing set {s}"),
-                            });
-                        }
-                    }
-                    for a in &r.actions {
-                        if let Action::Jump(c) | Action::Goto(c) = a {
-                            if !t.chains.contains_key(c) {
-                                return Err(TraceError::Invalid {
-                                    line: 0,
-                                    reason: format!("rule jumps to missing chain {c}"),
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.tables.values().try_for_each(Table::check_references)
     }
 
     /// Number of elements in a set, for tests.
@@ -450,22 +301,9 @@ impl NftTracer {
         ip.is_loopback() || self.local.contains(ip)
     }
 
-    fn hook_chains(&self, t: &Table, hook: Hook) -> Vec<(bool, String)> {
-        let mut v: Vec<(i32, bool, String)> = t
-            .chains
-            .iter()
-            .filter_map(|(n, c)| match c.base {
-                Some((nat, h, prio)) if h == hook => Some((prio, nat, n.clone())),
-                _ => None,
-            })
-            .collect();
-        v.sort();
-        v.into_iter().map(|(_, nat, n)| (nat, n)).collect()
-    }
-
     /// Runs every base chain of `hook`; returns false if the packet was dropped or rejected.
     fn run_hook(&self, t: &Table, hook: Hook, w: &mut Vec<Walk>, verdicts: &mut Vec<Verdict>) {
-        for (nat, chain) in self.hook_chains(t, hook) {
+        for (nat, chain) in t.base_chains(hook) {
             let mut next = Vec::new();
             for mut walk in w.drain(..) {
                 if nat && hook != Hook::Postrouting && walk.dnat {
@@ -721,41 +559,6 @@ fn merge(walks: Vec<Walk>, verdicts: Vec<Verdict>) -> Verdict {
         masquerade,
         affinity,
     }
-}
-
-fn parse_hook(body: &str) -> Option<(bool, Hook, i32)> {
-    // "type nat hook prerouting priority dstnat - 10; policy accept;"
-    let first = body.split(';').next()?.trim();
-    let w: Vec<&str> = first.split_whitespace().collect();
-    if w.len() < 6 || w[0] != "type" || w[2] != "hook" || w[4] != "priority" {
-        return None;
-    }
-    let nat = match w[1] {
-        "nat" => true,
-        "filter" => false,
-        _ => return None,
-    };
-    let hook = match w[3] {
-        "prerouting" => Hook::Prerouting,
-        "input" => Hook::Input,
-        "forward" => Hook::Forward,
-        "output" => Hook::Output,
-        "postrouting" => Hook::Postrouting,
-        _ => return None,
-    };
-    let base = match w[5] {
-        "dstnat" => -100,
-        "srcnat" => 100,
-        "filter" => 0,
-        n => n.parse().ok()?,
-    };
-    let prio = match (w.get(6), w.get(7)) {
-        (Some(&"+"), Some(n)) => base + n.parse::<i32>().ok()?,
-        (Some(&"-"), Some(n)) => base - n.parse::<i32>().ok()?,
-        (None, None) => base,
-        _ => return None,
-    };
-    Some((nat, hook, prio))
 }
 
 /// Parses a selector at `w[i..]`; returns it and how many words it used.

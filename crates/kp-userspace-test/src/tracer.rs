@@ -10,7 +10,7 @@
 //! implicit `meta nfproto` dependency does.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -18,53 +18,11 @@ use ipnet::IpNet;
 use kp_core::flow::{Origin, Packet, Tracer, Verdict};
 use kp_core::model::{IpFamily, Protocol};
 use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
-use kp_nftables_test::elements::{apply_elements, lookup, split_name, ElementTextError, Elements};
+use kp_nftables_test::elements::{lookup, Elements};
+pub use kp_nftables_test::transaction::TraceError;
+use kp_nftables_test::transaction::{self, statements, Hook, RuleModel, SetModel};
 use kp_userspace_plan::names::{FAMILY, REJECT_PACKET, TABLE};
 use kp_userspace_plan::{Balancer, Pick, Source};
-
-/// Why the tracer refused a transaction.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TraceError {
-    /// A statement or rule shape the tracer does not know.
-    #[error("line {line}: unsupported {what}: {text}")]
-    Unsupported {
-        /// 1-based line in the transaction.
-        line: usize,
-        /// What kind of thing.
-        what: &'static str,
-        /// The offending text.
-        text: String,
-    },
-    /// A statement refers to an object that does not exist, or changes an element wrongly.
-    #[error("line {line}: {reason}")]
-    Invalid {
-        /// 1-based line in the transaction (0: found after the whole transaction).
-        line: usize,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Hook {
-    Prerouting,
-    Input,
-    Forward,
-    Output,
-}
-
-#[derive(Clone, Debug)]
-struct Chain {
-    /// (nat, hook, priority) of a base chain.
-    base: Option<(bool, Hook, i32)>,
-    rules: Vec<Rule>,
-}
-
-#[derive(Clone, Debug)]
-struct SetModel {
-    map: bool,
-    elements: Elements,
-}
 
 /// One component of a concatenated selector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,10 +73,39 @@ struct Rule {
     actions: Vec<Action>,
 }
 
-#[derive(Clone, Debug, Default)]
-struct Table {
-    chains: HashMap<String, Chain>,
-    sets: HashMap<String, SetModel>,
+type Table = transaction::Table<Rule>;
+
+impl RuleModel for Rule {
+    fn parse(body: &str, _comment: Option<&str>) -> Option<Self> {
+        parse_rule(body)
+    }
+
+    fn sets(&self) -> Vec<&str> {
+        let sets = self.matches.iter().filter_map(|m| match m {
+            Match::InSet { set, .. } => Some(set.as_str()),
+            _ => None,
+        });
+        let maps = self.actions.iter().filter_map(|a| match a {
+            Action::Vmap { map, .. } => Some(map.as_str()),
+            _ => None,
+        });
+        sets.chain(maps).collect()
+    }
+
+    fn chains(&self) -> Vec<&str> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Jump(c) | Action::Goto(c) => Some(c.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Typed sets, and verdict maps only.
+    fn knows_set(map: bool, body: &str) -> bool {
+        body.starts_with("type ") && map == body.contains(": verdict")
+    }
 }
 
 /// A packet's state along its walk.
@@ -187,85 +174,33 @@ impl UserspaceTracer {
 
     /// Replays a transaction. Fails on any statement the planner would not emit.
     pub fn apply(&mut self, text: &str) -> Result<(), TraceError> {
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let l = raw.trim();
-            if l.is_empty() {
-                continue;
+        for st in statements(text) {
+            if st.family != FAMILY {
+                return Err(st.unsupported("family"));
             }
-            let unsupported = |what| TraceError::Unsupported {
-                line,
-                what,
-                text: l.to_string(),
-            };
-            let invalid = |reason: String| TraceError::Invalid { line, reason };
-            let mut words = l.splitn(5, ' ');
-            let (verb, what, fam, table) = (
-                words.next().unwrap_or(""),
-                words.next().unwrap_or(""),
-                words.next().unwrap_or(""),
-                words.next().unwrap_or(""),
-            );
-            let rest = words.next().unwrap_or("");
-            if fam != FAMILY {
-                return Err(unsupported("family"));
+            if st.table != TABLE {
+                return Err(st.unsupported("table"));
             }
-            if table != TABLE {
-                return Err(unsupported("table"));
-            }
-            match (verb, what) {
+            match (st.verb, st.what) {
                 ("add", "table") => {
-                    if !rest.is_empty() && !rest.starts_with("{ comment \"") {
-                        return Err(unsupported("table"));
+                    if !st.rest.is_empty() && st.table_comment().is_none() {
+                        return Err(st.unsupported("table"));
                     }
                     self.table.get_or_insert_with(Table::default);
                 }
                 ("delete", "table") => {
                     self.table
                         .take()
-                        .ok_or_else(|| invalid("delete of a missing table".into()))?;
+                        .ok_or_else(|| st.invalid("delete of a missing table".into()))?;
                 }
-                (verb, what) => {
-                    let t = self
-                        .table
-                        .as_mut()
-                        .ok_or_else(|| invalid("no such table".into()))?;
-                    apply_statement(t, verb, what, rest, &unsupported, &invalid)?;
-                }
+                _ => self
+                    .table
+                    .as_mut()
+                    .ok_or_else(|| st.invalid("no such table".into()))?
+                    .apply(&st)?,
             }
         }
-        self.check_references()
-    }
-
-    /// Every chain and set a rule names must exist.
-    fn check_references(&self) -> Result<(), TraceError> {
-        let Some(t) = &self.table else {
-            return Ok(());
-        };
-        let invalid = |reason: String| Err(TraceError::Invalid { line: 0, reason });
-        for c in t.chains.values() {
-            for r in &c.rules {
-                for m in &r.matches {
-                    if let Match::InSet { set, .. } = m {
-                        if !t.sets.contains_key(set) {
-                            return invalid(format!("rule refers to missing set {set}"));
-                        }
-                    }
-                }
-                for a in &r.actions {
-                    match a {
-                        Action::Vmap { map, .. } if !t.sets.contains_key(map) => {
-                            return invalid(format!("rule refers to missing map {map}"));
-                        }
-                        Action::Jump(c) | Action::Goto(c) if !t.chains.contains_key(c) => {
-                            return invalid(format!("rule jumps to missing chain {c}"));
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.table.as_ref().map_or(Ok(()), Table::check_references)
     }
 
     fn is_local(&self, ip: &IpAddr) -> bool {
@@ -274,16 +209,7 @@ impl UserspaceTracer {
 
     /// Runs every base chain of `hook` in priority order.
     fn run_hook(&self, t: &Table, hook: Hook, w: &mut Walk) -> Flow {
-        let mut chains: Vec<(i32, bool, &String)> = t
-            .chains
-            .iter()
-            .filter_map(|(n, c)| match c.base {
-                Some((nat, h, prio)) if h == hook => Some((prio, nat, n)),
-                _ => None,
-            })
-            .collect();
-        chains.sort();
-        for (_, nat, name) in chains {
+        for (nat, name) in t.base_chains(hook) {
             // One NAT decision per connection.
             if nat && w.redirected.is_some() {
                 continue;
@@ -456,72 +382,6 @@ impl UserspaceTracer {
     }
 }
 
-fn apply_statement(
-    t: &mut Table,
-    verb: &str,
-    what: &str,
-    rest: &str,
-    unsupported: &dyn Fn(&'static str) -> TraceError,
-    invalid: &dyn Fn(String) -> TraceError,
-) -> Result<(), TraceError> {
-    match (verb, what) {
-        ("add", "chain") => {
-            let (name, body) = split_name(rest);
-            let base = match body {
-                None => None,
-                Some(b) => Some(parse_hook(b).ok_or_else(|| unsupported("chain"))?),
-            };
-            t.chains.entry(name.to_string()).or_insert(Chain {
-                base,
-                rules: Vec::new(),
-            });
-        }
-        ("add", "set") | ("add", "map") => {
-            let (name, body) = split_name(rest);
-            let body = body.ok_or_else(|| unsupported("set"))?;
-            if !body.starts_with("type ") || (what == "map") != body.contains(": verdict") {
-                return Err(unsupported("set"));
-            }
-            t.sets.entry(name.to_string()).or_insert(SetModel {
-                map: what == "map",
-                elements: BTreeMap::new(),
-            });
-        }
-        ("add", "element") | ("delete", "element") => {
-            let (name, body) = split_name(rest);
-            let set = t
-                .sets
-                .get_mut(name)
-                .ok_or_else(|| invalid(format!("no set {name}")))?;
-            apply_elements(
-                &mut set.elements,
-                set.map,
-                verb == "add",
-                body.unwrap_or(""),
-            )
-            .map_err(|e| match e {
-                ElementTextError::Unsupported(what) => unsupported(what),
-                e => invalid(format!("{name}: {e}")),
-            })?;
-        }
-        ("add", "rule") => {
-            let (chain, body) = rest.split_once(' ').ok_or_else(|| unsupported("rule"))?;
-            let body = match body.rsplit_once(" comment \"") {
-                Some((b, _)) => b,
-                None => body,
-            };
-            let rule = parse_rule(body).ok_or_else(|| unsupported("rule"))?;
-            t.chains
-                .get_mut(chain)
-                .ok_or_else(|| invalid(format!("no chain {chain}")))?
-                .rules
-                .push(rule);
-        }
-        _ => return Err(unsupported("statement")),
-    }
-    Ok(())
-}
-
 fn value(s: Sel, w: &Walk) -> Atom {
     match s {
         Sel::Saddr => Atom::Ip(w.src),
@@ -534,34 +394,6 @@ fn value(s: Sel, w: &Walk) -> Atom {
 fn find<'a>(set: &'a SetModel, key: &[Sel], w: &Walk) -> Option<&'a Option<Tuple>> {
     let probe: Vec<Atom> = key.iter().map(|s| value(*s, w)).collect();
     lookup(&set.elements, &probe)
-}
-
-/// `type nat hook prerouting priority -100; policy accept;`
-fn parse_hook(body: &str) -> Option<(bool, Hook, i32)> {
-    let mut parts = body.split(';').map(str::trim);
-    let w: Vec<&str> = parts.next()?.split_whitespace().collect();
-    if parts.next() != Some("policy accept") {
-        return None;
-    }
-    let [ty, nat, hk, hook, pr, prio] = w.as_slice() else {
-        return None;
-    };
-    if (*ty, *hk, *pr) != ("type", "hook", "priority") {
-        return None;
-    }
-    let nat = match *nat {
-        "nat" => true,
-        "filter" => false,
-        _ => return None,
-    };
-    let hook = match *hook {
-        "prerouting" => Hook::Prerouting,
-        "input" => Hook::Input,
-        "forward" => Hook::Forward,
-        "output" => Hook::Output,
-        _ => return None,
-    };
-    Some((nat, hook, prio.parse().ok()?))
 }
 
 /// Parses a selector at `w[i..]`: its family (for addresses), itself, and how many words.

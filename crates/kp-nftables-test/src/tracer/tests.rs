@@ -79,20 +79,3 @@ fn a_rule_naming_a_missing_set_is_refused() {
         .unwrap_err();
     assert!(matches!(err, TraceError::Invalid { .. }), "{err}");
 }
-
-#[test]
-fn priorities_order_base_chains() {
-    assert_eq!(
-        parse_hook("type filter hook prerouting priority dstnat - 10; policy accept;"),
-        Some((false, Hook::Prerouting, -110))
-    );
-    assert_eq!(
-        parse_hook("type nat hook postrouting priority srcnat; policy accept;"),
-        Some((true, Hook::Postrouting, 100))
-    );
-    assert_eq!(
-        parse_hook("type filter hook input priority filter + 10; policy accept;"),
-        Some((false, Hook::Input, 10))
-    );
-    assert_eq!(parse_hook("type route hook output priority 0;"), None);
-}
