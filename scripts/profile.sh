@@ -21,6 +21,12 @@
 #   userspace-datapath-vip-30k   the same in userspace mode (the relays are bench's own
 #                                `kp-userspace` threads)
 #   userspace-datapath-direct-30k the same during userspace mode's runs straight to the pod IP
+#   userspace-bulk-vip-30k       perf of every CPU during bench's bulk transfers through the
+#                                ClusterIP, userspace mode, 30k Services x 10 installed
+#   userspace-bulk-direct-30k    the same during the bulk transfers straight to the pod IP
+#   userspace-memory-10k         heaptrack of the kube-proxy binary in userspace mode on bench's
+#                                10k x 10 manifests, in a namespace of its own, until a few
+#                                seconds after its first full sync
 #
 # perf samples the process and every child it starts (nft, iptables-restore), user and kernel
 # code, with the cpu-clock event (this VM has no hardware counters). Change profiles start with
@@ -53,7 +59,8 @@ ALL=(nftables-full-10k nftables-full-30k nftables-change-30k
     iptables-nft-change-10k iptables-legacy-change-10k
     iptables-nft-memory-10k iptables-legacy-memory-10k
     nftables-datapath-vip-30k nftables-datapath-direct-30k
-    userspace-datapath-vip-30k userspace-datapath-direct-30k)
+    userspace-datapath-vip-30k userspace-datapath-direct-30k
+    userspace-bulk-vip-30k userspace-bulk-direct-30k userspace-memory-10k)
 for arg in "$@"; do
     case $arg in
         --no-build) BUILD=0 ;;
@@ -95,16 +102,18 @@ fi
 if [ $BUILD -eq 1 ]; then
     echo "==> building the measure examples and bench (release)"
     (cd "$ROOT" && cargo build --release --locked -p kp-nftables --example measure \
-        -p kp-iptables --example iptables-measure -p kp-bench --bin bench)
+        -p kp-iptables --example iptables-measure -p kp-bench --bin bench -p kube-proxy)
 fi
 NFT_MEASURE=$TARGET/release/examples/measure
 IPT_MEASURE=$TARGET/release/examples/iptables-measure
 BENCH=$TARGET/release/bench
+PROXY=$TARGET/release/kube-proxy
 # perf's sampling frequency (per CPU): one sample is 1/FREQ s of CPU time.
 FREQ=999
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+PROFILE_NS=
+trap 'drop_profile_ns; rm -rf "$WORK"' EXIT
 
 # header NAME COMMAND...: the first lines of a profile file.
 header() {
@@ -130,9 +139,10 @@ datapath_numbers() {
 }
 
 # The data path's own threads: the client's connecting threads, the server's accepting one, the
-# idle loop (softirqs run in it) and ksoftirqd. Everything else is another process on the
+# bulk sender and receivers, the userspace mode's relays (bench runs them in its own process),
+# the idle loop (softirqs run in it) and ksoftirqd. Everything else is another process on the
 # machine (bench's own main threads only wait: another `bench` is someone else's run).
-DATAPATH_COMMS=kp-connect,kp-accept,swapper$(for ((c = 0; c < $(nproc); c++)); do
+DATAPATH_COMMS=kp-connect,kp-accept,kp-bulk,kp-userspace,swapper$(for ((c = 0; c < $(nproc); c++)); do
     printf ',ksoftirqd/%s' $c
 done)
 
@@ -320,7 +330,13 @@ heap_profile() {
     echo "==> $name: heaptrack -- ${envs[*]} $*"
     header "$name" "${envs[*]} $*"
     (cd "$WORK" && env "${envs[@]}" heaptrack -o "$WORK/$name" "$@" >"$WORK/$name.out" 2>&1)
-    local file
+    heap_summary "$name"
+}
+
+# heap_summary NAME: appends the measurement's output ($WORK/NAME.out) and heaptrack's peak
+# summary of $WORK/NAME.* to the profile file.
+heap_summary() {
+    local name=$1 file
     file=$(ls "$WORK/$name".*zst "$WORK/$name".*gz 2>/dev/null | head -n 1)
     {
         echo "#"
@@ -332,6 +348,47 @@ heap_profile() {
             2>/dev/null | sed -n '/MOST MEMORY CONSUMING/,$p' | sed -n '1,120p' || true
     } >>"$OUT/$name.txt"
     echo "    wrote bench/profiles/$name.txt"
+}
+
+# binary_heap_profile NAME MODE SERVICES: heaptrack of the kube-proxy binary in MODE (bench's
+# name) on bench's cluster of SERVICES x 10 endpoints from a manifest directory, with the flags
+# bench gives it, in a network namespace of its own, stopped with SIGTERM a few seconds after it
+# logs its first full sync. The peak is the binary's own, source and dataplane together.
+binary_heap_profile() {
+    local name=$1 mode=$2 services=$3
+    local dir=$WORK/$name-manifests log=$WORK/$name.out flags pid waited=0
+    mapfile -t flags < <("$BENCH" manifests --services "$services" --mode "$mode" --out "$dir")
+    PROFILE_NS=kpprof-$$-$name
+    ip netns add "$PROFILE_NS"
+    ip -n "$PROFILE_NS" link set lo up
+    echo "==> $name: heaptrack -- kube-proxy ${flags[*]} --manifests DIR (namespace $PROFILE_NS)"
+    header "$name" "heaptrack -- kube-proxy ${flags[*]} --manifests DIR (bench manifests --services $services --mode $mode --out DIR), in a namespace of its own"
+    ip netns exec "$PROFILE_NS" env -u KUBECONFIG -u KUBERNETES_SERVICE_HOST HOME=/nonexistent \
+        heaptrack -o "$WORK/$name" "$PROXY" "${flags[@]}" --manifests "$dir" >"$log" 2>&1 &
+    until grep -q "programmed the kernel" "$log"; do
+        if [ $waited -ge 600 ] || ! kill -0 $! 2>/dev/null; then
+            echo "profile.sh: $name: no full sync within ${waited} s; see $log" >&2
+            tail -n 20 "$log" >&2
+            exit 1
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    echo "    first full sync logged after ~${waited} s; stopping in 3 s"
+    sleep 3
+    pid=$(ip netns pids "$PROFILE_NS" | xargs -r ps -o pid=,comm= -p | awk '$2 == "kube-proxy" { print $1 }')
+    [ -n "$pid" ] && kill -TERM $pid
+    wait || true
+    drop_profile_ns
+    heap_summary "$name"
+}
+
+# Deletes the namespace a profile made, with anything still running in it.
+drop_profile_ns() {
+    [ -n "${PROFILE_NS:-}" ] || return 0
+    ip netns pids "$PROFILE_NS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns del "$PROFILE_NS" 2>/dev/null || true
+    PROFILE_NS=
 }
 
 for name in "${NAMES[@]}"; do
@@ -361,6 +418,9 @@ for name in "${NAMES[@]}"; do
         nftables-datapath-direct-30k) datapath_profile "$name" direct ;;
         userspace-datapath-vip-30k) datapath_profile "$name" vip userspace ;;
         userspace-datapath-direct-30k) datapath_profile "$name" direct userspace ;;
+        userspace-bulk-vip-30k) datapath_profile "$name" vip-bulk userspace ;;
+        userspace-bulk-direct-30k) datapath_profile "$name" direct-bulk userspace ;;
+        userspace-memory-10k) binary_heap_profile "$name" userspace 10000 ;;
     esac
 done
 echo "==> done: bench/profiles/ (bench report redraws BENCHMARKS.md with them)"

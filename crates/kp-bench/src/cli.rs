@@ -18,7 +18,8 @@ use crate::run::Options;
 /// --control fifo:CTL[,ACK]` started around this command) and KP_PERF_TARGET=vip (or direct), the
 /// connect runs through the ClusterIP (or straight to the pod), with the Services installed, write
 /// `enable` to CTL when their measured seconds start and `disable` when they end (waiting for
-/// perf's `ack` on ACK), so nothing else is sampled; KP_PERF_EVENT=NAME switches that event alone
+/// perf's `ack` on ACK), so nothing else is sampled; KP_PERF_TARGET=vip-bulk (or direct-bulk)
+/// does the same around each bulk transfer instead; KP_PERF_EVENT=NAME switches that event alone
 /// (`enable NAME`), which keeps perf tracking processes started in between. Give one mode and one
 /// size (scripts/profile.sh nftables-datapath-vip-30k does).
 #[derive(Debug, Parser)]
@@ -112,6 +113,24 @@ pub enum Command {
     /// the proxy died, the kernel differs from the plan, or the harness failed; timing never
     /// fails it.
     Churn(ChurnArgs),
+    /// Writes the benchmark's cluster of N Services × E endpoints as the manifest directory
+    /// the binary reads (`--manifests DIR`), and prints, one per line, the flags every run of
+    /// the binary gets in MODE. For profiling the binary outside the harness
+    /// (scripts/profile.sh userspace-memory-10k).
+    Manifests {
+        /// Services N.
+        #[arg(long)]
+        services: usize,
+        /// Endpoints per Service E.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        /// The mode whose flags are printed (as `--modes` names it).
+        #[arg(long)]
+        mode: String,
+        /// The directory to write (created; files of the same names are replaced).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// The data-path server (runs inside a pod namespace).
     #[command(hide = true)]
     DatapathServer {

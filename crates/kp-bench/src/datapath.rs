@@ -71,12 +71,14 @@ pub fn serve(connect: SocketAddr, bulk: SocketAddr) -> anyhow::Result<()> {
         .name("kp-bulk".into())
         .spawn(move || {
             for s in b.incoming().flatten() {
-                std::thread::spawn(move || {
-                    let mut s = s;
-                    let mut buf = vec![0u8; CHUNK];
-                    while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
-                    // A normal close: the client waits for this FIN to know everything arrived.
-                });
+                let _ = std::thread::Builder::new()
+                    .name("kp-bulk".into())
+                    .spawn(move || {
+                        let mut s = s;
+                        let mut buf = vec![0u8; CHUNK];
+                        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+                        // A normal close: the client waits for this FIN to know everything arrived.
+                    });
             }
         })?;
     // Accepted connections are kept a while before they are dropped: a server that reset each
@@ -220,13 +222,15 @@ impl PerfSwitch {
     }
 }
 
-/// Which connect runs perf samples, and how they switch it.
+/// Which runs perf samples, and how they switch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PerfControl {
     /// The fifos and the event.
     pub switch: PerfSwitch,
     /// `true`: the ClusterIP runs; `false`: the runs straight to the pod.
     pub vip: bool,
+    /// `true`: the bulk transfers (`vip-bulk`, `direct-bulk`); `false`: the connect runs.
+    pub bulk: bool,
 }
 
 impl PerfControl {
@@ -263,20 +267,26 @@ impl PerfControl {
                 )
             }
         };
-        let vip = match target {
-            "vip" => true,
-            "direct" => false,
-            other => anyhow::bail!("{PERF_TARGET_ENV}={other}: expected vip or direct"),
+        let (vip, bulk) = match target {
+            "vip" => (true, false),
+            "direct" => (false, false),
+            "vip-bulk" => (true, true),
+            "direct-bulk" => (false, true),
+            other => anyhow::bail!(
+                "{PERF_TARGET_ENV}={other}: expected vip, direct, vip-bulk or direct-bulk"
+            ),
         };
         Ok(Some(PerfControl {
             switch: PerfSwitch::parse(ctl, event)?,
             vip,
+            bulk,
         }))
     }
 
-    /// The switch, when the runs to the ClusterIP (`vip`) or to the pod are the ones sampled.
-    fn switch_for(&self, vip: bool) -> Option<&PerfSwitch> {
-        (self.vip == vip).then_some(&self.switch)
+    /// The switch, when the connect runs (`bulk` false) or bulk transfers to the ClusterIP
+    /// (`vip`) or to the pod are the ones sampled.
+    fn switch_for(&self, vip: bool, bulk: bool) -> Option<&PerfSwitch> {
+        (self.vip == vip && self.bulk == bulk).then_some(&self.switch)
     }
 }
 
@@ -454,12 +464,17 @@ fn connect_in(
     Ok(serde_json::from_str(&out)?)
 }
 
+/// One bulk transfer from `ns`; with `perf`, sampled from the client's start to its end.
 fn bulk_in(
     ns: &kp_test::Netns,
     bench: &Path,
     target: SocketAddr,
     bytes: u64,
+    perf: Option<&PerfSwitch>,
 ) -> anyhow::Result<f64> {
+    if let Some(perf) = perf {
+        perf.set(true)?;
+    }
     let out = client(
         ns,
         bench,
@@ -470,8 +485,11 @@ fn bulk_in(
             "--bytes".into(),
             bytes.to_string(),
         ],
-    )?;
-    Ok(out.trim().parse()?)
+    );
+    if let Some(perf) = perf {
+        perf.set(false)?;
+    }
+    Ok(out?.trim().parse()?)
 }
 
 fn summarise(runs: &[ConnectSamples]) -> Connect {
@@ -562,7 +580,10 @@ pub fn measure(
         for vip_turn in [round == 1, round == 0] {
             flush_conntrack(node)?;
             std::thread::sleep(SETTLE);
-            let perf = plan.perf.as_ref().and_then(|p| p.switch_for(vip_turn));
+            let perf = plan
+                .perf
+                .as_ref()
+                .and_then(|p| p.switch_for(vip_turn, false));
             if vip_turn {
                 vip.push(connect_in(
                     client_ns,
@@ -586,13 +607,17 @@ pub fn measure(
     }
     let (mut bv, mut bd) = (Vec::new(), Vec::new());
     for _ in 0..plan.bulk_repeats.max(1) {
-        bd.push(bulk_in(
-            client_ns,
-            bench,
-            plan.direct_bulk,
-            plan.bulk_bytes,
-        )?);
-        bv.push(bulk_in(client_ns, bench, plan.vip_bulk, plan.bulk_bytes)?);
+        for vip_turn in [false, true] {
+            let perf = plan
+                .perf
+                .as_ref()
+                .and_then(|p| p.switch_for(vip_turn, true));
+            let (target, into) = match vip_turn {
+                true => (plan.vip_bulk, &mut bv),
+                false => (plan.direct_bulk, &mut bd),
+            };
+            into.push(bulk_in(client_ns, bench, target, plan.bulk_bytes, perf)?);
+        }
     }
     let vip = summarise(&vip);
     let direct = summarise(&direct);
@@ -639,15 +664,22 @@ mod tests {
             ack: None,
             event: None,
         };
-        assert_eq!(vip.switch_for(true), Some(&plain));
-        assert_eq!(vip.switch_for(false), None);
+        assert_eq!(vip.switch_for(true, false), Some(&plain));
+        assert_eq!(vip.switch_for(false, false), None);
+        assert_eq!(vip.switch_for(true, true), None);
+        let bulk = PerfControl::parse(Some(c), None, Some("vip-bulk"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(bulk.switch_for(true, true), Some(&plain));
+        assert_eq!(bulk.switch_for(true, false), None);
+        assert_eq!(bulk.switch_for(false, true), None);
         assert_eq!(plain.args(), ["--perf-ctl", c]);
         let both = format!("{c},{}", ack.display());
         let direct = PerfControl::parse(Some(&both), Some("cpu-clock"), Some("direct"))
             .unwrap()
             .unwrap();
-        assert_eq!(direct.switch_for(true), None);
-        let full = direct.switch_for(false).unwrap();
+        assert_eq!(direct.switch_for(true, false), None);
+        let full = direct.switch_for(false, false).unwrap();
         assert_eq!(full.ack.as_deref(), Some(ack.as_path()));
         assert_eq!(full.event.as_deref(), Some("cpu-clock"));
         assert_eq!(
@@ -664,7 +696,11 @@ mod tests {
                 Some("vip"),
                 "KP_PERF_CTL (perf's control fifo) is not",
             ),
-            (Some(c), Some("pod"), "expected vip or direct"),
+            (
+                Some(c),
+                Some("pod"),
+                "expected vip, direct, vip-bulk or direct-bulk",
+            ),
             (Some("/nonexistent/ctl"), Some("vip"), "/nonexistent/ctl"),
             (regular.to_str(), Some("vip"), "is not a fifo"),
             (

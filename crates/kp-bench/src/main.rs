@@ -92,6 +92,19 @@ fn subcommand(command: Command) -> anyhow::Result<()> {
                 eprintln!("wrote {}", f.display());
             }
         }
+        Command::Manifests {
+            services,
+            endpoints,
+            mode,
+            out,
+        } => {
+            let mode = kp_bench::modes::by_names(&[mode])?.remove(0);
+            let cluster = kp_bench::cluster::Cluster::new(services, endpoints);
+            kp_bench::proxy::write_manifests(&out, &cluster)?;
+            for flag in kp_bench::proxy::binary_flags(mode.as_ref()) {
+                println!("{flag}");
+            }
+        }
         // `main` runs it (it exits 64 on bad settings); never reached.
         Command::Churn(_) => anyhow::bail!("bench churn is run from main"),
         Command::DatapathServer { connect, bulk } => kp_bench::datapath::serve(connect, bulk)?,
@@ -109,7 +122,14 @@ fn subcommand(command: Command) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&samples)?);
         }
         Command::DatapathClient(ClientCommand::Bulk { target, bytes }) => {
-            println!("{}", kp_bench::datapath::bulk_run(target, bytes)?);
+            // On a named thread, so a profile of every CPU tells the sender apart.
+            let sender = std::thread::Builder::new()
+                .name("kp-bulk".into())
+                .spawn(move || kp_bench::datapath::bulk_run(target, bytes))?;
+            let gbps = sender
+                .join()
+                .map_err(|_| anyhow::anyhow!("the bulk sender panicked"))??;
+            println!("{gbps}");
         }
     }
     Ok(())

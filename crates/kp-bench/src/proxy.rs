@@ -104,6 +104,20 @@ fn publish(path: &Path, text: &str) -> anyhow::Result<Instant> {
     Ok(t0)
 }
 
+/// Writes `cluster`, before any change, as the manifest directory `dir` (created): the Node,
+/// then the Services and their slices, [`CHUNK`] Services per file.
+pub fn write_manifests(dir: &Path, cluster: &Cluster) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("node.json"), Cluster::node_json().to_string())?;
+    for c in 0..cluster.services.div_ceil(CHUNK) {
+        std::fs::write(
+            chunk_path(dir, c),
+            chunk_text(cluster, c, &|i| cluster.initial_endpoints(i)),
+        )?;
+    }
+    Ok(())
+}
+
 impl Feed {
     fn new(source: Source, ns: &Netns, cluster: &Cluster) -> anyhow::Result<Feed> {
         match source {
@@ -113,16 +127,8 @@ impl Feed {
                     std::process::id(),
                     ns.name()
                 ));
-                std::fs::create_dir_all(&dir)?;
-                let feed = Feed::Dir { dir: dir.clone() };
-                std::fs::write(dir.join("node.json"), Cluster::node_json().to_string())?;
-                for c in 0..cluster.services.div_ceil(CHUNK) {
-                    std::fs::write(
-                        chunk_path(&dir, c),
-                        chunk_text(cluster, c, &|i| cluster.initial_endpoints(i)),
-                    )?;
-                }
-                Ok(feed)
+                write_manifests(&dir, cluster)?;
+                Ok(Feed::Dir { dir })
             }
             Source::ApiServer => {
                 let server = FakeApiServer::start_in(ns)?;
