@@ -28,13 +28,14 @@
 
 pub mod addresses;
 pub mod ipset;
+pub mod local;
 pub mod rules;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_core::frontend::{FrontendKind, Frontends};
+use kp_core::frontend::{FrontendKind, Frontends, NoEndpoints, TrafficPolicy};
 use kp_core::model::{IpFamily, Protocol as CoreProtocol};
 use kp_netlink::ipvs::{abi, Destination, DestinationState, Protocol, Service, ServiceKey};
 
@@ -87,8 +88,8 @@ impl Config {
     fn excluded(&self, key: &ServiceKey) -> bool {
         match key {
             ServiceKey::Addr { addr, .. } => self.exclude.iter().any(|n| n.contains(addr)),
-            // kube-proxy makes no fwmark services; someone else's.
-            ServiceKey::Fwmark { .. } => true,
+            // Only the short-circuit ones are ours (see [`local`]); others are someone else's.
+            ServiceKey::Fwmark { mark, .. } => !local::is_short_circuit_mark(*mark),
         }
     }
 }
@@ -107,6 +108,7 @@ pub struct VirtualServer {
 pub struct Desired {
     services: BTreeMap<ServiceKey, VirtualServer>,
     bind: BTreeSet<IpAddr>,
+    local: local::LocalPolicy,
 }
 
 fn protocol(p: CoreProtocol) -> Protocol {
@@ -126,8 +128,15 @@ impl Desired {
     /// Adds the virtual servers of one Service port in one family. `node_addresses` are the
     /// node's addresses NodePorts answer on (the mode reads them from the interfaces, filtered
     /// by `--nodeport-addresses`); those of the frontends' family get a virtual server each.
+    ///
+    /// `externalTrafficPolicy: Local` adds what one virtual server per address cannot say (see
+    /// [`local`]): a firewall-mark virtual server with the cluster-wide endpoints, which the
+    /// traffic of pods and of the node itself is marked for (the short-circuit), and, without
+    /// local endpoints, a drop of whatever is not short-circuited (`internalTrafficPolicy:
+    /// Local` without local endpoints: a drop of everything).
     pub fn add(&mut self, frontends: &Frontends<'_>, node_addresses: &[IpAddr], config: &Config) {
         let family = frontends.family();
+        let name = &frontends.port().name;
         for f in frontends.iter() {
             let addresses: Vec<IpAddr> = match (f.kind, f.address) {
                 (FrontendKind::NodePort, _) => node_addresses
@@ -141,6 +150,47 @@ impl Desired {
                 }
                 (_, None) => Vec::new(),
             };
+            let short_circuit = (f.is_external()
+                && f.policy == TrafficPolicy::Local
+                && !f.short_circuit.is_empty())
+            .then(|| self.local.mark(name));
+            let drop = f.no_endpoints() == Some(NoEndpoints::Drop);
+            if let Some(mark) = short_circuit {
+                let key = ServiceKey::Fwmark {
+                    mark,
+                    ipv6: family == IpFamily::V6,
+                };
+                let mut service = Service::new(key, &config.scheduler);
+                service.flags = config.scheduler_flags;
+                if let Some(timeout) = f.affinity {
+                    service.flags |= abi::IP_VS_SVC_F_PERSISTENT;
+                    service.timeout = timeout;
+                }
+                let destinations = f
+                    .short_circuit
+                    .iter()
+                    .map(|e| ((e.ip, e.port), Destination::masquerade(e.ip, e.port, 1)))
+                    .collect();
+                self.services.insert(
+                    key,
+                    VirtualServer {
+                        service,
+                        destinations,
+                    },
+                );
+            }
+            if short_circuit.is_some() || drop {
+                for addr in &addresses {
+                    self.local.add(local::LocalRule {
+                        family,
+                        address: *addr,
+                        protocol: f.protocol,
+                        port: f.port,
+                        mark: short_circuit,
+                        drop,
+                    });
+                }
+            }
             for addr in addresses {
                 let key = ServiceKey::Addr {
                     addr,
@@ -178,6 +228,11 @@ impl Desired {
     /// that has a virtual server (NodePorts use the node's own addresses).
     pub fn bind_addresses(&self) -> &BTreeSet<IpAddr> {
         &self.bind
+    }
+
+    /// The short-circuit marks and drops of the `Local` policies.
+    pub fn local(&self) -> &local::LocalPolicy {
+        &self.local
     }
 }
 

@@ -17,6 +17,7 @@ use kp_iptables_plan::names::{
 use kp_iptables_plan::{JumpRule, PlanConfig};
 
 use crate::ipset::{SetName, SetType, Sets};
+use crate::local::{self, LocalPolicy, KUBE_IPVS_LOCAL};
 
 /// nat: NodePort steering (masquerade unless `Local`); filter: health check node ports.
 pub const KUBE_NODE_PORT: &str = "KUBE-NODE-PORT";
@@ -211,12 +212,36 @@ pub fn jump_rules() -> Vec<JumpRule> {
             KUBE_IPVS_OUT_FILTER,
             "kubernetes ipvs access filter",
         ),
+        j(
+            "mangle",
+            "PREROUTING",
+            KUBE_IPVS_LOCAL,
+            "kubernetes local traffic policies",
+        ),
+        j(
+            "mangle",
+            "OUTPUT",
+            KUBE_IPVS_LOCAL,
+            "kubernetes local traffic policies",
+        ),
     ]
 }
 
 /// The `iptables-restore --noflush` input for `sets`' family: every chain of the mode
 /// declared (so flushed) and refilled, nat then filter.
 pub fn render(sets: &Sets, config: &PlanConfig, node: &NodeContext) -> String {
+    render_with(sets, config, node, None)
+}
+
+/// [`render`], and with `local` the `Local` policies' mangle chain after the filter table
+/// (see [`crate::local`]) and, when a frontend of the family is short-circuited, the masquerade
+/// of the node's short-circuited traffic first in `KUBE-POSTROUTING`.
+pub fn render_with(
+    sets: &Sets,
+    config: &PlanConfig,
+    node: &NodeContext,
+    local: Option<&LocalPolicy>,
+) -> String {
     let family = sets.family();
     let name = |s: SetName| s.name(family);
     let mark = config.mark();
@@ -357,6 +382,9 @@ pub fn render(sets: &Sets, config: &PlanConfig, node: &NodeContext) -> String {
         "-A {KUBE_IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
         name(SetName::IpvsIps)
     ));
+    if local.is_some_and(|l| l.short_circuits(family)) {
+        nat.push(local::masquerade_rule(KUBE_POSTROUTING));
+    }
     nat.push(format!(
         "-A {KUBE_POSTROUTING} -m mark ! --mark {mark:#x}/{mark:#x} -j RETURN"
     ));
@@ -381,6 +409,9 @@ pub fn render(sets: &Sets, config: &PlanConfig, node: &NodeContext) -> String {
             let _ = writeln!(out, "{r}");
         }
         let _ = writeln!(out, "COMMIT");
+    }
+    if let Some(l) = local {
+        out.push_str(&l.render(family, node));
     }
     out
 }

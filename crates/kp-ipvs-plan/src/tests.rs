@@ -233,6 +233,82 @@ fn external_traffic_policy_local_leaves_external_virtual_servers_only_this_node_
 }
 
 #[test]
+fn external_traffic_policy_local_short_circuits_pods_and_the_node_through_a_fwmark_virtual_server()
+{
+    let mut p = port(CoreProtocol::Tcp);
+    p.external_traffic_local = true;
+    let config = rr();
+    let d = desired(&p, &endpoints(), &config);
+    let fwmarks: Vec<(&ServiceKey, &VirtualServer)> = d
+        .services()
+        .iter()
+        .filter(|(k, _)| matches!(k, ServiceKey::Fwmark { .. }))
+        .collect();
+    assert_eq!(fwmarks.len(), 1, "one per Service port and family");
+    let (k, vs) = fwmarks[0];
+    let ServiceKey::Fwmark { mark, ipv6 } = *k else {
+        unreachable!()
+    };
+    assert!(!ipv6);
+    assert!(local::is_short_circuit_mark(mark));
+    // The cluster-wide endpoints.
+    assert_eq!(vs.destinations.len(), 3);
+    // Every external address (the NodePort on the node's IPv4 address) is marked for it; none
+    // is dropped, as this node has an endpoint.
+    let rules: Vec<&local::LocalRule> = d.local().rules(IpFamily::V4).collect();
+    let addrs: Vec<(IpAddr, u16)> = rules.iter().map(|r| (r.address, r.port)).collect();
+    assert_eq!(
+        addrs,
+        [
+            (ip("192.0.2.1"), 30080),
+            (ip("198.51.100.10"), 80),
+            (ip("203.0.113.10"), 80)
+        ]
+    );
+    assert!(rules.iter().all(|r| r.mark == Some(mark) && !r.drop));
+    // The kernel takes it and converges; the next diff leaves the fwmark server alone.
+    let mut kernel = Kernel::default();
+    converge(&d, &mut kernel, &config);
+    assert!(kernel.0.contains_key(k));
+    // The Service turns Cluster: the fwmark virtual server is ours to delete.
+    let plan = converge(
+        &desired(&port(CoreProtocol::Tcp), &endpoints(), &config),
+        &mut kernel,
+        &config,
+    );
+    assert!(
+        plan.changes.contains(&Change::DeleteService(*k)),
+        "{:?}",
+        plan.changes
+    );
+}
+
+#[test]
+fn local_policies_without_local_endpoints_drop_what_is_not_short_circuited() {
+    let remote = vec![ep("10.244.2.5", false), ep("10.244.2.6", false)];
+    let mut p = port(CoreProtocol::Tcp);
+    p.external_traffic_local = true;
+    let d = desired(&p, &remote, &rr());
+    let rules: Vec<&local::LocalRule> = d.local().rules(IpFamily::V4).collect();
+    assert_eq!(rules.len(), 3);
+    assert!(
+        rules.iter().all(|r| r.drop && r.mark.is_some()),
+        "{rules:?}"
+    );
+    // internalTrafficPolicy Local: the ClusterIP is dropped for everyone (no short-circuit).
+    let mut p = port(CoreProtocol::Tcp);
+    p.internal_traffic_local = true;
+    let d = desired(&p, &remote, &rr());
+    let rules: Vec<&local::LocalRule> = d.local().rules(IpFamily::V4).collect();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].address, ip("10.96.0.1"));
+    assert!(rules[0].drop && rules[0].mark.is_none());
+    // No endpoints anywhere is a rejection (the empty virtual server), not a drop.
+    let d = desired(&p, &[], &rr());
+    assert_eq!(d.local().rules(IpFamily::V4).count(), 0);
+}
+
+#[test]
 fn a_new_service_is_added_before_its_real_servers_and_the_kernel_converges() {
     let config = rr();
     let d = desired(&port(CoreProtocol::Tcp), &endpoints(), &config);

@@ -8,8 +8,9 @@
 //! this mode makes is there, and a set is destroyed only if it has one of this mode's names.
 //!
 //! Which virtual servers are ours: with `kube-ipvs0` present, every address-based one outside
-//! `--ipvs-exclude-cidrs` (upstream flushes IPVS whole; the excluded ranges and fwmark
-//! services, which kube-proxy never makes, are left to their owners).
+//! `--ipvs-exclude-cidrs` and the firewall-mark ones of the short-circuit marks
+//! (`kp_ipvs_plan::local`). Upstream flushes IPVS whole; the excluded ranges and other
+//! firewall-mark services are left to their owners.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -22,6 +23,7 @@ use kp_iptables_plan::names::{
 };
 use kp_ipvs_plan::addresses::DUMMY_INTERFACE;
 use kp_ipvs_plan::ipset::SetName;
+use kp_ipvs_plan::local::KUBE_IPVS_LOCAL;
 use kp_ipvs_plan::rules::{
     jump_rules, KUBE_IPVS_FILTER, KUBE_IPVS_OUT_FILTER, KUBE_LOAD_BALANCER, KUBE_NODE_PORT,
     KUBE_SOURCE_RANGES_FIREWALL,
@@ -62,6 +64,7 @@ fn own_chains(table: &str) -> &'static [&'static str] {
             KUBE_IPVS_FILTER,
             KUBE_IPVS_OUT_FILTER,
         ],
+        "mangle" => &[KUBE_IPVS_LOCAL],
         _ => &[],
     }
 }
@@ -165,7 +168,7 @@ fn remove_chains(iptables: &dyn IptablesRunner) -> Result<usize> {
     let mut removed = 0;
     for backend in Backend::ALL {
         for family in IpFamily::ALL {
-            for table in ["nat", "filter"] {
+            for table in ["nat", "filter", "mangle"] {
                 let mut saved = String::new();
                 let read = iptables.save_lines(backend, family, Some(table), &mut |l| {
                     saved.push_str(l);
@@ -262,7 +265,9 @@ pub fn remove_leftovers(
                 for svc in ipvs.services()? {
                     let ours = match svc.key {
                         ServiceKey::Addr { addr, .. } => !exclude.iter().any(|n| n.contains(&addr)),
-                        ServiceKey::Fwmark { .. } => false,
+                        ServiceKey::Fwmark { mark, .. } => {
+                            kp_ipvs_plan::local::is_short_circuit_mark(mark)
+                        }
                     };
                     if ours {
                         match ipvs.delete_service(&svc.key) {

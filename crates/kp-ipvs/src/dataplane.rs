@@ -329,7 +329,7 @@ impl Dataplane for IpvsDataplane {
             let mut cfg = PlanConfig::new(family);
             cfg.masquerade_bit = self.settings.masquerade_bit;
             cfg.masquerade_all = self.settings.masquerade_all;
-            let text = rules::render(s, &cfg, &node);
+            let text = rules::render_with(s, &cfg, &node, Some(desired.local()));
             if full || text != self.rules[i] {
                 self.iptables
                     .restore(self.backend, family, &text)

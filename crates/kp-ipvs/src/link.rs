@@ -7,7 +7,9 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use kp_netlink::abi::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
+use kp_netlink::abi::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+};
 use kp_netlink::{attr, message, Protocol, Socket};
 
 use crate::{Error, Result};
@@ -26,6 +28,7 @@ const IFLA_INFO_KIND: u16 = 1;
 // linux/if_addr.h
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
+const IFA_CACHEINFO: u16 = 6;
 const RT_SCOPE_HOST: u8 = 254;
 // linux/socket.h
 const AF_UNSPEC: u8 = 0;
@@ -212,7 +215,11 @@ impl Dummy {
             IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec()),
             IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec()),
         };
-        let flags = if kind == RTM_NEWADDR {
+        let v6 = family == AF_INET6;
+        let flags = if kind == RTM_NEWADDR && v6 {
+            // Replace: an address bound before gets the lifetimes below too.
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+        } else if kind == RTM_NEWADDR {
             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
         } else {
             NLM_F_REQUEST | NLM_F_ACK
@@ -224,6 +231,16 @@ impl Dummy {
                 b.extend_from_slice(&index.to_ne_bytes());
                 attr::put(b, IFA_LOCAL, &octets);
                 attr::put(b, IFA_ADDRESS, &octets);
+                if v6 && kind == RTM_NEWADDR {
+                    // struct ifa_cacheinfo: preferred 0 (deprecated: never chosen as a source
+                    // address, so the masquerade of traffic leaving the node does not pick a
+                    // Service address), valid forever; the timestamps are the kernel's.
+                    let mut ci = Vec::with_capacity(16);
+                    ci.extend_from_slice(&0u32.to_ne_bytes());
+                    ci.extend_from_slice(&u32::MAX.to_ne_bytes());
+                    ci.extend_from_slice(&[0u8; 8]);
+                    attr::put(b, IFA_CACHEINFO, &ci);
+                }
                 message::end(b, m);
             },
             |_| Ok(()),
