@@ -1,6 +1,7 @@
 //! Compiles the BPF programs under `bpf/` with clang (`-target bpf`) into `OUT_DIR`, where
-//! `src/lib.rs` embeds them. Fails with the package to install when clang or the libbpf
-//! headers are missing.
+//! `src/lib.rs` embeds them: each program as `NAME.o`, and again as `NAME_compat.o` with
+//! `-DKP_NO_SET_RETVAL` (for kernels before 5.18, which lack `bpf_set_retval`). Fails with the
+//! package to install when clang or the libbpf headers are missing.
 
 use std::env;
 use std::path::PathBuf;
@@ -19,11 +20,16 @@ fn main() {
              (`apt-get install libbpf-dev`)"
         );
     }
-    for name in PROGRAMS {
+    let variants: [(&str, &[&str]); 2] = [("", &[]), ("_compat", &["-DKP_NO_SET_RETVAL"])];
+    for (name, (suffix, defines)) in PROGRAMS
+        .iter()
+        .flat_map(|n| variants.iter().map(move |v| (n, v)))
+    {
         let src = format!("bpf/{name}.c");
-        let obj = out.join(format!("{name}.o"));
+        let obj = out.join(format!("{name}{suffix}.o"));
         let status = Command::new(&clang)
             .args(["-O2", "-g", "-Wall", "-Werror", "-target", "bpf"])
+            .args(defines.iter())
             .args(["-I/usr/include/x86_64-linux-gnu", "-Ibpf", "-c", &src, "-o"])
             .arg(&obj)
             .status();

@@ -14,11 +14,17 @@ use kp_core::model::Protocol;
 /// Size of a services map key ([`ServiceKey::to_bytes`]).
 pub const SERVICE_KEY_SIZE: usize = 24;
 /// Size of a services map value ([`ServiceValue::to_bytes`]).
-pub const SERVICE_VALUE_SIZE: usize = 8;
+pub const SERVICE_VALUE_SIZE: usize = 16;
 /// Size of a backends map value ([`Backend::to_bytes`]).
 pub const BACKEND_SIZE: usize = 20;
 /// Size of a reverse-NAT map value ([`RevNat::to_bytes`]).
 pub const REV_NAT_SIZE: usize = 20;
+/// Size of an address map key's data ([`AddrKey::data`]), after its `u32` prefix length.
+pub const ADDR_DATA_SIZE: usize = 16;
+
+/// [`ServiceValue::flags`]: a frontend without backends drops (its Local policy has endpoints
+/// on other nodes only) instead of rejecting.
+pub const FLAG_DROP_EMPTY: u8 = 0x1;
 
 /// The IANA protocol number the kernel uses (`IPPROTO_*`).
 pub fn ip_proto(p: Protocol) -> u8 {
@@ -109,8 +115,9 @@ impl ServiceKey {
     }
 }
 
-/// A services map value. In slot 0: `backend_id` 0 and the frontend's backend `count`; in a
-/// backend slot: the backend's id and count 0 (so a count change rewrites one entry).
+/// A services map value. In slot 0: `backend_id` 0, the frontend's backend `count`, its ClientIP
+/// `affinity` timeout and `flags`; in a backend slot: the backend's id and the rest 0 (so a
+/// count change rewrites one entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceValue {
     /// The backend (slots 1..), or 0 (slot 0).
@@ -119,28 +126,118 @@ pub struct ServiceValue {
     pub count: u16,
     /// The frontend's reverse-NAT id (every slot, so a program holding any slot finds it).
     pub rev_nat: u16,
+    /// ClientIP affinity timeout in seconds (slot 0); 0 without affinity.
+    pub affinity: u32,
+    /// [`FLAG_DROP_EMPTY`] (slot 0), or 0.
+    pub flags: u8,
 }
 
 impl ServiceValue {
-    /// The value's bytes: backend id (4), count (2), reverse-NAT id (2).
+    /// A backend slot's value.
+    pub fn slot(backend_id: u32, rev_nat: u16) -> ServiceValue {
+        ServiceValue {
+            backend_id,
+            count: 0,
+            rev_nat,
+            affinity: 0,
+            flags: 0,
+        }
+    }
+
+    /// The value's bytes: backend id (4), count (2), reverse-NAT id (2), affinity (4), flags
+    /// (1), padding (3).
     pub fn to_bytes(&self) -> [u8; SERVICE_VALUE_SIZE] {
         let mut b = [0u8; SERVICE_VALUE_SIZE];
         b[..4].copy_from_slice(&self.backend_id.to_ne_bytes());
         b[4..6].copy_from_slice(&self.count.to_ne_bytes());
         b[6..8].copy_from_slice(&self.rev_nat.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.affinity.to_ne_bytes());
+        b[12] = self.flags;
         b
     }
 
-    /// Reads a value back.
+    /// Reads a value back; `None` for bytes this layout never writes.
     pub fn from_bytes(b: &[u8]) -> Option<ServiceValue> {
-        if b.len() != SERVICE_VALUE_SIZE {
+        if b.len() != SERVICE_VALUE_SIZE || b[13..].iter().any(|x| *x != 0) {
             return None;
         }
         Some(ServiceValue {
             backend_id: u32::from_ne_bytes(take(b, 0)?),
             count: u16::from_ne_bytes(take(b, 4)?),
             rev_nat: u16::from_ne_bytes(take(b, 6)?),
+            affinity: u32::from_ne_bytes(take(b, 8)?),
+            flags: b[12],
         })
+    }
+}
+
+/// An address map key (an LPM trie): a prefix, in its own family's length (0..=32 for IPv4,
+/// held IPv4-mapped with 96 more bits; 0..=128 for IPv6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AddrKey {
+    /// The prefix's address (host bits clear).
+    pub ip: IpAddr,
+    /// Its length in `ip`'s family.
+    pub len: u8,
+}
+
+impl AddrKey {
+    /// One address.
+    pub fn host(ip: IpAddr) -> AddrKey {
+        AddrKey {
+            ip,
+            len: if ip.is_ipv4() { 32 } else { 128 },
+        }
+    }
+
+    /// The trie's prefix length: `len`, plus 96 for an IPv4-mapped prefix.
+    pub fn trie_len(&self) -> u32 {
+        u32::from(self.len) + if self.ip.is_ipv4() { 96 } else { 0 }
+    }
+
+    /// The trie key's data: the 16 address bytes.
+    pub fn data(&self) -> [u8; ADDR_DATA_SIZE] {
+        addr_bytes(self.ip)
+    }
+
+    /// Reads a trie key back; `None` for a prefix this layout never writes (an IPv4-mapped
+    /// address under 96 bits).
+    pub fn from_trie(trie_len: u32, data: [u8; ADDR_DATA_SIZE]) -> Option<AddrKey> {
+        let ip = addr_of(data);
+        let len = match ip {
+            IpAddr::V4(_) => trie_len.checked_sub(96)?,
+            IpAddr::V6(_) => trie_len,
+        };
+        let len = u8::try_from(len).ok()?;
+        (len <= if ip.is_ipv4() { 32 } else { 128 }).then_some(AddrKey { ip, len })
+    }
+}
+
+/// What an address map entry does with a call to an address no frontend matched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddrVerdict {
+    /// Refused: a ClusterIP on a port or protocol no Service uses (upstream rejects).
+    Reject,
+    /// Dropped: an address inside a Service CIDR that no Service holds (upstream drops).
+    Drop,
+}
+
+impl AddrVerdict {
+    /// The value byte (`KP_ADDR_*` in maps.h).
+    pub fn to_byte(self) -> u8 {
+        match self {
+            AddrVerdict::Reject => 1,
+            AddrVerdict::Drop => 2,
+        }
+    }
+
+    /// Reads a value byte back.
+    pub fn from_byte(b: u8) -> Option<AddrVerdict> {
+        match b {
+            1 => Some(AddrVerdict::Reject),
+            2 => Some(AddrVerdict::Drop),
+            _ => None,
+        }
     }
 }
 

@@ -4,7 +4,10 @@
 //! - **services**: `{address, port, protocol, slot}` → slot 0 holds the frontend's backend
 //!   count, slots 1..=count hold backend ids; a program picks a slot at random;
 //! - **backends**: backend id → `{address, port, protocol}`;
-//! - **reverse NAT**: frontend id → `{address, port}`, what a reply is given back as.
+//! - **reverse NAT**: frontend id → `{address, port}`, what a reply is given back as;
+//! - **addresses** (an LPM trie): what a call to an address no frontend matched meets — a
+//!   ClusterIP refuses its other ports and protocols, a Service CIDR drops what no Service
+//!   holds (upstream nftables' `cluster-ips-check` and unallocated-ClusterIP drop).
 //!
 //! [`frontend_specs`] turns one Service port's [`Frontends`] into the frontends these maps
 //! hold; [`Planner`] keeps the ids and slot orders it handed out and returns, for each
@@ -25,10 +28,14 @@ pub mod layout;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use kp_core::frontend::{FrontendKind, Frontends};
+use kp_core::frontend::{FrontendKind, Frontends, NoEndpoints};
 use kp_core::model::{IpFamily, ServiceKey as ServiceName};
+use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
+use kp_core::track::ProxyState;
 
-pub use layout::{Backend, FrontendAddr, RevNat, ServiceKey, ServiceValue};
+pub use layout::{
+    AddrKey, AddrVerdict, Backend, FrontendAddr, RevNat, ServiceKey, ServiceValue, FLAG_DROP_EMPTY,
+};
 
 /// What the planner refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,24 +58,37 @@ pub enum Error {
 pub struct FrontendSpec {
     /// Address, port, protocol.
     pub addr: FrontendAddr,
-    /// The backends; empty: connections are refused.
+    /// The backends; empty: connections are refused (rejected, or dropped with
+    /// [`drop_when_empty`](Self::drop_when_empty)).
     pub backends: Vec<Backend>,
+    /// Without backends, drop instead of reject: a `Local` policy whose endpoints are all on
+    /// other nodes (upstream's "has no local endpoints").
+    pub drop_when_empty: bool,
+    /// ClientIP affinity timeout in seconds.
+    pub affinity: Option<u32>,
+    /// A ClusterIP: calls to its address on a port or protocol no Service uses are rejected.
+    pub cluster_ip: bool,
 }
 
 /// The frontends of one Service port in one family, as the socket load balancer sees them:
 /// traffic that starts on this node or in its pods. ClusterIPs, external IPs and
 /// LoadBalancer IPs each give one frontend; a NodePort one per address in `node_addresses` of
-/// the family. `externalTrafficPolicy: Local` frontends use their short-circuit endpoints (as
-/// traffic from pods and the node does in every mode).
+/// the family. The backends are the shared frontend list's selection ([`Frontends`]): the
+/// policy's endpoint set (`internalTrafficPolicy` for a ClusterIP, with terminating fallback
+/// and topology already applied), and for `externalTrafficPolicy: Local` frontends the
+/// short-circuit set, every endpoint of the cluster (as upstream sends traffic from pods and
+/// the node to all endpoints). Without endpoints a frontend rejects, or drops when its `Local`
+/// policy has endpoints elsewhere only.
 pub fn frontend_specs(frontends: &Frontends<'_>, node_addresses: &[IpAddr]) -> Vec<FrontendSpec> {
     let family = frontends.family();
     let mut out = Vec::new();
     for f in frontends.iter() {
-        let endpoints = if f.short_circuit.is_empty() {
-            f.endpoints
+        let (endpoints, drop_when_empty) = if f.short_circuit.is_empty() {
+            (f.endpoints, f.no_endpoints() == Some(NoEndpoints::Drop))
         } else {
-            f.short_circuit
+            (f.short_circuit, false)
         };
+        let cluster_ip = matches!(f.kind, FrontendKind::ClusterIp);
         let backends: Vec<Backend> = endpoints
             .iter()
             .map(|e| Backend {
@@ -94,10 +114,66 @@ pub fn frontend_specs(frontends: &Frontends<'_>, node_addresses: &[IpAddr]) -> V
                     protocol: f.protocol,
                 },
                 backends: backends.clone(),
+                drop_when_empty,
+                affinity: f.affinity,
+                cluster_ip,
             });
         }
     }
     out
+}
+
+/// The node's addresses NodePorts answer on: its Node object's addresses, within
+/// `nodePortAddresses` of their family (every one where that family is unrestricted).
+pub fn node_port_addresses(node_ports: &NodePortAddresses, state: &ProxyState) -> Vec<IpAddr> {
+    let ctx = NodeContext::resolve(&DetectLocal::None, node_ports, state);
+    state
+        .node()
+        .addresses
+        .iter()
+        .filter(|ip| match ctx.node_port_networks(IpFamily::of(ip)) {
+            None => true,
+            Some(nets) => nets.iter().any(|n| n.contains(*ip)),
+        })
+        .copied()
+        .collect()
+}
+
+/// The Service CIDRs as `(address, prefix length)`.
+pub fn service_cidrs(state: &ProxyState) -> Vec<(IpAddr, u8)> {
+    state
+        .service_cidrs()
+        .iter()
+        .map(|n| (n.addr(), n.prefix_len()))
+        .collect()
+}
+
+/// Every frontend of `service`, all ports and both families ([`frontend_specs`] of each), with
+/// NodePorts on `node_addresses` ([`node_port_addresses`]).
+pub fn service_specs(
+    state: &ProxyState,
+    service: &ServiceName,
+    node_addresses: &[IpAddr],
+) -> Vec<FrontendSpec> {
+    let mut out = Vec::new();
+    for sps in state.service_state(service) {
+        for family in IpFamily::ALL {
+            out.extend(frontend_specs(&Frontends::of(&sps, family), node_addresses));
+        }
+    }
+    out
+}
+
+/// A planner holding everything `state` needs: every Service's frontends and the Service
+/// CIDRs, as a full sync writes them (its [`Planner::contents`] is what the maps should hold).
+pub fn plan_state(state: &ProxyState, node_ports: &NodePortAddresses) -> Result<Planner, Error> {
+    let node_addresses = node_port_addresses(node_ports, state);
+    let mut planner = Planner::new();
+    for service in state.service_keys() {
+        planner.set_service(service, &service_specs(state, service, &node_addresses))?;
+    }
+    planner.set_service_cidrs(&service_cidrs(state));
+    Ok(planner)
 }
 
 /// One map update, in the order the planner returns them.
@@ -109,6 +185,10 @@ pub enum Op {
     UpsertRevNat(u16, RevNat),
     /// Write a services entry.
     UpsertService(ServiceKey, ServiceValue),
+    /// Write an address entry.
+    UpsertAddr(AddrKey, AddrVerdict),
+    /// Delete an address entry.
+    DeleteAddr(AddrKey),
     /// Delete a services entry.
     DeleteService(ServiceKey),
     /// Delete a reverse-NAT entry.
@@ -128,10 +208,14 @@ impl Op {
             Op::UpsertRevNat(..) => 1,
             Op::UpsertService(k, _) if k.slot != 0 => 2,
             Op::UpsertService(..) => 3,
-            Op::DeleteService(k) if k.slot == 0 => 4,
-            Op::DeleteService(..) => 5,
-            Op::DeleteRevNat(..) => 6,
-            Op::DeleteBackend(..) => 7,
+            // Address entries only act where no frontend matches: after the frontends come,
+            // before they go.
+            Op::UpsertAddr(..) => 4,
+            Op::DeleteAddr(..) => 5,
+            Op::DeleteService(k) if k.slot == 0 => 6,
+            Op::DeleteService(..) => 7,
+            Op::DeleteRevNat(..) => 8,
+            Op::DeleteBackend(..) => 9,
         }
     }
 }
@@ -142,6 +226,20 @@ impl Op {
 struct Programmed {
     rev_nat: u16,
     slots: Vec<u32>,
+    affinity: u32,
+    flags: u8,
+}
+
+impl Programmed {
+    fn head(&self) -> ServiceValue {
+        ServiceValue {
+            backend_id: 0,
+            count: u16::try_from(self.slots.len()).unwrap_or(u16::MAX),
+            rev_nat: self.rev_nat,
+            affinity: self.affinity,
+            flags: self.flags,
+        }
+    }
 }
 
 /// Everything the maps should hold, for comparing with what they do.
@@ -153,6 +251,8 @@ pub struct Contents {
     pub backends: BTreeMap<u32, Backend>,
     /// Reverse-NAT map entries.
     pub rev_nat: BTreeMap<u16, RevNat>,
+    /// Address map entries.
+    pub addrs: BTreeMap<AddrKey, AddrVerdict>,
 }
 
 /// Keeps the ids and slot orders already programmed, and plans each change against them.
@@ -167,6 +267,11 @@ pub struct Planner {
     rev_nat_used: BTreeSet<u16>,
     next_rev_nat: u16,
     free_rev_nat: Vec<u16>,
+    /// Each Service's ClusterIPs, and how many Services hold each one.
+    service_ips: HashMap<ServiceName, Vec<IpAddr>>,
+    ip_refs: HashMap<IpAddr, usize>,
+    /// The Service CIDRs.
+    cidrs: BTreeSet<AddrKey>,
 }
 
 impl Planner {
@@ -202,8 +307,83 @@ impl Planner {
             self.owners
                 .insert(service.clone(), wanted.into_iter().collect());
         }
+        let mut ips: Vec<IpAddr> = specs
+            .iter()
+            .filter(|s| s.cluster_ip)
+            .map(|s| s.addr.ip)
+            .collect();
+        ips.sort();
+        ips.dedup();
+        let old_ips = self.service_ips.remove(service).unwrap_or_default();
+        if old_ips != ips {
+            let touched: BTreeSet<AddrKey> = old_ips
+                .iter()
+                .chain(&ips)
+                .map(|ip| AddrKey::host(*ip))
+                .collect();
+            let before: Vec<Option<AddrVerdict>> =
+                touched.iter().map(|k| self.addr_verdict(k)).collect();
+            for ip in &old_ips {
+                if let Some(n) = self.ip_refs.get_mut(ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.ip_refs.remove(ip);
+                    }
+                }
+            }
+            for ip in &ips {
+                *self.ip_refs.entry(*ip).or_insert(0) += 1;
+            }
+            self.addr_ops(touched.iter().zip(before), &mut ops);
+        }
+        if !ips.is_empty() {
+            self.service_ips.insert(service.clone(), ips);
+        }
         ops.sort_by_key(Op::rank);
         Ok(ops)
+    }
+
+    /// Makes the Service CIDRs `cidrs` (address and prefix length; host bits are cleared) and
+    /// returns the address map updates: calls to an address inside them that no frontend and
+    /// no ClusterIP matches are dropped.
+    pub fn set_service_cidrs(&mut self, cidrs: &[(IpAddr, u8)]) -> Vec<Op> {
+        let wanted: BTreeSet<AddrKey> = cidrs.iter().map(|(ip, len)| prefix(*ip, *len)).collect();
+        if wanted == self.cidrs {
+            return Vec::new();
+        }
+        let touched: BTreeSet<AddrKey> = self.cidrs.union(&wanted).copied().collect();
+        let before: Vec<Option<AddrVerdict>> =
+            touched.iter().map(|k| self.addr_verdict(k)).collect();
+        self.cidrs = wanted;
+        let mut ops = Vec::new();
+        self.addr_ops(touched.iter().zip(before), &mut ops);
+        ops.sort_by_key(Op::rank);
+        ops
+    }
+
+    /// What the address map should hold at `key`: a ClusterIP rejects, a Service CIDR drops.
+    fn addr_verdict(&self, key: &AddrKey) -> Option<AddrVerdict> {
+        if *key == AddrKey::host(key.ip) && self.ip_refs.contains_key(&key.ip) {
+            Some(AddrVerdict::Reject)
+        } else if self.cidrs.contains(key) {
+            Some(AddrVerdict::Drop)
+        } else {
+            None
+        }
+    }
+
+    fn addr_ops<'k>(
+        &self,
+        changed: impl Iterator<Item = (&'k AddrKey, Option<AddrVerdict>)>,
+        ops: &mut Vec<Op>,
+    ) {
+        for (key, before) in changed {
+            match (before, self.addr_verdict(key)) {
+                (b, Some(v)) if b != Some(v) => ops.push(Op::UpsertAddr(*key, v)),
+                (Some(_), None) => ops.push(Op::DeleteAddr(*key)),
+                _ => {}
+            }
+        }
     }
 
     fn set_frontend(&mut self, spec: &FrontendSpec, ops: &mut Vec<Op>) -> Result<(), Error> {
@@ -217,8 +397,8 @@ impl Planner {
                 wanted_ids.push(self.take_backend(*b, ops)?);
             }
         }
-        let (rev_nat, old_slots) = match self.frontends.get(&spec.addr) {
-            Some(p) => (p.rev_nat, p.slots.clone()),
+        let (rev_nat, old_slots, old_head) = match self.frontends.get(&spec.addr) {
+            Some(p) => (p.rev_nat, p.slots.clone(), Some(p.head())),
             None => {
                 let id = self.take_rev_nat()?;
                 ops.push(Op::UpsertRevNat(
@@ -228,7 +408,7 @@ impl Planner {
                         port: spec.addr.port,
                     },
                 ));
-                (id, Vec::new())
+                (id, Vec::new(), None)
             }
         };
         let new_slots = reslot(&old_slots, &wanted_ids);
@@ -241,39 +421,32 @@ impl Planner {
             if old_slots.get(i) != Some(id) {
                 ops.push(Op::UpsertService(
                     key(i + 1),
-                    ServiceValue {
-                        backend_id: *id,
-                        count: 0,
-                        rev_nat,
-                    },
+                    ServiceValue::slot(*id, rev_nat),
                 ));
             }
         }
         for i in new_slots.len()..old_slots.len() {
             ops.push(Op::DeleteService(key(i + 1)));
         }
-        let fresh = !self.frontends.contains_key(&spec.addr);
-        if fresh || old_slots.len() != new_slots.len() {
-            ops.push(Op::UpsertService(
-                key(0),
-                ServiceValue {
-                    backend_id: 0,
-                    count: u16::try_from(new_slots.len()).unwrap_or(u16::MAX),
-                    rev_nat,
-                },
-            ));
+        let programmed = Programmed {
+            rev_nat,
+            slots: new_slots,
+            affinity: spec.affinity.unwrap_or(0),
+            flags: if spec.drop_when_empty {
+                FLAG_DROP_EMPTY
+            } else {
+                0
+            },
+        };
+        let head = programmed.head();
+        if old_head != Some(head) {
+            ops.push(Op::UpsertService(key(0), head));
         }
         // References from the old slots go last, so a backend kept is never released.
         for id in &old_slots {
             self.release_backend(*id, ops);
         }
-        self.frontends.insert(
-            spec.addr,
-            Programmed {
-                rev_nat,
-                slots: new_slots,
-            },
-        );
+        self.frontends.insert(spec.addr, programmed);
         Ok(())
     }
 
@@ -373,17 +546,12 @@ impl Planner {
                     port: addr.port,
                 },
             );
-            let count = u16::try_from(p.slots.len()).unwrap_or(u16::MAX);
             c.services.insert(
                 ServiceKey {
                     frontend: *addr,
                     slot: 0,
                 },
-                ServiceValue {
-                    backend_id: 0,
-                    count,
-                    rev_nat: p.rev_nat,
-                },
+                p.head(),
             );
             for (i, id) in p.slots.iter().enumerate() {
                 c.services.insert(
@@ -391,15 +559,17 @@ impl Planner {
                         frontend: *addr,
                         slot: u16::try_from(i + 1).unwrap_or(u16::MAX),
                     },
-                    ServiceValue {
-                        backend_id: *id,
-                        count: 0,
-                        rev_nat: p.rev_nat,
-                    },
+                    ServiceValue::slot(*id, p.rev_nat),
                 );
             }
         }
         c.backends = self.backends.iter().map(|(k, v)| (*k, *v)).collect();
+        for key in &self.cidrs {
+            c.addrs.insert(*key, AddrVerdict::Drop);
+        }
+        for ip in self.ip_refs.keys() {
+            c.addrs.insert(AddrKey::host(*ip), AddrVerdict::Reject);
+        }
         c
     }
 }
@@ -424,6 +594,17 @@ pub fn diff(have: &Contents, want: &Contents) -> Vec<Op> {
             ops.push(Op::UpsertService(*k, *v));
         }
     }
+    for (k, v) in &want.addrs {
+        if have.addrs.get(k) != Some(v) {
+            ops.push(Op::UpsertAddr(*k, *v));
+        }
+    }
+    ops.extend(
+        have.addrs
+            .keys()
+            .filter(|k| !want.addrs.contains_key(k))
+            .map(|k| Op::DeleteAddr(*k)),
+    );
     ops.extend(
         have.services
             .keys()
@@ -444,6 +625,29 @@ pub fn diff(have: &Contents, want: &Contents) -> Vec<Op> {
     );
     ops.sort_by_key(Op::rank);
     ops
+}
+
+/// The prefix `ip/len` with its host bits cleared (a length beyond the family's is the whole
+/// address).
+fn prefix(ip: IpAddr, len: u8) -> AddrKey {
+    match ip {
+        IpAddr::V4(v4) => {
+            let len = len.min(32);
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            AddrKey {
+                ip: IpAddr::V4((u32::from(v4) & mask).into()),
+                len,
+            }
+        }
+        IpAddr::V6(v6) => {
+            let len = len.min(128);
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            AddrKey {
+                ip: IpAddr::V6((u128::from(v6) & mask).into()),
+                len,
+            }
+        }
+    }
 }
 
 /// The new slot order: backends kept stay in their slot; a slot whose backend went takes the

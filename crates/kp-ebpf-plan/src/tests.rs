@@ -31,6 +31,9 @@ fn spec(addr: &str, backends: &[&str]) -> FrontendSpec {
     FrontendSpec {
         addr: frontend(addr, 80),
         backends: backends.iter().map(|b| backend(b)).collect(),
+        drop_when_empty: false,
+        affinity: None,
+        cluster_ip: true,
     }
 }
 
@@ -60,6 +63,12 @@ fn apply(maps: &mut Contents, ops: &[Op]) {
             }
             Op::DeleteBackend(id) => {
                 maps.backends.remove(id);
+            }
+            Op::UpsertAddr(k, v) => {
+                maps.addrs.insert(*k, *v);
+            }
+            Op::DeleteAddr(k) => {
+                maps.addrs.remove(k);
             }
         }
         for (k, v) in maps.services.iter().filter(|(k, _)| k.slot == 0) {
@@ -254,12 +263,44 @@ fn keys_and_values_read_back_as_written() {
     assert_eq!(ServiceKey::from_bytes(&bytes), Some(v4));
     let b = backend("10.244.1.1");
     assert_eq!(Backend::from_bytes(&b.to_bytes()), Some(b));
-    let v = ServiceValue {
-        backend_id: 7,
-        count: 0,
-        rev_nat: 2,
-    };
+    let v = ServiceValue::slot(7, 2);
     assert_eq!(ServiceValue::from_bytes(&v.to_bytes()), Some(v));
+    let head = ServiceValue {
+        backend_id: 0,
+        count: 3,
+        rev_nat: 2,
+        affinity: 10800,
+        flags: FLAG_DROP_EMPTY,
+    };
+    let bytes = head.to_bytes();
+    // maps.h: affinity at 8, flags at 12.
+    assert_eq!(&bytes[8..12], &10800u32.to_ne_bytes());
+    assert_eq!(bytes[12], 1);
+    assert_eq!(ServiceValue::from_bytes(&bytes), Some(head));
+    for (k, trie_len) in [
+        (AddrKey::host(ip("10.96.0.1")), 128),
+        (
+            AddrKey {
+                ip: ip("10.96.0.0"),
+                len: 16,
+            },
+            112,
+        ),
+        (
+            AddrKey {
+                ip: ip("fd00:10:96::"),
+                len: 112,
+            },
+            112,
+        ),
+    ] {
+        assert_eq!(k.trie_len(), trie_len, "{k:?}");
+        assert_eq!(AddrKey::from_trie(k.trie_len(), k.data()), Some(k));
+    }
+    assert_eq!(
+        AddrKey::from_trie(95, AddrKey::host(ip("10.0.0.1")).data()),
+        None
+    );
     let r = RevNat {
         ip: ip("10.96.0.1"),
         port: 80,
@@ -372,4 +413,128 @@ fn diff_repairs_drifted_maps_and_removes_strangers_without_exposing_a_dangling_s
     apply(&mut maps, &ops);
     assert_eq!(maps, want);
     assert!(diff(&want, &want).is_empty());
+}
+
+#[test]
+fn an_empty_frontend_says_whether_it_drops_and_a_flag_change_rewrites_only_its_head() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    apply(
+        &mut maps,
+        &planner
+            .set_service(&svc("a"), &[spec("10.96.0.1", &[])])
+            .expect("plan"),
+    );
+    let head = ServiceKey {
+        frontend: frontend("10.96.0.1", 80),
+        slot: 0,
+    };
+    assert_eq!(maps.services[&head].flags, 0);
+    let dropping = FrontendSpec {
+        drop_when_empty: true,
+        affinity: Some(60),
+        ..spec("10.96.0.1", &[])
+    };
+    let ops = planner.set_service(&svc("a"), &[dropping]).expect("plan");
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    apply(&mut maps, &ops);
+    assert_eq!(maps.services[&head].flags, FLAG_DROP_EMPTY);
+    assert_eq!(maps.services[&head].affinity, 60);
+    assert_eq!(maps, planner.contents());
+}
+
+#[test]
+fn cluster_ips_reject_their_other_ports_and_service_cidrs_drop_the_rest() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    let external = FrontendSpec {
+        cluster_ip: false,
+        ..spec("203.0.113.10", &["10.244.1.1"])
+    };
+    apply(
+        &mut maps,
+        &planner
+            .set_service(&svc("a"), &[spec("10.96.0.1", &["10.244.1.1"]), external])
+            .expect("plan"),
+    );
+    apply(
+        &mut maps,
+        &planner.set_service_cidrs(&[(ip("10.96.7.7"), 16), (ip("fd00:10:96::"), 112)]),
+    );
+    let cidr = AddrKey {
+        ip: ip("10.96.0.0"),
+        len: 16,
+    };
+    assert_eq!(
+        maps.addrs,
+        [
+            (AddrKey::host(ip("10.96.0.1")), AddrVerdict::Reject),
+            (cidr, AddrVerdict::Drop),
+            (
+                AddrKey {
+                    ip: ip("fd00:10:96::"),
+                    len: 112
+                },
+                AddrVerdict::Drop
+            ),
+        ]
+        .into()
+    );
+    assert_eq!(maps, planner.contents());
+    assert!(planner
+        .set_service_cidrs(&[(ip("10.96.0.0"), 16), (ip("fd00:10:96::"), 112)])
+        .is_empty());
+    // The Service goes: its ClusterIP's entry with it, the CIDR stays.
+    let ops = planner.set_service(&svc("a"), &[]).expect("plan");
+    apply(&mut maps, &ops);
+    assert_eq!(maps.addrs.len(), 2);
+    assert!(!maps.addrs.contains_key(&AddrKey::host(ip("10.96.0.1"))));
+    assert_eq!(maps, planner.contents());
+    assert_eq!(diff(&maps, &planner.contents()), vec![]);
+}
+
+#[test]
+fn frontend_specs_take_the_policies_selection_and_say_what_an_empty_one_does() {
+    let port = |itp_local: bool| ServicePort {
+        name: ServicePortName {
+            service: svc("itp"),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        },
+        cluster_ips: vec![ip("10.96.0.85")],
+        port: 80,
+        node_port: None,
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        load_balancer_source_ranges: Vec::new(),
+        session_affinity_timeout: Some(30),
+        internal_traffic_local: itp_local,
+        external_traffic_local: false,
+        health_check_node_port: None,
+    };
+    // Endpoints on another node only.
+    let remote_only = SelectedEndpoints {
+        cluster: vec![endpoint("10.244.2.1", false)],
+        local: Vec::new(),
+        has_any: true,
+        has_any_by_family: [true, false],
+    };
+    let local = port(true);
+    let specs = frontend_specs(&Frontends::new(&local, &remote_only, IpFamily::V4), &[]);
+    assert_eq!(specs.len(), 1);
+    assert!(specs[0].backends.is_empty());
+    assert!(specs[0].drop_when_empty, "{specs:?}");
+    assert!(specs[0].cluster_ip);
+    assert_eq!(specs[0].affinity, Some(30));
+    let cluster = port(false);
+    let specs = frontend_specs(&Frontends::new(&cluster, &remote_only, IpFamily::V4), &[]);
+    assert_eq!(specs[0].backends, vec![backend("10.244.2.1")]);
+    let none = SelectedEndpoints {
+        cluster: Vec::new(),
+        local: Vec::new(),
+        has_any: false,
+        has_any_by_family: [false, false],
+    };
+    let specs = frontend_specs(&Frontends::new(&local, &none, IpFamily::V4), &[]);
+    assert!(specs[0].backends.is_empty() && !specs[0].drop_when_empty);
 }

@@ -9,7 +9,8 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
-/* services: {frontend, slot} -> slot 0: backend count; slot n: backend id. */
+/* services: {frontend, slot} -> slot 0: backend count, affinity timeout and flags; slot n:
+ * backend id. */
 struct kp_svc_key {
 	__u32 addr[4];
 	__be16 port;
@@ -18,10 +19,17 @@ struct kp_svc_key {
 	__u8 pad[3];
 };
 
+/* kp_svc_val.flags (slot 0): what a frontend without backends does. Set: drop (a Local policy
+ * with endpoints elsewhere only); clear: reject (no endpoint at all). */
+#define KP_SVC_DROP_EMPTY 0x1
+
 struct kp_svc_val {
 	__u32 backend_id;
 	__u16 count;
 	__u16 rev_nat;
+	__u32 affinity; /* slot 0: ClientIP affinity timeout in seconds; 0: none */
+	__u8 flags;     /* slot 0: KP_SVC_* */
+	__u8 pad[3];
 };
 
 struct kp_backend {
@@ -53,6 +61,31 @@ struct kp_sk_val {
 	__u16 rev_nat;
 };
 
+/* Addresses no frontend matched: a ClusterIP (/128, mapped for IPv4) refuses every other port
+ * and protocol; a Service CIDR drops what no Service holds. Longest prefix wins. */
+#define KP_ADDR_REJECT 1
+#define KP_ADDR_DROP 2
+
+struct kp_addr_key {
+	__u32 prefixlen;
+	__u32 addr[4];
+};
+
+/* ClientIP affinity for sockets: the client is the socket's network namespace (one per pod;
+ * the node's own is one more), as an address is not known before connect. */
+struct kp_aff_key {
+	__u64 netns;
+	__u16 rev_nat;
+	__u16 pad[3];
+};
+
+struct kp_aff_val {
+	__u32 backend_id;
+	__u16 slot;
+	__u16 pad;
+	__u64 last_ns;
+};
+
 /* Sizes here are defaults; the loader sets them from the configuration. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -81,5 +114,20 @@ struct {
 	__type(key, struct kp_sk_key);
 	__type(value, struct kp_sk_val);
 } kp_sk_rev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct kp_addr_key);
+	__type(value, __u8);
+} kp_addrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct kp_aff_key);
+	__type(value, struct kp_aff_val);
+} kp_affinity SEC(".maps");
 
 #endif

@@ -7,8 +7,13 @@
  *   recvmsg4/6   rewrite the source a UDP recvmsg() reports back to the frontend
  *   getpeername4/6  rewrite getpeername() back to the frontend
  *
- * A frontend found with no backends refuses: the hook returns 0 and the call fails with
- * EPERM. Needs Linux 5.8 (getpeername hooks); written for clang -target bpf. */
+ * What upstream rejects (a Service without endpoints, a ClusterIP on a port no Service uses)
+ * fails the call with ECONNREFUSED, as a reset or an ICMP port unreachable would; what upstream
+ * drops (a Local policy with no endpoint on this node, an address of a Service CIDR no Service
+ * holds) fails it with ETIMEDOUT, what the client of a dropped connection sees in the end.
+ * Both through bpf_set_retval (Linux 5.18). Built with -DKP_NO_SET_RETVAL for older kernels,
+ * where both are EPERM; the rest needs Linux 5.8 (getpeername hooks). Written for clang
+ * -target bpf. */
 
 #include "maps.h"
 #include <linux/in.h>
@@ -16,6 +21,24 @@
 
 #define SYS_REJECT 0
 #define SYS_PROCEED 1
+
+#define KP_ECONNREFUSED 111
+#define KP_ETIMEDOUT 110
+
+/* What a hook does with a call it does not let through. */
+enum verdict {
+	PASS,   /* no frontend: untouched */
+	REJECT, /* ECONNREFUSED */
+	DROP,   /* ETIMEDOUT */
+};
+
+static __always_inline int refuse(enum verdict v)
+{
+#ifndef KP_NO_SET_RETVAL
+	bpf_set_retval(v == DROP ? -KP_ETIMEDOUT : -KP_ECONNREFUSED);
+#endif
+	return SYS_REJECT;
+}
 
 static __always_inline void v4_mapped(__u32 *addr, __u32 ip4)
 {
@@ -30,33 +53,94 @@ static __always_inline int is_v4_mapped(const __u32 *addr)
 	return addr[0] == 0 && addr[1] == 0 && addr[2] == bpf_htonl(0x0000ffff);
 }
 
-/* Looks the frontend up and picks a backend at random. Returns NULL when the address is no
- * frontend; sets *reject when it is one without a usable backend. */
-static __always_inline struct kp_backend *pick(struct kp_svc_key *key, __u16 *rev_nat, int *reject)
+/* What no frontend matched: a ClusterIP's other ports reject, a Service CIDR drops. */
+static __always_inline enum verdict unmatched(const __u32 *addr)
+{
+	struct kp_addr_key key;
+	__u8 *v;
+
+	key.prefixlen = 128;
+	key.addr[0] = addr[0];
+	key.addr[1] = addr[1];
+	key.addr[2] = addr[2];
+	key.addr[3] = addr[3];
+	v = bpf_map_lookup_elem(&kp_addrs, &key);
+	if (!v)
+		return PASS;
+	if (*v == KP_ADDR_REJECT)
+		return REJECT;
+	if (*v == KP_ADDR_DROP)
+		return DROP;
+	return PASS;
+}
+
+/* The backend this client (its network namespace) was last given, while its affinity lasts and
+ * the backend still holds the slot it was given in. Returns the slot, or 0. */
+static __always_inline __u16 sticky(struct kp_svc_key *key, const struct kp_svc_val *svc,
+				    struct kp_aff_key *aff, __u64 now)
+{
+	struct kp_aff_val *a;
+	struct kp_svc_val *slot;
+
+	a = bpf_map_lookup_elem(&kp_affinity, aff);
+	if (!a || a->slot == 0 || a->slot > svc->count)
+		return 0;
+	if (now - a->last_ns > (__u64)svc->affinity * 1000000000ULL)
+		return 0;
+	key->slot = a->slot;
+	slot = bpf_map_lookup_elem(&kp_services, key);
+	if (!slot || slot->backend_id != a->backend_id)
+		return 0;
+	return a->slot;
+}
+
+/* Looks the frontend up and picks a backend: the affinity one, else at random. Returns NULL
+ * with *verdict PASS when the address is no frontend, REJECT or DROP when it is refused. */
+static __always_inline struct kp_backend *pick(void *ctx, struct kp_svc_key *key, __u16 *rev_nat,
+					       enum verdict *verdict)
 {
 	struct kp_svc_val *svc;
 	struct kp_svc_val *slot;
 	struct kp_backend *be;
+	struct kp_aff_key aff;
+	struct kp_aff_val chosen;
+	__u64 now = 0;
+	__u16 n = 0;
 
-	*reject = 0;
+	*verdict = REJECT;
 	key->slot = 0;
 	svc = bpf_map_lookup_elem(&kp_services, key);
-	if (!svc)
+	if (!svc) {
+		*verdict = unmatched(key->addr);
 		return NULL;
+	}
 	*rev_nat = svc->rev_nat;
 	if (svc->count == 0) {
-		*reject = 1;
+		*verdict = (svc->flags & KP_SVC_DROP_EMPTY) ? DROP : REJECT;
 		return NULL;
 	}
-	key->slot = (bpf_get_prandom_u32() % svc->count) + 1;
+	if (svc->affinity) {
+		__builtin_memset(&aff, 0, sizeof(aff));
+		aff.netns = bpf_get_netns_cookie(ctx);
+		aff.rev_nat = svc->rev_nat;
+		now = bpf_ktime_get_ns();
+		n = sticky(key, svc, &aff, now);
+	}
+	if (n == 0)
+		n = (bpf_get_prandom_u32() % svc->count) + 1;
+	key->slot = n;
 	slot = bpf_map_lookup_elem(&kp_services, key);
-	if (!slot) {
-		*reject = 1;
+	key->slot = 0;
+	if (!slot)
 		return NULL;
-	}
 	be = bpf_map_lookup_elem(&kp_backends, &slot->backend_id);
-	if (!be)
-		*reject = 1;
+	if (be && svc->affinity) {
+		__builtin_memset(&chosen, 0, sizeof(chosen));
+		chosen.backend_id = slot->backend_id;
+		chosen.slot = n;
+		chosen.last_ns = now;
+		bpf_map_update_elem(&kp_affinity, &aff, &chosen, BPF_ANY);
+	}
 	return be;
 }
 
@@ -82,17 +166,17 @@ static __always_inline int lb4(struct bpf_sock_addr *ctx)
 	struct kp_svc_key key;
 	struct kp_backend *be;
 	__u16 rev_nat = 0;
-	int reject;
+	enum verdict verdict;
 
 	__builtin_memset(&key, 0, sizeof(key));
 	v4_mapped(key.addr, ctx->user_ip4);
 	key.port = (__be16)ctx->user_port;
 	key.proto = ctx->protocol;
-	be = pick(&key, &rev_nat, &reject);
+	be = pick(ctx, &key, &rev_nat, &verdict);
 	if (!be)
-		return reject ? SYS_REJECT : SYS_PROCEED;
+		return verdict == PASS ? SYS_PROCEED : refuse(verdict);
 	if (!is_v4_mapped(be->addr))
-		return SYS_REJECT;
+		return refuse(REJECT);
 	remember(ctx, be, &key, rev_nat);
 	ctx->user_ip4 = be->addr[3];
 	ctx->user_port = (__u32)be->port;
@@ -104,7 +188,7 @@ static __always_inline int lb6(struct bpf_sock_addr *ctx)
 	struct kp_svc_key key;
 	struct kp_backend *be;
 	__u16 rev_nat = 0;
-	int reject;
+	enum verdict verdict;
 
 	__builtin_memset(&key, 0, sizeof(key));
 	key.addr[0] = ctx->user_ip6[0];
@@ -113,9 +197,9 @@ static __always_inline int lb6(struct bpf_sock_addr *ctx)
 	key.addr[3] = ctx->user_ip6[3];
 	key.port = (__be16)ctx->user_port;
 	key.proto = ctx->protocol;
-	be = pick(&key, &rev_nat, &reject);
+	be = pick(ctx, &key, &rev_nat, &verdict);
 	if (!be)
-		return reject ? SYS_REJECT : SYS_PROCEED;
+		return verdict == PASS ? SYS_PROCEED : refuse(verdict);
 	/* A v4-mapped frontend on an IPv6 socket gets a v4-mapped backend; a native IPv6 one an
 	 * IPv6 backend: the planner never mixes families within a frontend. */
 	remember(ctx, be, &key, rev_nat);

@@ -26,6 +26,9 @@ fn spec(i: u32, endpoints: u32, skip: Option<u32>) -> FrontendSpec {
                 protocol: Protocol::Tcp,
             })
             .collect(),
+        drop_when_empty: false,
+        affinity: None,
+        cluster_ip: true,
     }
 }
 
@@ -47,6 +50,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         backends: (services * endpoints).max(1024),
         rev_nat: services.clamp(1024, 65535),
         sockets: 65536,
+        addrs: services.max(1024),
+        affinity: 1024,
     };
 
     let mut loads = Vec::new();

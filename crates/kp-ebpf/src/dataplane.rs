@@ -3,17 +3,18 @@
 //! updates; a full sync plans everything afresh and writes only the difference from what the
 //! maps hold (so maps pinned by a previous run are adopted, not flushed).
 //!
-//! Not yet: the mode registry entry, keeping the programs attached across a restart (pinned
-//! links), the tc path.
+//! Besides the frontends, each sync writes the address map: every ClusterIP refuses its other
+//! ports, and every Service CIDR drops what no Service holds.
+//!
+//! Not yet: keeping the programs attached across a restart (pinned links), the tc path.
 
-use std::net::IpAddr;
 use std::path::PathBuf;
 
 use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
-use kp_core::frontend::Frontends;
-use kp_core::model::{IpFamily, ServiceKey as ServiceName};
+use kp_core::model::ServiceKey as ServiceName;
+use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
-use kp_ebpf_plan::{diff, frontend_specs, FrontendSpec, Planner};
+use kp_ebpf_plan::{diff, node_port_addresses, service_cidrs, service_specs as specs, Planner};
 
 use crate::{names, Error, MapSizes, SocketLb};
 
@@ -27,6 +28,8 @@ pub struct Config {
     pub pin_dir: Option<PathBuf>,
     /// Map sizes.
     pub sizes: MapSizes,
+    /// Where NodePorts answer: of the node's addresses (its Node object's), those this leaves.
+    pub node_ports: NodePortAddresses,
 }
 
 /// The eBPF dataplane.
@@ -62,21 +65,6 @@ fn dataplane_error(e: Error) -> DataplaneError {
     }
 }
 
-/// Every frontend of `service`, all ports and both families.
-fn specs(state: &ProxyState, service: &ServiceName) -> Vec<FrontendSpec> {
-    let node_addresses: Vec<IpAddr> = state.node().addresses.clone();
-    let mut out = Vec::new();
-    for sps in state.service_state(service) {
-        for family in IpFamily::ALL {
-            out.extend(frontend_specs(
-                &Frontends::of(&sps, family),
-                &node_addresses,
-            ));
-        }
-    }
-    out
-}
-
 impl Dataplane for EbpfDataplane {
     fn mode(&self) -> &'static str {
         "ebpf"
@@ -97,26 +85,33 @@ impl Dataplane for EbpfDataplane {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let plan_error = |e| DataplaneError::transient(e);
+        let node_addresses = node_port_addresses(&self.config.node_ports, state);
         let ops = if full {
-            let mut planner = Planner::new();
-            for service in state.service_keys() {
-                planner
-                    .set_service(service, &specs(state, service))
-                    .map_err(plan_error)?;
-            }
+            let planner =
+                kp_ebpf_plan::plan_state(state, &self.config.node_ports).map_err(plan_error)?;
             let have = self.lb()?.read_back().map_err(dataplane_error)?;
             let ops = diff(&have, &planner.contents());
             self.planner = planner;
             ops
         } else {
             let mut ops = Vec::new();
-            for service in &changes.services {
+            // A node change may move the NodePort addresses: every Service is planned again
+            // (the planner writes only what differs).
+            let services: Vec<&ServiceName> = if changes.node_changed {
+                state.service_keys().collect()
+            } else {
+                changes.services.iter().collect()
+            };
+            for service in services {
                 ops.extend(
                     self.planner
-                        .set_service(service, &specs(state, service))
+                        .set_service(service, &specs(state, service, &node_addresses))
                         .map_err(plan_error)?,
                 );
             }
+            // A handful of entries, compared in place: ServiceCIDR objects and the node come
+            // and go without naming a Service.
+            ops.extend(self.planner.set_service_cidrs(&service_cidrs(state)));
             ops
         };
         self.lb()?.apply(&ops).map_err(dataplane_error)?;

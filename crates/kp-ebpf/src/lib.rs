@@ -13,9 +13,8 @@
 //!
 //! [`dataplane::EbpfDataplane`] puts these together as the mode's `Dataplane`.
 //!
-//! What is not here yet: the mode registry entry, the tc path
-//! for traffic from outside the node, affinity and Maglev maps, stale UDP socket destruction
-//! (README.md).
+//! What is not here yet: the tc path for traffic from outside the node, Maglev maps, stale UDP
+//! socket destruction (README.md).
 //!
 //! No unsafe code: aya makes the `bpf()` calls.
 
@@ -26,14 +25,22 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap, MapData};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
-use kp_ebpf_plan::layout::{BACKEND_SIZE, REV_NAT_SIZE, SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE};
-use kp_ebpf_plan::{Backend, Contents, Op, RevNat, ServiceKey, ServiceValue};
+use kp_ebpf_plan::layout::{
+    ADDR_DATA_SIZE, BACKEND_SIZE, REV_NAT_SIZE, SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE,
+};
+use kp_ebpf_plan::{AddrKey, AddrVerdict, Backend, Contents, Op, RevNat, ServiceKey, ServiceValue};
 
 /// The socket load balancer's object file, built by `build.rs`.
 pub static SOCK_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
+
+/// The same built without `bpf_set_retval`, for kernels before 5.18: what it refuses fails
+/// with `EPERM` instead of `ECONNREFUSED` or `ETIMEDOUT`.
+pub static SOCK_OBJECT_COMPAT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_compat.o"));
 
 /// The socket load balancer's programs, by function name in `bpf/sock.c`.
 pub const SOCK_PROGRAMS: [&str; 8] = [
@@ -57,8 +64,12 @@ pub mod names {
     pub const REV_NAT: &str = "kp_rev_nat";
     /// `{socket cookie, backend}` → frontend: what recvmsg and getpeername give back (LRU).
     pub const SK_REV: &str = "kp_sk_rev";
+    /// Prefix → reject (a ClusterIP's other ports) or drop (a Service CIDR) (LPM trie).
+    pub const ADDRS: &str = "kp_addrs";
+    /// `{client netns, frontend}` → the backend it sticks to (LRU), written by the programs.
+    pub const AFFINITY: &str = "kp_affinity";
     /// Every map, for pinning.
-    pub const ALL: [&str; 4] = [SERVICES, BACKENDS, REV_NAT, SK_REV];
+    pub const ALL: [&str; 6] = [SERVICES, BACKENDS, REV_NAT, SK_REV, ADDRS, AFFINITY];
 }
 
 /// What failed.
@@ -111,6 +122,10 @@ pub struct MapSizes {
     pub rev_nat: u32,
     /// Socket reverse entries (LRU): one per live load-balanced socket and backend.
     pub sockets: u32,
+    /// Address entries: one per ClusterIP and Service CIDR.
+    pub addrs: u32,
+    /// Affinity entries (LRU): one per client network namespace and sticky frontend.
+    pub affinity: u32,
 }
 
 impl Default for MapSizes {
@@ -120,33 +135,68 @@ impl Default for MapSizes {
             backends: 65536,
             rev_nat: 65535,
             sockets: 262144,
+            addrs: 65536,
+            affinity: 65536,
         }
     }
+}
+
+/// How the loaded programs refuse a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `ECONNREFUSED` where upstream rejects, `ETIMEDOUT` where it drops (Linux 5.18+).
+    Errno,
+    /// `EPERM` for both (the compat object, on older kernels).
+    Eperm,
 }
 
 /// The socket load balancer, loaded; attached once [`SocketLb::attach`] is called.
 pub struct SocketLb {
     ebpf: Ebpf,
+    refusal: Refusal,
 }
 
 type ByteMap<'a, const K: usize, const V: usize> = HashMap<&'a mut MapData, [u8; K], [u8; V]>;
 
 impl SocketLb {
     /// Loads the object and every program into the kernel (the verifier runs here). With
-    /// `pin_dir`, each map is pinned there under its name, or the pinned one is reused.
+    /// `pin_dir`, each map is pinned there under its name, or the pinned one is reused. A
+    /// kernel whose verifier refuses the programs (before 5.18: no `bpf_set_retval`) gets the
+    /// compat object, which refuses with `EPERM`.
     pub fn load(sizes: MapSizes, pin_dir: Option<&Path>) -> Result<SocketLb, Error> {
+        match SocketLb::load_object(SOCK_OBJECT, sizes, pin_dir) {
+            Ok(ebpf) => Ok(SocketLb {
+                ebpf,
+                refusal: Refusal::Errno,
+            }),
+            Err(first @ Error::Program { .. }) => {
+                match SocketLb::load_object(SOCK_OBJECT_COMPAT, sizes, pin_dir) {
+                    Ok(ebpf) => Ok(SocketLb {
+                        ebpf,
+                        refusal: Refusal::Eperm,
+                    }),
+                    Err(_) => Err(first),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn load_object(object: &[u8], sizes: MapSizes, pin_dir: Option<&Path>) -> Result<Ebpf, Error> {
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(names::SERVICES, sizes.services)
             .map_max_entries(names::BACKENDS, sizes.backends)
             .map_max_entries(names::REV_NAT, sizes.rev_nat)
-            .map_max_entries(names::SK_REV, sizes.sockets);
+            .map_max_entries(names::SK_REV, sizes.sockets)
+            .map_max_entries(names::ADDRS, sizes.addrs)
+            .map_max_entries(names::AFFINITY, sizes.affinity);
         if let Some(dir) = pin_dir {
             for name in names::ALL {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
-        let mut ebpf = loader.load(SOCK_OBJECT)?;
+        let mut ebpf = loader.load(object)?;
         for name in SOCK_PROGRAMS {
             let prog: &mut CgroupSockAddr = ebpf
                 .program_mut(name)
@@ -156,7 +206,12 @@ impl SocketLb {
             prog.load()
                 .map_err(|source| Error::Program { name, source })?;
         }
-        Ok(SocketLb { ebpf })
+        Ok(ebpf)
+    }
+
+    /// How the loaded programs refuse.
+    pub fn refusal(&self) -> Refusal {
+        self.refusal
     }
 
     /// Attaches every program to the cgroup v2 directory `cgroup`, alongside programs others
@@ -226,10 +281,29 @@ impl SocketLb {
                 .map::<SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE>(names::SERVICES)?
                 .remove(&k.to_bytes())
                 .map_err(err(names::SERVICES)),
+            Op::UpsertAddr(k, v) => self
+                .addrs()?
+                .insert(&Key::new(k.trie_len(), k.data()), v.to_byte(), 0)
+                .map_err(err(names::ADDRS)),
+            Op::DeleteAddr(k) => self
+                .addrs()?
+                .remove(&Key::new(k.trie_len(), k.data()))
+                .map_err(err(names::ADDRS)),
         }
     }
 
-    /// Reads the services, backends and reverse-NAT maps back.
+    fn addrs(&mut self) -> Result<LpmTrie<&mut MapData, [u8; ADDR_DATA_SIZE], u8>, Error> {
+        let map = self
+            .ebpf
+            .map_mut(names::ADDRS)
+            .ok_or(Error::Missing(names::ADDRS))?;
+        LpmTrie::try_from(map).map_err(|source| Error::Map {
+            name: names::ADDRS,
+            source,
+        })
+    }
+
+    /// Reads the services, backends, reverse-NAT and address maps back.
     pub fn read_back(&mut self) -> Result<Contents, Error> {
         let mut c = Contents::default();
         let err = |name: &'static str| move |source| Error::Map { name, source };
@@ -258,6 +332,16 @@ impl SocketLb {
                 let (k, v) = entry.map_err(err(names::REV_NAT))?;
                 let v = RevNat::from_bytes(&v).ok_or(Error::Unreadable(names::REV_NAT))?;
                 c.rev_nat.insert(u16::from_ne_bytes(k), v);
+            }
+        }
+        {
+            let m = self.addrs()?;
+            for entry in m.iter() {
+                let (k, v) = entry.map_err(err(names::ADDRS))?;
+                let k = AddrKey::from_trie(k.prefix_len(), k.data())
+                    .ok_or(Error::Unreadable(names::ADDRS))?;
+                let v = AddrVerdict::from_byte(v).ok_or(Error::Unreadable(names::ADDRS))?;
+                c.addrs.insert(k, v);
             }
         }
         Ok(c)

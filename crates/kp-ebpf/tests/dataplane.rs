@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use kp_core::dataplane::Dataplane;
+use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, Object, SourceEvent};
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::MapSizes;
@@ -27,6 +28,7 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
         sizes: MapSizes::default(),
+        node_ports: NodePortAddresses::Primary,
     };
     let state = kp_flows::fixture::state();
 
@@ -95,6 +97,7 @@ fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_
         cgroup: cgroup.path.clone(),
         pin_dir: None,
         sizes: MapSizes::default(),
+        node_ports: NodePortAddresses::Primary,
     });
     dp.start().expect("start");
     dp.sync(&state, &Changes::default(), true)

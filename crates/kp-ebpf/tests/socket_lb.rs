@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use kp_core::model::{Protocol, ServiceKey as ServiceName};
-use kp_ebpf::{MapSizes, SocketLb};
+use kp_ebpf::{MapSizes, Refusal, SocketLb};
 use kp_ebpf_plan::{Backend, FrontendAddr, FrontendSpec, Planner};
 use kp_test::netns::{require_root, Netns};
 
@@ -35,6 +35,9 @@ fn spec(vip: &str, port: u16, protocol: Protocol, backends: &[(&str, u16)]) -> F
                 protocol,
             })
             .collect(),
+        drop_when_empty: false,
+        affinity: None,
+        cluster_ip: true,
     }
 }
 
@@ -114,6 +117,7 @@ fn connections_to_a_vip_spread_over_both_backends_and_the_application_sees_the_v
         spec("fd00:10:96::10", 80, Protocol::Tcp, &v6),
         spec("fd00:10:96::10", 53, Protocol::Udp, &v6),
         spec("10.96.0.11", 80, Protocol::Tcp, &[]),
+        spec("10.96.0.11", 80, Protocol::Udp, &[]),
     ];
     let ops = planner
         .set_service(&ServiceName::new("t", "echo"), &specs)
@@ -143,12 +147,20 @@ fn connections_to_a_vip_spread_over_both_backends_and_the_application_sees_the_v
     );
     assert_eq!(udp6.keys().collect::<Vec<_>>(), ["a", "b"], "{udp6:?}");
 
-    // A frontend without backends refuses the connect.
-    let refused = client(&cgroup, &ns, &["tcp", "10.96.0.11", "80", "1"]);
-    assert!(
-        refused[0].starts_with("error connect"),
-        "connect to a frontend without endpoints: {refused:?}"
-    );
+    // A frontend without backends refuses the connect: ECONNREFUSED, as upstream's reject
+    // (this machine's kernel has bpf_set_retval), for TCP and for a UDP datagram.
+    assert_eq!(lb.refusal(), Refusal::Errno);
+    for proto in ["tcp", "udp"] {
+        let refused = client(&cgroup, &ns, &[proto, "10.96.0.11", "80", "1"]);
+        assert!(
+            refused[0].starts_with("error connect") || refused[0].starts_with("error sendto"),
+            "{proto} to a frontend without endpoints: {refused:?}"
+        );
+        assert!(
+            refused[0].contains("os error 111"),
+            "{proto}: not ECONNREFUSED: {refused:?}"
+        );
+    }
 
     // One backend removed: every new connection goes to the other, after one small update.
     let one = [
@@ -157,6 +169,7 @@ fn connections_to_a_vip_spread_over_both_backends_and_the_application_sees_the_v
         spec("fd00:10:96::10", 80, Protocol::Tcp, &v6),
         spec("fd00:10:96::10", 53, Protocol::Udp, &v6),
         spec("10.96.0.11", 80, Protocol::Tcp, &[]),
+        spec("10.96.0.11", 80, Protocol::Udp, &[]),
     ];
     let ops = planner
         .set_service(&ServiceName::new("t", "echo"), &one)

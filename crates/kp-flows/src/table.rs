@@ -65,31 +65,78 @@ impl Case {
         self.packet.protocol == Protocol::Sctp
     }
 
-    /// The row as a mode with `support` must pass it: unchanged, except that a mode without
-    /// SCTP must reject an SCTP row (as it rejects an unknown port), not leave it unanswered.
+    /// The row as a mode with `support` must pass it: unchanged, except for what the mode
+    /// declares it does not do ([`Support`]):
+    /// - without SCTP, an SCTP row must be rejected (as an unknown port is), not left
+    ///   unanswered;
+    /// - without the path for traffic from outside the node, a row whose packet arrives from
+    ///   outside must be left alone ([`Expect::Untouched`]: nothing of the mode answers it);
+    /// - without source NAT, a backend sees the client socket's own source: a pod's address,
+    ///   a bound address as bound, and for the node's unbound sockets the node's address on
+    ///   the link towards the backend (what a masqueraded row expects). So a row expects
+    ///   masquerade exactly when it comes from `node`.
     pub fn for_mode(&self, support: Support) -> Case {
         let mut case = self.clone();
         if self.needs_sctp() && !support.sctp {
             case.expect = Expect::Reject;
         }
+        if self.packet.origin == Origin::External && !support.from_outside {
+            case.expect = Expect::Untouched;
+        }
+        if !support.source_nat {
+            if let Expect::Pods { masquerade, .. } = &mut case.expect {
+                *masquerade = self.from == "node";
+            }
+        }
         case
+    }
+
+    /// Whether [`Case::for_mode`] changes the row for a mode with `support`.
+    pub fn changed_for(&self, support: Support) -> bool {
+        self.for_mode(support).expect != self.expect
     }
 }
 
-/// What a mode proxies of the protocols the table holds. Every row is checked in every mode;
-/// a mode that does not carry a protocol declares it here and is held to rejecting it
-/// ([`Case::for_mode`]), so the row is neither dropped nor weakened.
+/// What a mode proxies of what the table holds. Every row is checked in every mode; a mode
+/// that does not carry something declares it here, with the reason, and is held to a
+/// behaviour the row still checks ([`Case::for_mode`]), so the row is neither dropped nor
+/// passed silently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Support {
     /// Whether SCTP Services are proxied.
     pub sctp: bool,
+    /// Whether traffic that arrives from outside the node (on its interfaces) is proxied.
+    pub from_outside: bool,
+    /// Whether the mode rewrites a connection's source address (masquerades).
+    pub source_nat: bool,
+    /// Why the mode lacks what it lacks; empty for a mode that lacks nothing.
+    pub reason: &'static str,
 }
 
 impl Support {
-    /// Every protocol of the table (the kernel modes).
-    pub const ALL: Support = Support { sctp: true };
+    /// Every protocol and path of the table (the kernel modes).
+    pub const ALL: Support = Support {
+        sctp: true,
+        from_outside: true,
+        source_nat: true,
+        reason: "",
+    };
     /// TCP and UDP only (userspace mode: the proxy has no SCTP socket).
-    pub const NO_SCTP: Support = Support { sctp: false };
+    pub const NO_SCTP: Support = Support {
+        sctp: false,
+        reason: "the userspace proxy has no SCTP socket",
+        ..Support::ALL
+    };
+    /// Socket load balancing (the ebpf mode without its tc path): cgroup hooks rewrite the
+    /// destination a socket on the node or in its pods connects or sends to, so traffic that
+    /// arrives from outside the node meets no program, and no source is ever rewritten.
+    pub const SOCKET_LB: Support = Support {
+        sctp: true,
+        from_outside: false,
+        source_nat: false,
+        reason: "socket load balancing only: traffic from outside the node meets no program \
+                 (the tc path is not built), and backends see the client socket's own source",
+    };
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -703,13 +750,18 @@ pub fn check_tracer(tracer: &impl Tracer) -> Vec<String> {
 pub fn check_tracer_for(tracer: &impl Tracer, support: Support) -> Vec<String> {
     cases()
         .iter()
-        .map(|case| case.for_mode(support))
-        .filter_map(|case| {
+        .filter_map(|row| {
+            let case = row.for_mode(support);
             let want = expected_verdict(&case);
             let got = tracer.trace(&case.packet);
+            let declared = if row.changed_for(support) {
+                format!(" (row as declared for this mode: {})", support.reason)
+            } else {
+                String::new()
+            };
             (got != want).then(|| {
                 format!(
-                    "{}: {}\n    want {want:?}\n    got  {got:?}",
+                    "{}{declared}: {}\n    want {want:?}\n    got  {got:?}",
                     case.name, case.packet
                 )
             })

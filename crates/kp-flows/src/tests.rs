@@ -160,3 +160,32 @@ fn a_mode_without_sctp_is_held_to_rejecting_the_sctp_rows_and_to_every_other_row
     }
     assert!(sctp_rows > 0);
 }
+
+/// What a mode declares changes only the rows it names, and each in the one way documented.
+#[test]
+fn declared_support_changes_only_the_rows_it_covers() {
+    for case in cases() {
+        assert_eq!(
+            case.for_mode(Support::ALL).expect,
+            case.expect,
+            "{}",
+            case.name
+        );
+        let lb = case.for_mode(Support::SOCKET_LB);
+        match (&case.packet.origin, &lb.expect) {
+            (Origin::External, Expect::Untouched) => {}
+            (Origin::External, other) => panic!("{}: {other:?}", case.name),
+            (_, Expect::Pods { masquerade, .. }) => {
+                assert_eq!(*masquerade, case.from == "node", "{}", case.name);
+            }
+            (_, other) => assert_eq!(*other, case.expect, "{}", case.name),
+        }
+        let userspace = case.for_mode(Support::NO_SCTP);
+        if case.needs_sctp() {
+            assert_eq!(userspace.expect, Expect::Reject);
+        } else {
+            assert_eq!(userspace.expect, case.expect, "{}", case.name);
+        }
+    }
+    assert!(!Support::SOCKET_LB.reason.is_empty() && Support::ALL.reason.is_empty());
+}

@@ -1,0 +1,230 @@
+//! What the socket load balancer's programs do with a connect (or a UDP send), decided over map
+//! contents, without a kernel.
+//!
+//! The model follows `bpf/sock.c` step by step:
+//! - only sockets on the node and in its pods meet the cgroup hooks; a packet that arrives from
+//!   outside the node meets no program and is left alone (the tc path is not built);
+//! - `{destination, port, protocol, slot 0}` in the services map is a frontend: a count of 0
+//!   refuses (`ETIMEDOUT` with the drop flag, read as a drop; `ECONNREFUSED` without, a
+//!   reject); otherwise slots `1..=count` name the backends a connect may be sent to, each
+//!   equally likely, or the one the client's network namespace sticks to when the frontend has
+//!   an affinity timeout;
+//! - a destination that is no frontend meets the address map's longest prefix: a ClusterIP
+//!   rejects, a Service CIDR drops, anything else passes untouched;
+//! - nothing rewrites a source: the backend sees the socket's own address, which for the node's
+//!   unbound sockets is the node's address towards the backend (read as masqueraded), and for
+//!   a pod or a bound socket its own.
+//!
+//! A slot the programs cannot follow to a backend (missing slot, missing backend, an IPv6
+//! backend behind an IPv4 frontend) refuses the pick that lands on it: the tracer answers
+//! `Reject` for the whole frontend, so such maps fail the table. [`EbpfTracer::problems`]
+//! lists every inconsistency, the reverse-NAT entries the hooks give the frontend back with
+//! included.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kp_core::flow::{Origin, Packet, Tracer, Verdict};
+use kp_ebpf_plan::{
+    AddrKey, AddrVerdict, Backend, Contents, FrontendAddr, Op, ServiceKey, FLAG_DROP_EMPTY,
+};
+
+/// A tracer over the maps' contents.
+#[derive(Debug, Clone)]
+pub struct EbpfTracer {
+    maps: Contents,
+    local: Vec<IpAddr>,
+}
+
+/// What a pick from a frontend's slots may give.
+enum Slots {
+    /// Every slot leads to a backend.
+    Backends(Vec<Backend>),
+    /// Some slot does not: that pick is refused.
+    Broken(String),
+}
+
+impl EbpfTracer {
+    /// A tracer over `maps`, for a node whose own addresses are `local` (the sources an unbound
+    /// socket of the node may have; loopback is always local).
+    pub fn new(maps: Contents, local: Vec<IpAddr>) -> Self {
+        EbpfTracer { maps, local }
+    }
+
+    /// The maps as the tracer holds them.
+    pub fn maps(&self) -> &Contents {
+        &self.maps
+    }
+
+    /// The maps, to change them (tests that break them on purpose).
+    pub fn maps_mut(&mut self) -> &mut Contents {
+        &mut self.maps
+    }
+
+    /// Applies map updates as `kp_ebpf::SocketLb::apply` writes them, in order.
+    pub fn apply(&mut self, ops: &[Op]) {
+        apply(&mut self.maps, ops);
+    }
+
+    fn is_local(&self, ip: &IpAddr) -> bool {
+        ip.is_loopback() || self.local.contains(ip)
+    }
+
+    /// The backends a pick from `frontend` (with `count` slots) may land on.
+    fn slots(&self, frontend: FrontendAddr, count: u16) -> Slots {
+        let mut out = Vec::new();
+        for slot in 1..=count {
+            let Some(v) = self.maps.services.get(&ServiceKey { frontend, slot }) else {
+                return Slots::Broken(format!("{frontend:?}: slot {slot} is missing"));
+            };
+            let Some(b) = self.maps.backends.get(&v.backend_id) else {
+                return Slots::Broken(format!(
+                    "{frontend:?}: slot {slot} names backend {} which is missing",
+                    v.backend_id
+                ));
+            };
+            // connect4 refuses a backend that is no IPv4 address.
+            if frontend.ip.is_ipv4() && b.ip.is_ipv6() {
+                return Slots::Broken(format!(
+                    "{frontend:?}: slot {slot} holds IPv6 backend {b:?}"
+                ));
+            }
+            out.push(*b);
+        }
+        Slots::Backends(out)
+    }
+
+    /// The address map's longest prefix holding `ip`, as the LPM trie finds it.
+    fn longest_prefix(&self, ip: IpAddr) -> Option<AddrVerdict> {
+        self.maps
+            .addrs
+            .iter()
+            .filter(|(k, _)| contains(k, ip))
+            .max_by_key(|(k, _)| k.len)
+            .map(|(_, v)| *v)
+    }
+
+    /// Everything in the maps the programs would stumble on: slots that lead nowhere,
+    /// frontends without a reverse-NAT entry (recvmsg and getpeername would show the backend
+    /// instead of the frontend), reverse-NAT entries naming another frontend, backend slots
+    /// beyond the count.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (k, v) in self.maps.services.iter().filter(|(k, _)| k.slot == 0) {
+            if let Slots::Broken(why) = self.slots(k.frontend, v.count) {
+                out.push(why);
+            }
+            match self.maps.rev_nat.get(&v.rev_nat) {
+                None => out.push(format!(
+                    "{:?}: reverse-NAT entry {} is missing",
+                    k.frontend, v.rev_nat
+                )),
+                Some(r) if (r.ip, r.port) != (k.frontend.ip, k.frontend.port) => out.push(format!(
+                    "{:?}: reverse-NAT entry {} is {r:?}",
+                    k.frontend, v.rev_nat
+                )),
+                Some(_) => {}
+            }
+        }
+        for k in self.maps.services.keys().filter(|k| k.slot != 0) {
+            let head = ServiceKey { slot: 0, ..*k };
+            match self.maps.services.get(&head) {
+                Some(h) if k.slot <= h.count => {}
+                _ => out.push(format!(
+                    "{:?}: slot {} beyond its count (or no count)",
+                    k.frontend, k.slot
+                )),
+            }
+        }
+        out
+    }
+}
+
+impl Tracer for EbpfTracer {
+    fn trace(&self, p: &Packet) -> Verdict {
+        // Only sockets meet the cgroup hooks.
+        if p.origin == Origin::External {
+            return Verdict::Untouched;
+        }
+        let frontend = FrontendAddr {
+            ip: p.dst,
+            port: p.dport,
+            protocol: p.protocol,
+        };
+        let Some(head) = self.maps.services.get(&ServiceKey { frontend, slot: 0 }) else {
+            return match self.longest_prefix(p.dst) {
+                Some(AddrVerdict::Reject) => Verdict::Reject,
+                Some(AddrVerdict::Drop) => Verdict::Drop,
+                None => Verdict::Untouched,
+            };
+        };
+        if head.count == 0 {
+            return if head.flags & FLAG_DROP_EMPTY != 0 {
+                Verdict::Drop
+            } else {
+                Verdict::Reject
+            };
+        }
+        match self.slots(frontend, head.count) {
+            Slots::Broken(_) => Verdict::Reject,
+            Slots::Backends(backends) => Verdict::Dnat {
+                endpoints: backends
+                    .iter()
+                    .map(|b| (b.ip, b.port))
+                    .collect::<BTreeSet<_>>(),
+                masquerade: p.origin == Origin::Node && self.is_local(&p.src),
+                affinity: (head.affinity != 0).then_some(head.affinity),
+            },
+        }
+    }
+}
+
+/// Whether prefix `k` holds `ip` (of the same family).
+fn contains(k: &AddrKey, ip: IpAddr) -> bool {
+    match (k.ip, ip) {
+        (IpAddr::V4(net), IpAddr::V4(a)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(k.len)).unwrap_or(0);
+            u32::from(net) & mask == u32::from(a) & mask
+        }
+        (IpAddr::V6(net), IpAddr::V6(a)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(k.len)).unwrap_or(0);
+            u128::from(net) & mask == u128::from(a) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Applies map updates to `maps` as the loader writes them.
+pub fn apply(maps: &mut Contents, ops: &[Op]) {
+    for op in ops {
+        match op {
+            Op::UpsertBackend(id, b) => {
+                maps.backends.insert(*id, *b);
+            }
+            Op::UpsertRevNat(id, r) => {
+                maps.rev_nat.insert(*id, *r);
+            }
+            Op::UpsertService(k, v) => {
+                maps.services.insert(*k, *v);
+            }
+            Op::UpsertAddr(k, v) => {
+                maps.addrs.insert(*k, *v);
+            }
+            Op::DeleteAddr(k) => {
+                maps.addrs.remove(k);
+            }
+            Op::DeleteService(k) => {
+                maps.services.remove(k);
+            }
+            Op::DeleteRevNat(id) => {
+                maps.rev_nat.remove(id);
+            }
+            Op::DeleteBackend(id) => {
+                maps.backends.remove(id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

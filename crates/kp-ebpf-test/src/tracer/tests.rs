@@ -1,0 +1,236 @@
+use kp_core::model::{Protocol, ServiceKey as ServiceName};
+use kp_core::node::NodePortAddresses;
+use kp_core::track::{Object, ProxyState, SourceEvent};
+use kp_ebpf_plan::{node_port_addresses, plan_state, service_specs, Planner};
+use kp_flows::Support;
+
+use super::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+/// The fixture's maps as a full sync plans them, with the planner for later changes.
+fn planned(state: &ProxyState) -> (Planner, EbpfTracer) {
+    let planner = plan_state(state, &NodePortAddresses::Primary).expect("plan");
+    let tracer = EbpfTracer::new(planner.contents(), kp_flows::node_addresses());
+    (planner, tracer)
+}
+
+fn fixture() -> EbpfTracer {
+    planned(&kp_flows::state()).1
+}
+
+/// The rows `tracer` fails, by name.
+fn failing(tracer: &EbpfTracer) -> Vec<String> {
+    kp_flows::check_tracer_for(tracer, Support::SOCKET_LB)
+}
+
+fn names_row(failures: &[String], row: &str) -> bool {
+    failures.iter().any(|f| f.starts_with(row))
+}
+
+#[test]
+fn the_flow_table_passes_over_the_planned_maps() {
+    let tracer = fixture();
+    assert_eq!(tracer.problems(), Vec::<String>::new());
+    let failures = failing(&tracer);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Without the declaration, exactly the rows it covers fail: the declaration is what lets them
+/// pass, and it covers nothing the tracer passes anyway by luck.
+#[test]
+fn undeclared_the_table_fails_exactly_on_the_rows_the_declaration_covers() {
+    let tracer = fixture();
+    let failures = kp_flows::check_tracer(&tracer);
+    let covered: Vec<&str> = kp_flows::cases()
+        .into_iter()
+        .filter(|c| c.changed_for(Support::SOCKET_LB))
+        .map(|c| c.name)
+        .collect();
+    assert!(covered.len() >= 10, "{covered:?}");
+    assert_eq!(failures.len(), covered.len(), "{}", failures.join("\n"));
+    for name in covered {
+        assert!(names_row(&failures, name), "{name} passes undeclared");
+    }
+    // And the failures say why the row is held to something else.
+    let failures = kp_flows::check_tracer_for(
+        &EbpfTracer::new(Contents::default(), vec![]),
+        Support::SOCKET_LB,
+    );
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains(Support::SOCKET_LB.reason)),
+        "{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_plan_with_a_wrong_backend_fails_the_table() {
+    let mut tracer = fixture();
+    let pod1 = ip("10.244.1.11");
+    for b in tracer.maps_mut().backends.values_mut() {
+        if b.ip == pod1 {
+            b.ip = ip("10.244.1.99");
+        }
+    }
+    let failures = failing(&tracer);
+    assert!(
+        names_row(&failures, "pod to ClusterIP spreads over all endpoints"),
+        "{}",
+        failures.join("\n")
+    );
+    assert!(names_row(&failures, "hairpin"), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_frontend_that_rejects_instead_of_dropping_fails_the_table() {
+    let mut tracer = fixture();
+    for v in tracer.maps_mut().services.values_mut() {
+        v.flags = 0;
+    }
+    let failures = failing(&tracer);
+    assert_eq!(failures.len(), 1, "{}", failures.join("\n"));
+    assert!(names_row(
+        &failures,
+        "internalTrafficPolicy Local without local endpoints drops"
+    ));
+}
+
+#[test]
+fn without_the_address_map_unknown_ports_and_unallocated_cluster_ips_fail() {
+    let mut tracer = fixture();
+    tracer.maps_mut().addrs.clear();
+    let failures = failing(&tracer);
+    for row in [
+        "a ClusterIP on a port no Service uses is rejected",
+        "traffic to an unallocated ClusterIP is dropped",
+        "UDP to an unallocated ClusterIP is dropped",
+        "traffic to an unallocated IPv6 ClusterIP is dropped",
+    ] {
+        assert!(names_row(&failures, row), "{row}: {}", failures.join("\n"));
+    }
+}
+
+#[test]
+fn without_its_affinity_timeout_the_sticky_service_fails() {
+    let mut tracer = fixture();
+    for v in tracer.maps_mut().services.values_mut() {
+        v.affinity = 0;
+    }
+    let failures = failing(&tracer);
+    assert_eq!(failures.len(), 1, "{}", failures.join("\n"));
+    assert!(names_row(&failures, "ClientIP affinity sticks"));
+}
+
+#[test]
+fn a_dangling_slot_is_a_problem_and_refuses_its_frontend() {
+    let mut tracer = fixture();
+    let web = FrontendAddr {
+        ip: ip("10.96.0.10"),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    let id = tracer.maps().services[&ServiceKey {
+        frontend: web,
+        slot: 2,
+    }]
+        .backend_id;
+    // pod-2 also backs other Services: point the slot at an id nobody holds.
+    tracer
+        .maps_mut()
+        .services
+        .get_mut(&ServiceKey {
+            frontend: web,
+            slot: 2,
+        })
+        .expect("slot 2")
+        .backend_id = id + 10_000;
+    let problems = tracer.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let p = Packet {
+        origin: Origin::Pod,
+        src: ip("10.244.1.14"),
+        protocol: Protocol::Tcp,
+        dst: web.ip,
+        dport: 80,
+    };
+    assert_eq!(tracer.trace(&p), Verdict::Reject);
+    tracer.maps_mut().rev_nat.clear();
+    assert!(tracer.problems().len() > 10);
+}
+
+/// What each frontend leads to, whatever ids the maps use: its backends, flags and affinity.
+fn resolved(
+    maps: &Contents,
+) -> std::collections::BTreeMap<FrontendAddr, (BTreeSet<Backend>, u8, u32)> {
+    maps.services
+        .iter()
+        .filter(|(k, _)| k.slot == 0)
+        .map(|(k, v)| {
+            let backends = (1..=v.count)
+                .map(|slot| {
+                    let id = maps.services[&ServiceKey { slot, ..*k }].backend_id;
+                    maps.backends[&id]
+                })
+                .collect();
+            (k.frontend, (backends, v.flags, v.affinity))
+        })
+        .collect()
+}
+
+/// A slice update planned incrementally lands the maps where a fresh full plan puts them, and
+/// the tracer follows: one endpoint, then none (rejected), then back.
+#[test]
+fn incremental_changes_reach_the_same_maps_as_a_full_plan() {
+    let mut state = kp_flows::state();
+    let (mut planner, mut tracer) = planned(&state);
+    let web = ServiceName::new("default", "web");
+    let p = Packet {
+        origin: Origin::Pod,
+        src: ip("10.244.1.14"),
+        protocol: Protocol::Tcp,
+        dst: ip("10.96.0.10"),
+        dport: 80,
+    };
+    for (pods, want) in [
+        (
+            &["pod-2"][..],
+            Some(BTreeSet::from([(ip("10.244.1.12"), kp_flows::TCP_PORT)])),
+        ),
+        (&[][..], None),
+        (&["pod-1", "pod-2", "pod-3"][..], None),
+    ] {
+        state
+            .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(
+                kp_flows::web_slice(pods),
+            ))))
+            .expect("slice");
+        state.take_changes();
+        let nodes = node_port_addresses(&NodePortAddresses::Primary, &state);
+        let ops = planner
+            .set_service(&web, &service_specs(&state, &web, &nodes))
+            .expect("plan");
+        assert!(ops.len() <= 8, "{} updates: {ops:?}", ops.len());
+        tracer.apply(&ops);
+        assert_eq!(
+            resolved(tracer.maps()),
+            resolved(&planned(&state).0.contents())
+        );
+        assert_eq!(tracer.maps().addrs, planned(&state).0.contents().addrs);
+        match (tracer.trace(&p), want, pods.is_empty()) {
+            (Verdict::Dnat { endpoints, .. }, Some(want), _) => assert_eq!(endpoints, want),
+            (Verdict::Reject, None, true) => {}
+            (Verdict::Dnat { endpoints, .. }, None, false) => {
+                assert_eq!(endpoints.len(), 3)
+            }
+            (got, _, _) => panic!("{pods:?}: {got:?}"),
+        }
+        assert_eq!(tracer.problems(), Vec::<String>::new());
+    }
+    let failures = failing(&tracer);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
