@@ -16,7 +16,7 @@ use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
 use kp_ebpf_plan::{diff, node_port_addresses, service_cidrs, service_specs as specs, Planner};
 
-use crate::{names, Error, MapSizes, SocketLb};
+use crate::{Error, MapSizes, SocketLb};
 
 /// How the mode is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,9 +59,11 @@ impl EbpfDataplane {
 fn dataplane_error(e: Error) -> DataplaneError {
     match e {
         Error::Map { .. } | Error::Unreadable(_) => DataplaneError::transient(e),
-        Error::Load(_) | Error::Program { .. } | Error::Missing(_) | Error::Cgroup { .. } => {
-            DataplaneError::permanent(e)
-        }
+        Error::Load(_)
+        | Error::Program { .. }
+        | Error::Missing(_)
+        | Error::Cgroup { .. }
+        | Error::PinDir { .. } => DataplaneError::permanent(e),
     }
 }
 
@@ -71,6 +73,15 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn start(&mut self) -> Result<(), DataplaneError> {
+        if let Some(dir) = &self.config.pin_dir {
+            // On bpffs (a directory of bpffs is one too); a missing one is made here.
+            std::fs::create_dir_all(dir).map_err(|source| {
+                dataplane_error(Error::PinDir {
+                    path: dir.clone(),
+                    source,
+                })
+            })?;
+        }
         let mut lb = SocketLb::load(self.config.sizes, self.config.pin_dir.as_deref())
             .map_err(dataplane_error)?;
         lb.attach(&self.config.cgroup).map_err(dataplane_error)?;
@@ -136,13 +147,7 @@ impl Dataplane for EbpfDataplane {
         self.lb = None;
         self.planner = Planner::new();
         if let Some(dir) = &self.config.pin_dir {
-            for name in names::ALL {
-                match std::fs::remove_file(dir.join(name)) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(DataplaneError::transient(e)),
-                }
-            }
+            crate::remove_pins(dir).map_err(DataplaneError::transient)?;
         }
         Ok(())
     }

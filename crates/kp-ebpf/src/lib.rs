@@ -101,6 +101,15 @@ pub enum Error {
     /// A map held bytes this version never writes. Retryable: a full sync rewrites them.
     #[error("map {0} holds an entry this version cannot read")]
     Unreadable(&'static str),
+    /// The pin directory could not be made. Not retryable (bpffs is not mounted there, or no
+    /// permission).
+    #[error("pin directory {path}: {source}")]
+    PinDir {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
     /// The cgroup directory could not be opened. Not retryable.
     #[error("cgroup {path}: {source}")]
     Cgroup {
@@ -109,6 +118,33 @@ pub enum Error {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// Removes the maps pinned under `dir` (every name in [`names::ALL`]), then `dir` itself if
+/// that leaves it empty and it is no mount point. What is not there is no error; nothing else
+/// in `dir` is touched.
+pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
+    for name in names::ALL {
+        match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::DirectoryNotEmpty
+                    | std::io::ErrorKind::ResourceBusy
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Sizes of the maps, from the configuration.

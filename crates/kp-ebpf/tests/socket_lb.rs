@@ -240,7 +240,21 @@ fn maps_pinned_under_bpffs_survive_the_loader_and_are_adopted_by_the_next() {
     let mut second = SocketLb::load(MapSizes::default(), Some(&bpffs.path)).expect("reload");
     assert_eq!(second.read_back().expect("read back"), planner.contents());
     drop(second);
+    // Removal takes every pin and the directory, and only them.
+    let dir = bpffs.path.join("kube-proxy-rs");
+    std::fs::create_dir(&dir).expect("a directory on bpffs");
+    let mut third =
+        SocketLb::load(MapSizes::default(), Some(&dir)).expect("load in a subdirectory");
+    third.apply(&ops).expect("apply");
+    drop(third);
+    kp_ebpf::remove_pins(&bpffs.path).expect("remove pins");
     for name in kp_ebpf::names::ALL {
-        let _ = std::fs::remove_file(bpffs.path.join(name));
+        assert!(!bpffs.path.join(name).exists(), "{name} still pinned");
+        assert!(
+            dir.join(name).exists(),
+            "{name} of another directory went too"
+        );
     }
+    kp_ebpf::remove_pins(&dir).expect("remove pins");
+    assert!(!dir.exists(), "the emptied pin directory stays");
 }

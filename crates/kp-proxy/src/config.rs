@@ -192,6 +192,9 @@ pub struct Conntrack {
     pub udp_stream_timeout: Option<Duration>,
 }
 
+/// Where the ebpf mode pins its maps unless `--bpf-pin-dir` says otherwise.
+pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/kube-proxy-rs";
+
 /// The resolved configuration `main` runs with. Every value here has been validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -250,6 +253,13 @@ pub struct Config {
     pub port_range: Option<RangeInclusive<u16>>,
     /// Idle timeout of userspace-mode UDP sessions. Greater than zero.
     pub udp_idle_timeout: Duration,
+    /// `--bpf-cgroup-root` (ebpf mode; our addition): the cgroup v2 directory the socket hooks
+    /// attach to. `None`: the root of the cgroup v2 hierarchy, found in /proc/self/mountinfo at
+    /// start, so every process of the node and its pods is covered.
+    pub bpf_cgroup_root: Option<PathBuf>,
+    /// `--bpf-pin-dir` (ebpf mode; our addition): the bpffs directory its maps are pinned in,
+    /// so a restarted proxy adopts them. [`DEFAULT_BPF_PIN_DIR`] unless given.
+    pub bpf_pin_dir: PathBuf,
     /// oom_score_adj for this process, in [-1000, 1000].
     pub oom_score_adj: i32,
     /// Feature gates as given; none changes behaviour yet.

@@ -199,6 +199,17 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub udp_timeout: Option<GoDuration>,
 
+    /// ebpf mode (not an upstream flag): the cgroup v2 directory the socket load balancer's
+    /// hooks attach to. Unset: the root of the cgroup v2 hierarchy (found in
+    /// /proc/self/mountinfo), which covers every process of the node and its pods.
+    #[arg(long, value_name = "DIR")]
+    pub bpf_cgroup_root: Option<PathBuf>,
+
+    /// ebpf mode (not an upstream flag): the bpffs directory its maps are pinned in, so that a
+    /// restarted proxy adopts them. [default: /sys/fs/bpf/kube-proxy-rs]
+    #[arg(long, value_name = "DIR")]
+    pub bpf_pin_dir: Option<PathBuf>,
+
     /// How often configuration from the API server is refreshed (re-listed); must be greater
     /// than 0. Accepted for compatibility: kube-proxy-rs keeps its watches open and re-lists
     /// only when a watch expires. [default: 15m0s]

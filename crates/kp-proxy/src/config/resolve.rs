@@ -460,6 +460,10 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
         conntrack,
         port_range,
         udp_idle_timeout,
+        bpf_cgroup_root: flags.bpf_cgroup_root,
+        bpf_pin_dir: flags
+            .bpf_pin_dir
+            .unwrap_or_else(|| PathBuf::from(super::DEFAULT_BPF_PIN_DIR)),
         oom_score_adj,
         feature_gates: doc.feature_gates.clone(),
         cleanup: flags.cleanup.unwrap_or(false),

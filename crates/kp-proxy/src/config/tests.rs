@@ -1048,3 +1048,26 @@ fn an_error_in_a_flag_value_names_the_flag() {
     let err = with_file(&file("oomScoreAdj: 2000\n"), &[]).unwrap_err();
     assert_eq!(err.field_errors()[0].flag, None);
 }
+
+#[test]
+fn the_ebpf_flags_name_the_cgroup_root_and_the_pin_directory() {
+    let c = flags_only(&["--proxy-mode", "ebpf"]).expect("loads").config;
+    assert_eq!(c.mode, ProxyMode::Ebpf);
+    assert_eq!(c.bpf_cgroup_root, None);
+    assert_eq!(c.bpf_pin_dir, Path::new(DEFAULT_BPF_PIN_DIR));
+    let c = flags_only(&[
+        "--proxy-mode",
+        "ebpf",
+        "--bpf-cgroup-root",
+        "/sys/fs/cgroup/kubepods",
+        "--bpf-pin-dir",
+        "/sys/fs/bpf/kp-test",
+    ])
+    .expect("loads")
+    .config;
+    assert_eq!(
+        c.bpf_cgroup_root.as_deref(),
+        Some(Path::new("/sys/fs/cgroup/kubepods"))
+    );
+    assert_eq!(c.bpf_pin_dir, Path::new("/sys/fs/bpf/kp-test"));
+}

@@ -1,0 +1,132 @@
+//! The ebpf mode's registry entry: its settings from the configuration, its dataplane (the
+//! socket load balancer on cgroup v2 hooks, `kp-ebpf`), and the removal of what it leaves
+//! (the maps pinned under `--bpf-pin-dir`; its programs hang on BPF links that close with the
+//! process, so nothing else stays).
+//!
+//! Translation happens when a socket connects, before any packet exists: no NAT, so no
+//! conntrack entry of this mode's can go stale, and the registry entry says so
+//! (`reconciles_conntrack: false`).
+
+use std::path::PathBuf;
+
+use kp_core::dataplane::{Dataplane, DataplaneError};
+use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane};
+use kp_ebpf::MapSizes;
+
+use super::{node_port_addresses, ModeContext};
+use crate::config::{Config, DEFAULT_BPF_PIN_DIR};
+use crate::Fatal;
+
+/// The cgroup the hooks attach to: `--bpf-cgroup-root`, else the cgroup v2 hierarchy's root.
+/// In a network namespace of a caller's (tests, benchmarks) only an explicit one: the
+/// hierarchy's root would rewrite the connections of every process on the machine.
+fn cgroup_root(ctx: &ModeContext<'_>) -> Result<PathBuf, Fatal> {
+    if let Some(dir) = &ctx.config.bpf_cgroup_root {
+        return Ok(dir.clone());
+    }
+    if let Some(ns) = ctx.netns {
+        return Err(Fatal::Config(format!(
+            "ebpf mode for network namespace {ns}: its socket hooks act on a cgroup, not a \
+             namespace; name a cgroup of the caller's own with --bpf-cgroup-root"
+        )));
+    }
+    match kp_ebpf::cgroup::find_cgroup2_root() {
+        Ok(Some(root)) => Ok(root),
+        Ok(None) => Err(Fatal::Config(
+            "ebpf mode needs a cgroup v2 hierarchy and none is mounted (see /proc/self/mountinfo); \
+             mount one or name it with --bpf-cgroup-root"
+                .into(),
+        )),
+        Err(e) => Err(Fatal::Start {
+            what: "reading /proc/self/mountinfo for the cgroup v2 root".into(),
+            source: Box::new(e),
+        }),
+    }
+}
+
+/// The ebpf mode's settings, from the configuration: the cgroup (`--bpf-cgroup-root` or the
+/// hierarchy's root), the pin directory (`--bpf-pin-dir`), `nodePortAddresses`, and the
+/// loader's default map sizes.
+pub fn ebpf_settings(ctx: &ModeContext<'_>) -> Result<EbpfConfig, Fatal> {
+    Ok(EbpfConfig {
+        cgroup: cgroup_root(ctx)?,
+        pin_dir: Some(ctx.config.bpf_pin_dir.clone()),
+        sizes: MapSizes::default(),
+        node_ports: node_port_addresses(ctx.config),
+    })
+}
+
+/// Builds the dataplane; nothing is loaded or attached before its `start`.
+pub fn build_ebpf(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> {
+    Ok(Box::new(EbpfDataplane::new(ebpf_settings(ctx)?)))
+}
+
+/// Whether the pin directory is this caller's to clean: always in the node's own namespace;
+/// in a caller's namespace only a directory it named (the default one belongs to a proxy
+/// running on the machine).
+fn owns_pins(cfg: &Config, netns: Option<&str>) -> bool {
+    netns.is_none() || cfg.bpf_pin_dir != std::path::Path::new(DEFAULT_BPF_PIN_DIR)
+}
+
+/// Removes the maps the mode pinned, and their directory once empty. Programs need no
+/// removal: their links close with the process that made them.
+pub fn remove_ebpf(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
+    if !owns_pins(ctx.config, ctx.netns) {
+        return Ok(());
+    }
+    kp_ebpf::remove_pins(&ctx.config.bpf_pin_dir).map_err(DataplaneError::transient)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn config(args: &[&str]) -> Config {
+        crate::config::load(
+            ["kube-proxy", "--proxy-mode", "ebpf"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )
+        .expect("config")
+        .config
+    }
+
+    #[test]
+    fn the_settings_follow_the_flags() {
+        let cfg = config(&[
+            "--bpf-cgroup-root",
+            "/sys/fs/cgroup/kpt",
+            "--bpf-pin-dir",
+            "/sys/fs/bpf/kpt",
+            "--nodeport-addresses",
+            "primary",
+        ]);
+        let metrics = Arc::new(kp_metrics::Metrics::new());
+        let ctx = ModeContext::new(&cfg, metrics);
+        let s = ebpf_settings(&ctx).expect("settings");
+        assert_eq!(s.cgroup, PathBuf::from("/sys/fs/cgroup/kpt"));
+        assert_eq!(s.pin_dir, Some(PathBuf::from("/sys/fs/bpf/kpt")));
+        assert_eq!(s.node_ports, kp_core::node::NodePortAddresses::Primary);
+    }
+
+    #[test]
+    fn in_a_callers_namespace_the_machines_cgroup_root_and_pins_are_left_alone() {
+        let cfg = config(&[]);
+        let metrics = Arc::new(kp_metrics::Metrics::new());
+        let ctx = ModeContext {
+            netns: Some("kpt-test"),
+            ..ModeContext::new(&cfg, metrics)
+        };
+        match ebpf_settings(&ctx) {
+            Err(Fatal::Config(msg)) => assert!(msg.contains("--bpf-cgroup-root"), "{msg}"),
+            Err(other) => panic!("not a configuration error: {other}"),
+            Ok(s) => panic!("attached to {:?}", s.cgroup),
+        }
+        assert!(!owns_pins(&cfg, Some("kpt-test")));
+        assert!(owns_pins(&cfg, None));
+        let own = config(&["--bpf-pin-dir", "/tmp/kpt-pins"]);
+        assert!(owns_pins(&own, Some("kpt-test")));
+    }
+}
