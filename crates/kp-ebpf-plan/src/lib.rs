@@ -164,6 +164,34 @@ pub fn service_specs(
     out
 }
 
+/// How many ports of `service` have a `Local` policy with endpoints elsewhere but none on this
+/// node, per family (IPv4, IPv6): (internal, external), as upstream counts for
+/// `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+pub fn no_local_endpoints(state: &ProxyState, service: &ServiceName) -> [(u64, u64); 2] {
+    let mut out = [(0, 0); 2];
+    for sps in state.service_state(service) {
+        for (i, family) in IpFamily::ALL.into_iter().enumerate() {
+            let frontends = Frontends::of(&sps, family);
+            let (mut internal, mut external) = (false, false);
+            for f in frontends.iter() {
+                if f.no_endpoints().is_some()
+                    && f.has_endpoints
+                    && f.policy == kp_core::frontend::TrafficPolicy::Local
+                {
+                    if f.is_external() {
+                        external = true;
+                    } else {
+                        internal = true;
+                    }
+                }
+            }
+            out[i].0 += u64::from(internal);
+            out[i].1 += u64::from(external);
+        }
+    }
+    out
+}
+
 /// A planner holding everything `state` needs: every Service's frontends and the Service
 /// CIDRs, as a full sync writes them (its [`Planner::contents`] is what the maps should hold).
 pub fn plan_state(state: &ProxyState, node_ports: &NodePortAddresses) -> Result<Planner, Error> {

@@ -8,13 +8,16 @@
 //!
 //! Not yet: keeping the programs attached across a restart (pinned links), the tc path.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
 use kp_core::model::ServiceKey as ServiceName;
 use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
-use kp_ebpf_plan::{diff, node_port_addresses, service_cidrs, service_specs as specs, Planner};
+use kp_ebpf_plan::{
+    diff, no_local_endpoints, node_port_addresses, service_cidrs, service_specs as specs, Planner,
+};
 
 use crate::{Error, MapSizes, SocketLb};
 
@@ -37,6 +40,8 @@ pub struct EbpfDataplane {
     config: Config,
     lb: Option<SocketLb>,
     planner: Planner,
+    /// Per Service, its ports with a Local policy and no local endpoint, per family.
+    no_local: HashMap<ServiceName, [(u64, u64); 2]>,
 }
 
 impl EbpfDataplane {
@@ -46,6 +51,7 @@ impl EbpfDataplane {
             config,
             lb: None,
             planner: Planner::new(),
+            no_local: HashMap::new(),
         }
     }
 
@@ -103,6 +109,11 @@ impl Dataplane for EbpfDataplane {
             let have = self.lb()?.read_back().map_err(dataplane_error)?;
             let ops = diff(&have, &planner.contents());
             self.planner = planner;
+            self.no_local = state
+                .service_keys()
+                .map(|k| (k.clone(), no_local_endpoints(state, k)))
+                .filter(|(_, n)| *n != [(0, 0); 2])
+                .collect();
             ops
         } else {
             let mut ops = Vec::new();
@@ -114,6 +125,10 @@ impl Dataplane for EbpfDataplane {
                 changes.services.iter().collect()
             };
             for service in services {
+                match no_local_endpoints(state, service) {
+                    [(0, 0), (0, 0)] => self.no_local.remove(service),
+                    n => self.no_local.insert(service.clone(), n),
+                };
                 ops.extend(
                     self.planner
                         .set_service(service, &specs(state, service, &node_addresses))
@@ -129,7 +144,15 @@ impl Dataplane for EbpfDataplane {
         Ok(SyncReport {
             full,
             operations: ops.len(),
-            no_local_endpoints: (0, 0),
+            // Per family, summed over Services; the larger family's, as upstream's per-family
+            // proxiers each report theirs and the metric keeps the last.
+            no_local_endpoints: (0..2)
+                .map(|i| {
+                    self.no_local
+                        .values()
+                        .fold((0, 0), |(a, b), n| (a + n[i].0, b + n[i].1))
+                })
+                .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1))),
         })
     }
 
@@ -146,6 +169,7 @@ impl Dataplane for EbpfDataplane {
         // Dropping the loader detaches every program (BPF links) and closes the maps.
         self.lb = None;
         self.planner = Planner::new();
+        self.no_local.clear();
         if let Some(dir) = &self.config.pin_dir {
             crate::remove_pins(dir).map_err(DataplaneError::transient)?;
         }

@@ -200,22 +200,26 @@ impl SocketLb {
     /// kernel whose verifier refuses the programs (before 5.18: no `bpf_set_retval`) gets the
     /// compat object, which refuses with `EPERM`.
     pub fn load(sizes: MapSizes, pin_dir: Option<&Path>) -> Result<SocketLb, Error> {
-        match SocketLb::load_object(SOCK_OBJECT, sizes, pin_dir) {
-            Ok(ebpf) => Ok(SocketLb {
-                ebpf,
-                refusal: Refusal::Errno,
-            }),
+        match SocketLb::load_as(Refusal::Errno, sizes, pin_dir) {
             Err(first @ Error::Program { .. }) => {
-                match SocketLb::load_object(SOCK_OBJECT_COMPAT, sizes, pin_dir) {
-                    Ok(ebpf) => Ok(SocketLb {
-                        ebpf,
-                        refusal: Refusal::Eperm,
-                    }),
-                    Err(_) => Err(first),
-                }
+                SocketLb::load_as(Refusal::Eperm, sizes, pin_dir).map_err(|_| first)
             }
-            Err(e) => Err(e),
+            other => other,
         }
+    }
+
+    /// [`SocketLb::load`] of one object: the one that refuses as `refusal` says.
+    pub fn load_as(
+        refusal: Refusal,
+        sizes: MapSizes,
+        pin_dir: Option<&Path>,
+    ) -> Result<SocketLb, Error> {
+        let object = match refusal {
+            Refusal::Errno => SOCK_OBJECT,
+            Refusal::Eperm => SOCK_OBJECT_COMPAT,
+        };
+        let ebpf = SocketLb::load_object(object, sizes, pin_dir)?;
+        Ok(SocketLb { ebpf, refusal })
     }
 
     fn load_object(object: &[u8], sizes: MapSizes, pin_dir: Option<&Path>) -> Result<Ebpf, Error> {

@@ -38,6 +38,9 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         .sync(&state, &Changes::default(), true)
         .expect("first full sync");
     assert!(report.operations > 20, "{report:?}");
+    // itp-local-none (internal); local-none (external): Local policies with endpoints on
+    // node-b only, as the nftables mode counts them.
+    assert_eq!(report.no_local_endpoints, (1, 1), "{report:?}");
     assert_eq!(first.verify().expect("verify"), Vec::<String>::new());
     let again = first
         .sync(&state, &Changes::default(), true)

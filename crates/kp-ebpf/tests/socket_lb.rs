@@ -258,3 +258,31 @@ fn maps_pinned_under_bpffs_survive_the_loader_and_are_adopted_by_the_next() {
     kp_ebpf::remove_pins(&dir).expect("remove pins");
     assert!(!dir.exists(), "the emptied pin directory stays");
 }
+
+/// The compat object, for kernels before 5.18, passes the verifier here too and refuses with
+/// EPERM where the default one gives ECONNREFUSED or ETIMEDOUT.
+#[test]
+#[ignore = "needs root"]
+fn the_compat_object_refuses_with_eperm() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("ebpf-compat").expect("namespace");
+    let cgroup = Cgroup::new();
+    let mut lb = SocketLb::load_as(Refusal::Eperm, MapSizes::default(), None).expect("load");
+    assert_eq!(lb.refusal(), Refusal::Eperm);
+    lb.attach(&cgroup.path).expect("attach");
+    let mut planner = Planner::new();
+    let ops = planner
+        .set_service(
+            &ServiceName::new("t", "empty"),
+            &[spec("10.96.0.11", 80, Protocol::Tcp, &[])],
+        )
+        .expect("plan");
+    lb.apply(&ops).expect("apply");
+    let refused = client(&cgroup, &ns, &["tcp", "10.96.0.11", "80", "1"]);
+    assert!(
+        refused[0].starts_with("error connect") && refused[0].contains("os error 1)"),
+        "not EPERM: {refused:?}"
+    );
+}
