@@ -6,7 +6,10 @@
 //! Besides the frontends, each sync writes the address map: every ClusterIP refuses its other
 //! ports, and every Service CIDR drops what no Service holds.
 //!
-//! Not yet: keeping the programs attached across a restart (pinned links), the tc path.
+//! With a pin directory, the programs' links are pinned beside the maps: they stay attached
+//! when the proxy exits, and a restart swaps in its own links without a gap.
+//!
+//! Not yet: the tc path.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -69,7 +72,8 @@ fn dataplane_error(e: Error) -> DataplaneError {
         | Error::Program { .. }
         | Error::Missing(_)
         | Error::Cgroup { .. }
-        | Error::PinDir { .. } => DataplaneError::permanent(e),
+        | Error::PinDir { .. }
+        | Error::Pin { .. } => DataplaneError::permanent(e),
     }
 }
 
@@ -91,6 +95,9 @@ impl Dataplane for EbpfDataplane {
         let mut lb = SocketLb::load(self.config.sizes, self.config.pin_dir.as_deref())
             .map_err(dataplane_error)?;
         lb.attach(&self.config.cgroup).map_err(dataplane_error)?;
+        if let Some(dir) = &self.config.pin_dir {
+            lb.pin_links(dir).map_err(dataplane_error)?;
+        }
         self.lb = Some(lb);
         Ok(())
     }
@@ -166,7 +173,8 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        // Dropping the loader detaches every program (BPF links) and closes the maps.
+        // Dropping the loader detaches every program whose link is not pinned and closes the
+        // maps; removing the pins detaches the rest.
         self.lb = None;
         self.planner = Planner::new();
         self.no_local.clear();

@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap, MapData};
+use aya::programs::cgroup_sock_addr::CgroupSockAddrLinkId;
+use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 use kp_ebpf_plan::layout::{
@@ -70,6 +72,11 @@ pub mod names {
     pub const AFFINITY: &str = "kp_affinity";
     /// Every map, for pinning.
     pub const ALL: [&str; 6] = [SERVICES, BACKENDS, REV_NAT, SK_REV, ADDRS, AFFINITY];
+
+    /// The pin name of the link that attaches `program` (one of [`super::SOCK_PROGRAMS`]).
+    pub fn link(program: &str) -> String {
+        format!("{program}_link")
+    }
 }
 
 /// What failed.
@@ -101,6 +108,14 @@ pub enum Error {
     /// A map held bytes this version never writes. Retryable: a full sync rewrites them.
     #[error("map {0} holds an entry this version cannot read")]
     Unreadable(&'static str),
+    /// A program's link could not be pinned. Not retryable.
+    #[error("pinning the link of {name}: {detail}")]
+    Pin {
+        /// The program.
+        name: &'static str,
+        /// What failed.
+        detail: String,
+    },
     /// The pin directory could not be made. Not retryable (bpffs is not mounted there, or no
     /// permission).
     #[error("pin directory {path}: {source}")]
@@ -120,11 +135,14 @@ pub enum Error {
     },
 }
 
-/// Removes the maps pinned under `dir` (every name in [`names::ALL`]), then `dir` itself if
-/// that leaves it empty and it is no mount point. What is not there is no error; nothing else
+/// Removes the program links pinned under `dir` (which detaches the programs) and the maps
+/// (every name in [`names::ALL`]), then `dir` itself if that leaves it empty and it is no
+/// mount point. What is not there is no error; nothing else
 /// in `dir` is touched.
 pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
-    for name in names::ALL {
+    let links = SOCK_PROGRAMS.map(names::link);
+    // Links first: unpinning the last reference detaches the program.
+    for name in links.iter().map(String::as_str).chain(names::ALL) {
         match std::fs::remove_file(dir.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -190,6 +208,7 @@ pub enum Refusal {
 pub struct SocketLb {
     ebpf: Ebpf,
     refusal: Refusal,
+    links: Vec<(&'static str, CgroupSockAddrLinkId)>,
 }
 
 type ByteMap<'a, const K: usize, const V: usize> = HashMap<&'a mut MapData, [u8; K], [u8; V]>;
@@ -219,7 +238,11 @@ impl SocketLb {
             Refusal::Eperm => SOCK_OBJECT_COMPAT,
         };
         let ebpf = SocketLb::load_object(object, sizes, pin_dir)?;
-        Ok(SocketLb { ebpf, refusal })
+        Ok(SocketLb {
+            ebpf,
+            refusal,
+            links: Vec::new(),
+        })
     }
 
     fn load_object(object: &[u8], sizes: MapSizes, pin_dir: Option<&Path>) -> Result<Ebpf, Error> {
@@ -255,7 +278,8 @@ impl SocketLb {
     }
 
     /// Attaches every program to the cgroup v2 directory `cgroup`, alongside programs others
-    /// attached there. They stay attached until this value is dropped.
+    /// attached there. They stay attached until this value is dropped, or, once
+    /// [`SocketLb::pin_links`] pinned them, until their pins are removed.
     pub fn attach(&mut self, cgroup: &Path) -> Result<(), Error> {
         let dir = File::open(cgroup).map_err(|source| Error::Cgroup {
             path: cgroup.to_path_buf(),
@@ -270,8 +294,49 @@ impl SocketLb {
                 .map_err(|source| Error::Program { name, source })?;
             // Through a BPF link (Linux 5.7+), which always runs beside other programs on the
             // cgroup and refuses any attach flag: the mode must be `Single` (no flag).
-            prog.attach(&dir, CgroupAttachMode::Single)
+            let id = prog
+                .attach(&dir, CgroupAttachMode::Single)
                 .map_err(|source| Error::Program { name, source })?;
+            self.links.push((name, id));
+        }
+        Ok(())
+    }
+
+    /// Pins the links [`SocketLb::attach`] made under `dir` (a bpffs directory), so that the
+    /// programs stay attached after this value is dropped and the process exits: a restarted
+    /// proxy leaves no gap without load balancing. A link a previous run pinned there is
+    /// unpinned, which detaches it, once the new one runs beside it (both at once are
+    /// harmless: the second sees a backend, no frontend). [`remove_pins`] detaches them.
+    pub fn pin_links(&mut self, dir: &Path) -> Result<(), Error> {
+        for (name, id) in std::mem::take(&mut self.links) {
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing(name))?
+                .try_into()
+                .map_err(|source| Error::Program { name, source })?;
+            let link = prog
+                .take_link(id)
+                .map_err(|source| Error::Program { name, source })?;
+            let fd = FdLink::try_from(link).map_err(|e| Error::Pin {
+                name,
+                detail: e.to_string(),
+            })?;
+            let path = dir.join(names::link(name));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::Pin {
+                        name,
+                        detail: e.to_string(),
+                    })
+                }
+            }
+            fd.pin(&path).map_err(|e| Error::Pin {
+                name,
+                detail: e.to_string(),
+            })?;
         }
         Ok(())
     }

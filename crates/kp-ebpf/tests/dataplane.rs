@@ -1,6 +1,7 @@
 //! The `ebpf` Dataplane on the shared fixture cluster, attached to a cgroup of the test's own
-//! with its maps pinned on a bpffs of the test's own: a full sync fills the maps, verify finds
-//! them as planned, and a restarted dataplane adopts the pinned maps without rewriting them.
+//! with its maps and links pinned on a bpffs of the test's own: a full sync fills the maps,
+//! verify finds them as planned, the programs stay attached while no dataplane runs, and a
+//! restarted dataplane adopts the pinned maps without rewriting them; cleanup detaches.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -31,6 +32,13 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         node_ports: NodePortAddresses::Primary,
     };
     let state = kp_flows::fixture::state();
+    let ns = Netns::new("ebpf-restart").expect("namespace");
+    // `empty` (10.96.0.20:80) has no endpoints: the programs refuse it with ECONNREFUSED;
+    // without them the connect meets the namespace's empty routing table.
+    let refused = || {
+        let lines = sockpeer(&cgroup, &ns, &["tcp", "10.96.0.20", "80", "1"]);
+        lines.first().is_some_and(|l| l.contains("os error 111"))
+    };
 
     let mut first = EbpfDataplane::new(config.clone());
     first.start().expect("start");
@@ -46,7 +54,13 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         .sync(&state, &Changes::default(), true)
         .expect("second full sync");
     assert_eq!(again.operations, 0, "an unchanged cluster rewrote maps");
+    assert!(
+        refused(),
+        "the programs do not refuse an endpoint-less Service"
+    );
     drop(first);
+    // The links are pinned: no gap while no proxy runs.
+    assert!(refused(), "the programs went with the first dataplane");
 
     let mut second = EbpfDataplane::new(config);
     second.start().expect("restart");
@@ -55,15 +69,28 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         .expect("full sync after restart");
     assert_eq!(adopted.operations, 0, "the restart rewrote the pinned maps");
     assert_eq!(second.verify().expect("verify"), Vec::<String>::new());
+    assert!(refused(), "the second dataplane's programs do not refuse");
+    for program in kp_ebpf::SOCK_PROGRAMS {
+        let link = kp_ebpf::names::link(program);
+        assert!(bpffs.path.join(&link).exists(), "{link} is not pinned");
+    }
     second.cleanup().expect("cleanup");
     for name in kp_ebpf::names::ALL {
         assert!(!bpffs.path.join(name).exists(), "{name} still pinned");
     }
+    for program in kp_ebpf::SOCK_PROGRAMS {
+        let link = kp_ebpf::names::link(program);
+        assert!(!bpffs.path.join(&link).exists(), "{link} still pinned");
+    }
+    let after = sockpeer(&cgroup, &ns, &["tcp", "10.96.0.20", "80", "1"]);
+    assert!(
+        after.first().is_some_and(|l| l.contains("os error 101")),
+        "after cleanup the connect should meet plain routing (ENETUNREACH): {after:?}"
+    );
 }
 
-/// Runs kp-sockpeer from `ns` inside `cgroup` and counts answers by backend, requiring the
-/// application to see `peer` every time.
-fn spread(cgroup: &Cgroup, ns: &Netns, args: &[&str], peer: &str) -> BTreeMap<String, usize> {
+/// Runs kp-sockpeer from `ns` inside `cgroup`; its lines.
+fn sockpeer(cgroup: &Cgroup, ns: &Netns, args: &[&str]) -> Vec<String> {
     let script = format!(
         "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} \"$@\"",
         cgroup.path.display(),
@@ -75,9 +102,18 @@ fn spread(cgroup: &Cgroup, ns: &Netns, args: &[&str], peer: &str) -> BTreeMap<St
         .args(args)
         .output()
         .expect("running kp-sockpeer");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Runs kp-sockpeer from `ns` inside `cgroup` and counts answers by backend, requiring the
+/// application to see `peer` every time.
+fn spread(cgroup: &Cgroup, ns: &Netns, args: &[&str], peer: &str) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let (backend, seen) = line.split_once(' ').unwrap_or((line, ""));
+    for line in sockpeer(cgroup, ns, args) {
+        let (backend, seen) = line.split_once(' ').unwrap_or((&line, ""));
         assert_eq!(seen, peer, "the application saw another peer: {line}");
         *counts.entry(backend.to_string()).or_insert(0) += 1;
     }

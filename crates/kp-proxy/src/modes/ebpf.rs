@@ -1,7 +1,7 @@
 //! The ebpf mode's registry entry: its settings from the configuration, its dataplane (the
-//! socket load balancer on cgroup v2 hooks, `kp-ebpf`), and the removal of what it leaves
-//! (the maps pinned under `--bpf-pin-dir`; its programs hang on BPF links that close with the
-//! process, so nothing else stays).
+//! socket load balancer on cgroup v2 hooks, `kp-ebpf`), and the removal of what it leaves:
+//! the maps and the programs' links pinned under `--bpf-pin-dir` (the links stay pinned when
+//! the proxy exits, so a restart has no gap; removing their pins detaches the programs).
 //!
 //! Translation happens when a socket connects, before any packet exists: no NAT, so no
 //! conntrack entry of this mode's can go stale, and the registry entry says so
@@ -68,8 +68,8 @@ fn owns_pins(cfg: &Config, netns: Option<&str>) -> bool {
     netns.is_none() || cfg.bpf_pin_dir != std::path::Path::new(DEFAULT_BPF_PIN_DIR)
 }
 
-/// Removes the maps the mode pinned, and their directory once empty. Programs need no
-/// removal: their links close with the process that made them.
+/// Removes the links (detaching the programs) and maps the mode pinned, and their directory
+/// once empty.
 pub fn remove_ebpf(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
     if !owns_pins(ctx.config, ctx.netns) {
         return Ok(());
