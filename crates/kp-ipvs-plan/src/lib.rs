@@ -18,7 +18,9 @@
 //!   upstream's ipsets (`KUBE-CLUSTER-IP`, `KUBE-LOOP-BACK`, `KUBE-NODE-PORT-*`, ...) with
 //!   element-level diffs as `ipset restore` text; [`rules`]: the iptables chains that match
 //!   those sets (masquerade, NodePort steering, source ranges, the VIP port filter) as
-//!   `iptables-restore` text.
+//!   `iptables-restore` text; [`local`]: the `Local` traffic policies' short-circuit (firewall
+//!   marks and firewall-mark virtual servers) and drops, which one virtual server per address
+//!   cannot say.
 //!
 //! Mirrors upstream's `pkg/proxy/ipvs/proxier.go` (`syncService`, `syncEndpoint`) and
 //! `graceful_termination.go`, with the difference that upstream re-lists IPVS on every sync

@@ -163,6 +163,11 @@ impl IpvsDataplane {
         &self.draining
     }
 
+    /// What the last sync planned.
+    pub fn desired(&self) -> &Desired {
+        &self.desired
+    }
+
     fn ipset_restore(&self, text: &str) -> Result<(), DataplaneError> {
         let mut cmd = match &self.settings.netns {
             Some(ns) => {

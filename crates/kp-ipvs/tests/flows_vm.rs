@@ -1,6 +1,8 @@
 //! The ipvs dataplane against a real IPVS kernel: the shared flow table with real packets in
 //! kp-test's lab, built inside the kp-vm guest by this same test binary (`KP_VM_GUEST` set).
 
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::time::Instant;
 
 use kp_core::dataplane::Dataplane;
@@ -12,6 +14,78 @@ use kp_test::echo::{tally, Proto, Request};
 
 mod common;
 use common::in_guest;
+
+/// `ipvsadm -Ln` as blocks, one per virtual server: its line, then its real servers' lines
+/// sorted, without the connection counters; blanks made single.
+fn ipvsadm_blocks(text: &str) -> BTreeSet<String> {
+    let mut blocks = BTreeSet::new();
+    let mut current: Option<(String, Vec<String>)> = None;
+    // The first three lines are the version and the column headers.
+    for line in text.lines().skip(3) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"->") {
+            if let Some((_, dests)) = current.as_mut() {
+                dests.push(words.iter().take(4).copied().collect::<Vec<_>>().join(" "));
+            }
+        } else if !words.is_empty() {
+            if let Some((svc, mut dests)) = current.take() {
+                dests.sort();
+                blocks.insert(format!("{svc}\n{}", dests.join("\n")));
+            }
+            current = Some((words.join(" "), Vec::new()));
+        }
+    }
+    if let Some((svc, mut dests)) = current.take() {
+        dests.sort();
+        blocks.insert(format!("{svc}\n{}", dests.join("\n")));
+    }
+    blocks
+}
+
+/// The same blocks for what the dataplane planned: every virtual server with its real servers,
+/// and the draining ones with weight 0.
+fn planned_blocks(dp: &IpvsDataplane) -> BTreeSet<String> {
+    dp.desired()
+        .services()
+        .iter()
+        .map(|(key, vs)| {
+            let svc = &vs.service;
+            let mut line = format!("{key} {}", svc.scheduler);
+            if svc.flags & kp_ipvs::abi::IP_VS_SVC_F_PERSISTENT != 0 {
+                line.push_str(&format!(" persistent {}", svc.timeout));
+            }
+            let mut dests: Vec<String> = vs
+                .destinations
+                .values()
+                .map(|d| format!("-> {} Masq {}", SocketAddr::new(d.addr, d.port), d.weight))
+                .collect();
+            dests.extend(
+                dp.draining()
+                    .iter()
+                    .filter(|d| d.service == *key)
+                    .map(|d| format!("-> {} Masq 0", SocketAddr::new(d.addr, d.port))),
+            );
+            dests.sort();
+            format!("{line}\n{}", dests.join("\n"))
+        })
+        .collect()
+}
+
+/// Checks that `ipvsadm -Ln` in `ns`, reading the kernel on its own, shows what was planned.
+fn assert_ipvsadm_shows_the_plan(lab: &kp_test::Lab, dp: &IpvsDataplane, when: &str) {
+    let listed = lab.node().run(&["ipvsadm", "-Ln"]).expect("ipvsadm -Ln");
+    let (have, want) = (ipvsadm_blocks(&listed), planned_blocks(dp));
+    let missing: Vec<&String> = want.difference(&have).collect();
+    let extra: Vec<&String> = have.difference(&want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{when}: ipvsadm -Ln differs from the plan\nmissing: {missing:#?}\nextra: {extra:#?}"
+    );
+    eprintln!(
+        "{when}: ipvsadm -Ln lists the {} planned virtual servers",
+        want.len()
+    );
+}
 
 #[test]
 #[ignore = "needs root"]
@@ -63,6 +137,7 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
         .sync(&state, &Changes::default(), false)
         .expect("second sync");
     assert_eq!(again.operations, 0);
+    assert_ipvsadm_shows_the_plan(&lab, &dp, "after the first sync");
 
     let t = Instant::now();
     let failures = kp_test::flows::check_all(&lab);
@@ -90,6 +165,7 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
     assert!(report.operations <= 20, "{} operations", report.operations);
     let diffs = dp.verify().expect("read-back");
     assert!(diffs.is_empty(), "kernel differs:\n{}", diffs.join("\n"));
+    assert_ipvsadm_shows_the_plan(&lab, &dp, "after the partial sync");
     let web = "10.96.0.10".parse().expect("address");
     let seen = tally(&lab.send(lab.pod(4), &Request::new(Proto::Tcp, web, 80).count(30)));
     assert_eq!(
@@ -97,6 +173,17 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
         ["pod-1", "pod-2"],
         "{seen:?}"
     );
+    // pod-3 comes back: a draining real server gets its weight again, a deleted one is added.
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(
+            kp_flows::web_slice(&["pod-1", "pod-2", "pod-3"]),
+        ))))
+        .expect("slice accepted");
+    let changes = state.take_changes();
+    let report = dp.sync(&state, &changes, false).expect("partial sync");
+    assert!(report.operations >= 1, "{report:?}");
+    assert!(dp.draining().is_empty(), "{:?}", dp.draining());
+    assert_ipvsadm_shows_the_plan(&lab, &dp, "after pod-3 came back");
 
     // Removing the mode's leftovers leaves nothing of it, and a second removal finds nothing.
     let iptables = kp_iptables::IptablesCommand::in_netns(ns.clone());
