@@ -123,20 +123,28 @@ pub fn frontend_specs(frontends: &Frontends<'_>, node_addresses: &[IpAddr]) -> V
     out
 }
 
-/// The node's addresses NodePorts answer on: its Node object's addresses, within
-/// `nodePortAddresses` of their family (every one where that family is unrestricted).
-pub fn node_port_addresses(node_ports: &NodePortAddresses, state: &ProxyState) -> Vec<IpAddr> {
+/// The node's addresses NodePorts answer on, given its interface addresses `local`: with
+/// `nodePortAddresses: primary` the Node object's addresses; unset, every address in `local`;
+/// with CIDRs, those of `local` inside the CIDRs of their family (every one of a family no CIDR
+/// names). As upstream's ipvs mode, which also needs one address per NodePort frontend.
+pub fn node_port_addresses(
+    node_ports: &NodePortAddresses,
+    state: &ProxyState,
+    local: &[IpAddr],
+) -> Vec<IpAddr> {
     let ctx = NodeContext::resolve(&DetectLocal::None, node_ports, state);
-    state
-        .node()
-        .addresses
-        .iter()
-        .filter(|ip| match ctx.node_port_networks(IpFamily::of(ip)) {
-            None => true,
-            Some(nets) => nets.iter().any(|n| n.contains(*ip)),
-        })
-        .copied()
-        .collect()
+    match node_ports {
+        NodePortAddresses::Primary => ctx.node_ips,
+        NodePortAddresses::AllLocal => local.to_vec(),
+        NodePortAddresses::Cidrs(_) => local
+            .iter()
+            .filter(|ip| match ctx.node_port_networks(IpFamily::of(ip)) {
+                None => true,
+                Some(nets) => nets.iter().any(|n| n.contains(*ip)),
+            })
+            .copied()
+            .collect(),
+    }
 }
 
 /// The Service CIDRs as `(address, prefix length)`.
@@ -192,10 +200,14 @@ pub fn no_local_endpoints(state: &ProxyState, service: &ServiceName) -> [(u64, u
     out
 }
 
-/// A planner holding everything `state` needs: every Service's frontends and the Service
-/// CIDRs, as a full sync writes them (its [`Planner::contents`] is what the maps should hold).
-pub fn plan_state(state: &ProxyState, node_ports: &NodePortAddresses) -> Result<Planner, Error> {
-    let node_addresses = node_port_addresses(node_ports, state);
+/// A planner holding everything `state` needs (NodePorts on [`node_port_addresses`] of the
+/// node's interface addresses `local`): every Service's frontends and the Service CIDRs, as a full sync writes them (its [`Planner::contents`] is what the maps should hold).
+pub fn plan_state(
+    state: &ProxyState,
+    node_ports: &NodePortAddresses,
+    local: &[IpAddr],
+) -> Result<Planner, Error> {
+    let node_addresses = node_port_addresses(node_ports, state, local);
     let mut planner = Planner::new();
     for service in state.service_keys() {
         planner.set_service(service, &service_specs(state, service, &node_addresses))?;

@@ -109,10 +109,13 @@ impl Dataplane for EbpfDataplane {
         full: bool,
     ) -> Result<SyncReport, DataplaneError> {
         let plan_error = |e| DataplaneError::transient(e);
-        let node_addresses = node_port_addresses(&self.config.node_ports, state);
+        // Read at each sync: an address that comes or goes without a Service change is
+        // picked up by the next full sync.
+        let local = crate::local::local_addresses().map_err(DataplaneError::transient)?;
+        let node_addresses = node_port_addresses(&self.config.node_ports, state, &local);
         let ops = if full {
-            let planner =
-                kp_ebpf_plan::plan_state(state, &self.config.node_ports).map_err(plan_error)?;
+            let planner = kp_ebpf_plan::plan_state(state, &self.config.node_ports, &local)
+                .map_err(plan_error)?;
             let have = self.lb()?.read_back().map_err(dataplane_error)?;
             let ops = diff(&have, &planner.contents());
             self.planner = planner;

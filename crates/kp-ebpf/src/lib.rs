@@ -20,6 +20,7 @@
 
 pub mod cgroup;
 pub mod dataplane;
+pub mod local;
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -12,7 +12,7 @@ fn ip(s: &str) -> IpAddr {
 
 /// The fixture's maps as a full sync plans them, with the planner for later changes.
 fn planned(state: &ProxyState) -> (Planner, EbpfTracer) {
-    let planner = plan_state(state, &NodePortAddresses::Primary).expect("plan");
+    let planner = plan_state(state, &NodePortAddresses::Primary, &[]).expect("plan");
     let tracer = EbpfTracer::new(planner.contents(), kp_flows::node_addresses());
     (planner, tracer)
 }
@@ -210,7 +210,7 @@ fn incremental_changes_reach_the_same_maps_as_a_full_plan() {
             ))))
             .expect("slice");
         state.take_changes();
-        let nodes = node_port_addresses(&NodePortAddresses::Primary, &state);
+        let nodes = node_port_addresses(&NodePortAddresses::Primary, &state, &[]);
         let ops = planner
             .set_service(&web, &service_specs(&state, &web, &nodes))
             .expect("plan");
@@ -233,4 +233,41 @@ fn incremental_changes_reach_the_same_maps_as_a_full_plan() {
     }
     let failures = failing(&tracer);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Where NodePorts answer, per `nodePortAddresses`: the Node's addresses for `primary`, every
+/// interface address when unset, those inside the CIDRs of their family otherwise.
+#[test]
+fn node_ports_answer_where_node_port_addresses_says() {
+    let state = kp_flows::state();
+    let local = [
+        ip(kp_flows::NODE_POD_GATEWAY),
+        ip(kp_flows::NODE_IP),
+        ip(kp_flows::NODE_IP6),
+    ];
+    assert_eq!(
+        node_port_addresses(&NodePortAddresses::Primary, &state, &local),
+        vec![ip(kp_flows::NODE_IP), ip(kp_flows::NODE_IP6)]
+    );
+    assert_eq!(
+        node_port_addresses(&NodePortAddresses::AllLocal, &state, &local),
+        local.to_vec()
+    );
+    let v4_only = NodePortAddresses::Cidrs(vec!["192.0.2.0/24".parse().expect("cidr")]);
+    assert_eq!(
+        node_port_addresses(&v4_only, &state, &local),
+        vec![ip(kp_flows::NODE_IP), ip(kp_flows::NODE_IP6)]
+    );
+    // Unset: the pod-network gateway answers too, which `primary` leaves alone.
+    let planner = plan_state(&state, &NodePortAddresses::AllLocal, &local).expect("plan");
+    let tracer = EbpfTracer::new(planner.contents(), kp_flows::node_addresses());
+    let p = Packet {
+        origin: Origin::Pod,
+        src: ip("10.244.1.14"),
+        protocol: Protocol::Tcp,
+        dst: ip(kp_flows::NODE_POD_GATEWAY),
+        dport: 30080,
+    };
+    assert!(matches!(tracer.trace(&p), Verdict::Dnat { .. }));
+    assert_eq!(fixture().trace(&p), Verdict::Untouched);
 }
