@@ -111,7 +111,10 @@ impl Dataplane for EbpfDataplane {
         let plan_error = |e| DataplaneError::transient(e);
         // Read at each sync: an address that comes or goes without a Service change is
         // picked up by the next full sync.
-        let local = crate::local::local_addresses().map_err(DataplaneError::transient)?;
+        let local = match self.config.node_ports {
+            NodePortAddresses::Primary => Vec::new(),
+            _ => crate::local::local_addresses().map_err(DataplaneError::transient)?,
+        };
         let node_addresses = node_port_addresses(&self.config.node_ports, state, &local);
         let ops = if full {
             let planner = kp_ebpf_plan::plan_state(state, &self.config.node_ports, &local)
