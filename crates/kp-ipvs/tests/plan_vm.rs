@@ -253,6 +253,115 @@ fn a_removed_real_server_drains_at_weight_zero_under_a_held_tcp_connection() {
     assert_eq!(plan.draining[0].addr, held);
 }
 
+#[test]
+#[ignore = "needs root"]
+fn the_scheduler_is_honoured_lc_picks_the_idle_real_server_and_sh_keeps_a_source_on_one() {
+    if !kp_test::netns::require_root()
+        || !in_guest(
+            "the_scheduler_is_honoured_lc_picks_the_idle_real_server_and_sh_keeps_a_source_on_one",
+        )
+    {
+        return;
+    }
+    // kp-test's lab: client 192.0.2.2 -> node 192.0.2.1 (forwarding) -> pods 10.244.1.10, .11.
+    let lab = Lab::new(2).expect("lab");
+    let _servers: Vec<_> = (0..2)
+        .map(|i| lab.serve_echo(i, &[8080], &[]).expect("kp-echo"))
+        .collect();
+    let node = lab.node();
+    node.ip(&["link", "add", "kube-ipvs0", "type", "dummy"])
+        .expect("dummy link");
+    node.add_addr("kube-ipvs0", "10.96.0.1/32").expect("VIP");
+    node.link_up("kube-ipvs0").expect("up");
+    let mut p = port(Protocol::Tcp);
+    p.node_port = None;
+    p.load_balancer_ips.clear();
+    let pods = vec![
+        Endpoint {
+            ip: lab.pod_ip(0),
+            ..ep("0.0.0.0")
+        },
+        Endpoint {
+            ip: lab.pod_ip(1),
+            ..ep("0.0.0.0")
+        },
+    ];
+    let vip = ip("10.96.0.1");
+    let mut client = Client::open(Some(node.name())).expect("IPVS client");
+    let backend = |lab: &Lab| match lab.request(lab.client(), Proto::Tcp, vip, 80) {
+        Outcome::Answered { backend, .. } => backend,
+        other => panic!("no answer through the virtual server: {other:?}"),
+    };
+
+    // lc: with one real server holding a connection, new ones go to the idle one (its
+    // finished connections, inactive, weigh 1/256 of an active one).
+    let lc = Config::new("lc", 0, Vec::new()).expect("config");
+    sync(
+        &mut client,
+        &desired(&[(p.clone(), pods.clone())], &lc),
+        &lc,
+    );
+    assert_eq!(client.services().expect("services")[0].scheduler, "lc");
+    let echo = kp_test::echo_binary();
+    let echo = echo.to_str().expect("path");
+    let mut stream = lab
+        .client()
+        .spawn(&[
+            echo,
+            "stream",
+            "tcp",
+            "10.96.0.1",
+            "80",
+            "--interval-ms",
+            "100",
+            "--duration-ms",
+            "4000",
+        ])
+        .expect("stream");
+    let held = loop {
+        let dump = client.dump().expect("dump");
+        if let Some(d) = dump[0].1.iter().find(|d| d.active_connections == 1) {
+            break d.destination.addr;
+        }
+        assert!(
+            stream.try_wait().expect("stream").is_none(),
+            "{}",
+            stream.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let idle = if held == lab.pod_ip(0) { 1 } else { 0 };
+    for _ in 0..6 {
+        assert_eq!(backend(&lab), lab.pod_name(idle));
+    }
+    let status = loop {
+        if let Some(s) = stream.try_wait().expect("stream") {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(status.success(), "{}", stream.log());
+
+    // sh: one source, one real server, connection after connection (rr would alternate).
+    let sh = Config::new("sh", 0, Vec::new()).expect("config");
+    let changes = sync(
+        &mut client,
+        &desired(&[(p.clone(), pods.clone())], &sh),
+        &sh,
+    );
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(client.services().expect("services")[0].scheduler, "sh");
+    let first = backend(&lab);
+    for _ in 0..7 {
+        assert_eq!(backend(&lab), first);
+    }
+    // And rr again alternates, so the check above could fail.
+    let rr = Config::new("rr", 0, Vec::new()).expect("config");
+    sync(&mut client, &desired(&[(p, pods)], &rr), &rr);
+    let seen: BTreeSet<String> = (0..4).map(|_| backend(&lab)).collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
 /// `sent=N echoed=N` of kp-echo's stream line.
 fn counts(log: &str) -> (u64, u64) {
     let field = |name: &str| {
