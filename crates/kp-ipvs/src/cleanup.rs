@@ -17,7 +17,7 @@ use std::process::Command;
 
 use ipnet::IpNet;
 use kp_core::model::IpFamily;
-use kp_iptables::{Backend, IptablesRunner};
+use kp_iptables::{Backend, IptablesCommand};
 use kp_iptables_plan::names::{
     KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
 };
@@ -161,14 +161,59 @@ fn tool(op: &str) -> impl FnOnce(kp_iptables::Error) -> Error + '_ {
     }
 }
 
-/// Removes the ipvs mode's chains from every backend and family `iptables` can reach. A
-/// backend whose tables cannot be read (the tool missing, a kernel without the legacy
-/// interface) has nothing to remove. Returns the chains deleted.
-fn remove_chains(iptables: &dyn IptablesRunner) -> Result<usize> {
+/// The tables of one backend and family that hold one of the chains only this mode makes,
+/// found without reading rules: with nft the chain names `nft list chains` prints (reading a
+/// 10k-Service iptables-mode table with iptables-nft-save takes minutes); with legacy the
+/// tables that exist (`/proc/net/ip_tables_names`: reading one by name would create it).
+fn tables_with_own_chains(
+    iptables: &IptablesCommand,
+    backend: Backend,
+    family: IpFamily,
+) -> Vec<&'static str> {
+    const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
+    match backend {
+        Backend::Nft => {
+            let mut found: BTreeSet<&'static str> = BTreeSet::new();
+            let mut table: Option<&'static str> = None;
+            let listed = iptables.nft_chain_lines(family, &mut |line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                match words.as_slice() {
+                    ["table", _, name, ..] => table = TABLES.iter().copied().find(|t| t == name),
+                    ["chain", name, ..] => {
+                        if let Some(t) = table {
+                            if own_chains(t).contains(name) {
+                                found.insert(t);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(())
+            });
+            if let Err(e) = listed {
+                tracing::debug!(error = %e, ?family, "cannot list nft chains; nothing to remove");
+                return Vec::new();
+            }
+            TABLES.into_iter().filter(|t| found.contains(t)).collect()
+        }
+        Backend::Legacy => {
+            let exist = iptables.legacy_tables(family);
+            TABLES
+                .into_iter()
+                .filter(|t| exist.iter().any(|e| e == t))
+                .collect()
+        }
+    }
+}
+
+/// Removes the ipvs mode's chains from both backends and families. A backend whose tables
+/// cannot be read (the tool missing, a kernel without the legacy interface) has nothing to
+/// remove. Returns the chains deleted.
+fn remove_chains(iptables: &IptablesCommand) -> Result<usize> {
     let mut removed = 0;
     for backend in Backend::ALL {
         for family in IpFamily::ALL {
-            for table in ["nat", "filter", "mangle"] {
+            for table in tables_with_own_chains(iptables, backend, family) {
                 let mut saved = String::new();
                 let read = iptables.save_lines(backend, family, Some(table), &mut |l| {
                     saved.push_str(l);
@@ -255,7 +300,7 @@ fn remove_sets(netns: Option<&str>) -> Result<usize> {
 /// loaded.
 pub fn remove_leftovers(
     netns: Option<&str>,
-    iptables: &dyn IptablesRunner,
+    iptables: &IptablesCommand,
     exclude: &[IpNet],
 ) -> Result<Removed> {
     let mut removed = Removed::default();
