@@ -102,7 +102,8 @@ fi
 if [ $BUILD -eq 1 ]; then
     echo "==> building the measure examples and bench (release)"
     (cd "$ROOT" && cargo build --release --locked -p kp-nftables --example measure \
-        -p kp-iptables --example iptables-measure -p kp-bench --bin bench -p kube-proxy)
+        -p kp-iptables --example iptables-measure -p kp-bench --bin bench &&
+        cargo build --release --locked -p kube-proxy)
 fi
 NFT_MEASURE=$TARGET/release/examples/measure
 IPT_MEASURE=$TARGET/release/examples/iptables-measure
