@@ -521,7 +521,11 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
         connect_threads: 1,
         bulk_bytes: 10_000_000,
         bulk_repeats: 1,
-        perf: Some(kp_bench::datapath::PerfControl { switch, vip: true }),
+        perf: Some(kp_bench::datapath::PerfControl {
+            switch,
+            vip: true,
+            bulk: false,
+        }),
         proxy_binary: proxy.clone().unwrap_or_default(),
         bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
         root: dir.path().to_path_buf(),
