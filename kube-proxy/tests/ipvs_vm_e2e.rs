@@ -121,3 +121,131 @@ fn the_binary_in_ipvs_mode_serves_the_flow_table_on_a_real_ipvs_kernel() {
     let sets = lab.node().run(&["ipset", "list", "-n"]).expect("ipset");
     assert!(!sets.contains("KUBE-"), "{sets}");
 }
+
+/// Whether anything of the ipvs mode is in the lab node: `kube-ipvs0`, a virtual server, one
+/// of its sets, or one of the chains only it makes.
+fn ipvs_state(lab: &kp_test::Lab) -> Vec<String> {
+    let node = lab.node();
+    let mut found = Vec::new();
+    if node.ip(&["link", "show", "kube-ipvs0"]).is_ok() {
+        found.push("kube-ipvs0".to_string());
+    }
+    let listed = node.run(&["ipvsadm", "-Ln"]).expect("ipvsadm");
+    found.extend(listed.lines().skip(3).map(str::to_string));
+    let sets = node.run(&["ipset", "list", "-n"]).expect("ipset");
+    found.extend(
+        sets.lines()
+            .filter(|l| l.starts_with("KUBE-"))
+            .map(str::to_string),
+    );
+    for tool in ["iptables-save", "ip6tables-save"] {
+        let saved = node.run(&[tool]).unwrap_or_default();
+        found.extend(
+            saved
+                .lines()
+                .filter(|l| {
+                    l.starts_with(":KUBE-IPVS-")
+                        || l.starts_with(":KUBE-NODE-PORT ")
+                        || l.starts_with(":KUBE-LOAD-BALANCER ")
+                })
+                .map(|l| format!("{tool}: {l}")),
+        );
+    }
+    found
+}
+
+/// Starts kube-proxy in `mode` and waits for its first sync.
+fn start(lab: &kp_test::Lab, mode: &str, dir: &std::path::Path) -> kp_test::ChildGuard {
+    let mut proxy = common::spawn_proxy_in_mode(
+        lab,
+        mode,
+        &[],
+        &[
+            "--manifests",
+            dir.to_str().unwrap(),
+            "--ipvs-sync-period=2s",
+            "--ipvs-min-sync-period=100ms",
+        ],
+    );
+    proxy
+        .wait_for_log(PROGRAMMED, Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("{mode}: first sync: {e}\n{}", proxy.log()));
+    let running = http_get(lab.node(), "http://127.0.0.1:10249/proxyMode");
+    assert_eq!(running.trim(), mode, "{}", proxy.log());
+    proxy
+}
+
+/// A ClusterIP and a NodePort answer from their pods.
+fn assert_serves(lab: &kp_test::Lab, mode: &str) {
+    let web = "10.96.0.10".parse().unwrap();
+    let node_ip = kp_flows::NODE_IP.parse().unwrap();
+    for (to, port) in [(web, 80), (node_ip, 30070)] {
+        let answer = lab.request(lab.pod(4), kp_test::echo::Proto::Tcp, to, port);
+        assert!(
+            answer
+                .backend()
+                .is_some_and(|b| b.starts_with("pod-") || b.starts_with("remote-")),
+            "{mode}: {to}:{port}: {answer:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_leaves_nothing_behind() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    if !in_guest("switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_leaves_nothing_behind") {
+        return;
+    }
+    let (lab, _echo) = common::serving_lab(false);
+    let dir = temp_dir("ipvs-switch");
+    write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
+    let iptables_chains = |lab: &kp_test::Lab| -> bool {
+        ["iptables-save", "ip6tables-save"].iter().any(|tool| {
+            lab.node()
+                .run(&[tool])
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.starts_with(":KUBE-SVC-"))
+        })
+    };
+    let nft_table = |lab: &kp_test::Lab| -> bool {
+        lab.node()
+            .run(&["nft", "list", "tables"])
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == "table ip kube-proxy")
+    };
+    // iptables, then ipvs: the iptables mode's chains go, ipvs serves.
+    let mut proxy = start(&lab, "iptables", &dir.0);
+    assert!(iptables_chains(&lab));
+    assert_serves(&lab, "iptables");
+    proxy.terminate(Duration::from_secs(15)).unwrap();
+    let mut proxy = start(&lab, "ipvs", &dir.0);
+    assert!(
+        !iptables_chains(&lab),
+        "ipvs mode left iptables mode's chains"
+    );
+    assert!(!ipvs_state(&lab).is_empty());
+    assert_serves(&lab, "ipvs");
+    proxy.terminate(Duration::from_secs(15)).unwrap();
+    // nftables after ipvs: nothing of ipvs is left, nftables serves.
+    let mut proxy = start(&lab, "nftables", &dir.0);
+    let left = ipvs_state(&lab);
+    assert!(left.is_empty(), "nftables mode left ipvs state: {left:#?}");
+    assert!(nft_table(&lab));
+    assert_serves(&lab, "nftables");
+    proxy.terminate(Duration::from_secs(15)).unwrap();
+    // ipvs again, then iptables: nothing of ipvs is left, iptables serves.
+    let mut proxy = start(&lab, "ipvs", &dir.0);
+    assert!(!nft_table(&lab), "ipvs mode left the nftables table");
+    assert_serves(&lab, "ipvs");
+    proxy.terminate(Duration::from_secs(15)).unwrap();
+    let mut proxy = start(&lab, "iptables", &dir.0);
+    let left = ipvs_state(&lab);
+    assert!(left.is_empty(), "iptables mode left ipvs state: {left:#?}");
+    assert_serves(&lab, "iptables");
+    proxy.terminate(Duration::from_secs(15)).unwrap();
+}
