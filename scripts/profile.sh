@@ -338,7 +338,7 @@ heap_profile() {
 # summary of $WORK/NAME.* to the profile file.
 heap_summary() {
     local name=$1 file
-    file=$(ls "$WORK/$name".*zst "$WORK/$name".*gz 2>/dev/null | head -n 1)
+    file=$(ls "$WORK/$name".*zst "$WORK/$name".*gz 2>/dev/null | head -n 1 || true)
     {
         echo "#"
         echo "# the measurement's own output:"
@@ -346,7 +346,13 @@ heap_summary() {
         echo
         heaptrack_print -f "$file" --print-peaks 1 --print-allocators 0 --print-leaks 0 \
             --print-temporary 0 --print-histogram 0 --peak-limit 12 --sub-peak-limit 3 \
-            2>/dev/null | sed -n '/MOST MEMORY CONSUMING/,$p' | sed -n '1,120p' || true
+            >"$WORK/$name.print" 2>/dev/null || true
+        echo "## totals"
+        grep -E '^(total runtime|calls to allocation|temporary memory|peak heap memory|peak RSS|total memory leaked)' \
+            "$WORK/$name.print" | sed 's/^/    /' || true
+        echo
+        # The section's title differs between heaptrack releases.
+        sed -n '/MOST MEMORY CONSUMING\|PEAK MEMORY CONSUMERS/,$p' "$WORK/$name.print" | sed -n '1,160p'
     } >>"$OUT/$name.txt"
     echo "    wrote bench/profiles/$name.txt"
 }
@@ -377,8 +383,11 @@ binary_heap_profile() {
     done
     echo "    first full sync logged after ~${waited} s; stopping in 3 s"
     sleep 3
-    pid=$(ip netns pids "$PROFILE_NS" | xargs -r ps -o pid=,comm= -p | awk '$2 == "kube-proxy" { print $1 }')
-    [ -n "$pid" ] && kill -TERM $pid
+    for pid in $(ip netns pids "$PROFILE_NS"); do
+        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = kube-proxy ]; then
+            kill -TERM "$pid"
+        fi
+    done
     wait || true
     drop_profile_ns
     heap_summary "$name"

@@ -115,15 +115,22 @@ fn at_least(what: impl Into<String>, measured: Option<(f64, String)>, floor: f64
 }
 
 /// The profiles `scripts/profile.sh` records for a target, named from the target's mode, size
-/// and kind (full sync, change, memory; the data path has two: the connect runs through the
-/// ClusterIP and those straight to the pod, to set side by side).
+/// and kind (full sync, change, memory; the data path has two, connect runs or bulk transfers
+/// through the ClusterIP and straight to the pod, to set side by side).
 fn profiles_for(what: &str) -> Vec<String> {
     let mode = what.split(',').next().unwrap_or_default();
     let size = if what.contains("30k") { "30k" } else { "10k" };
-    if what.contains("connect latency via ClusterIP") || what.contains("bulk throughput via") {
+    let datapath = if what.contains("connect latency via ClusterIP") {
+        Some("datapath")
+    } else if what.contains("bulk throughput via") {
+        Some("bulk")
+    } else {
+        None
+    };
+    if let Some(runs) = datapath {
         return ["vip", "direct"]
             .iter()
-            .map(|t| format!("{mode}-datapath-{t}-{size}"))
+            .map(|t| format!("{mode}-{runs}-{t}-{size}"))
             .collect();
     }
     let kind = if what.contains("full sync ≤") && !what.contains("bare") {
@@ -744,7 +751,7 @@ mod tests {
             ("nftables, 10k: full sync over bare kernel load ≤ 1.3×", &[]),
             (
                 "userspace, 30k: bulk throughput via ClusterIP ≥ 0.8× direct",
-                &["userspace-datapath-vip-30k", "userspace-datapath-direct-30k"],
+                &["userspace-bulk-vip-30k", "userspace-bulk-direct-30k"],
             ),
             (
                 "userspace, 30k: one-endpoint change p99 ≤ 1 ms",
