@@ -8,6 +8,7 @@ use kp_core::dataplane::{Dataplane, DataplaneError};
 use kp_core::model::IpFamily;
 use kp_iptables::IptablesCommand;
 use kp_ipvs::dataplane::{IpvsDataplane, IpvsSettings, NodeResolve};
+use kp_ipvs_plan::local;
 
 use super::{detect_local, node_port_addresses, ModeContext};
 use crate::config::Config;
@@ -56,6 +57,17 @@ pub(super) fn build(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> 
                 "not applied: kube-proxy-rs leaves IPVS's connection timeouts at the kernel's values"
             );
         }
+    }
+    let mark = 1u32 << ctx.config.masquerade_bit;
+    let short_circuit_bits = local::SHORT_CIRCUIT_MARK | (local::SHORT_CIRCUIT_MARKS - 1);
+    if mark & short_circuit_bits != 0 {
+        tracing::warn!(
+            masquerade_bit = ctx.config.masquerade_bit,
+            "the masquerade bit lies among the short-circuit marks of externalTrafficPolicy: \
+             Local Services ({:#x}); pod traffic short-circuited to them may be masqueraded: \
+             use a masquerade bit of 14 to 19 or above 20",
+            local::SHORT_CIRCUIT_MARK
+        );
     }
     let backend = kp_iptables::detect_backend(ctx.netns);
     tracing::info!(
