@@ -295,6 +295,38 @@ pub struct Contents {
     pub addrs: BTreeMap<AddrKey, AddrVerdict>,
 }
 
+impl Contents {
+    /// Applies one map update as the loader writes it: a model of the maps after `op`.
+    pub fn apply(&mut self, op: &Op) {
+        match op {
+            Op::UpsertBackend(id, b) => {
+                self.backends.insert(*id, *b);
+            }
+            Op::UpsertRevNat(id, r) => {
+                self.rev_nat.insert(*id, *r);
+            }
+            Op::UpsertService(k, v) => {
+                self.services.insert(*k, *v);
+            }
+            Op::UpsertAddr(k, v) => {
+                self.addrs.insert(*k, *v);
+            }
+            Op::DeleteAddr(k) => {
+                self.addrs.remove(k);
+            }
+            Op::DeleteService(k) => {
+                self.services.remove(k);
+            }
+            Op::DeleteRevNat(id) => {
+                self.rev_nat.remove(id);
+            }
+            Op::DeleteBackend(id) => {
+                self.backends.remove(id);
+            }
+        }
+    }
+}
+
 /// Keeps the ids and slot orders already programmed, and plans each change against them.
 #[derive(Debug, Clone, Default)]
 pub struct Planner {

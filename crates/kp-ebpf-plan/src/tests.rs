@@ -45,32 +45,7 @@ fn svc(name: &str) -> ServiceName {
 /// points at an existing backend (the order's promise).
 fn apply(maps: &mut Contents, ops: &[Op]) {
     for op in ops {
-        match op {
-            Op::UpsertBackend(id, b) => {
-                maps.backends.insert(*id, *b);
-            }
-            Op::UpsertRevNat(id, r) => {
-                maps.rev_nat.insert(*id, *r);
-            }
-            Op::UpsertService(k, v) => {
-                maps.services.insert(*k, *v);
-            }
-            Op::DeleteService(k) => {
-                maps.services.remove(k);
-            }
-            Op::DeleteRevNat(id) => {
-                maps.rev_nat.remove(id);
-            }
-            Op::DeleteBackend(id) => {
-                maps.backends.remove(id);
-            }
-            Op::UpsertAddr(k, v) => {
-                maps.addrs.insert(*k, *v);
-            }
-            Op::DeleteAddr(k) => {
-                maps.addrs.remove(k);
-            }
-        }
+        maps.apply(op);
         for (k, v) in maps.services.iter().filter(|(k, _)| k.slot == 0) {
             assert!(maps.rev_nat.contains_key(&v.rev_nat), "after {op:?}");
             for slot in 1..=v.count {

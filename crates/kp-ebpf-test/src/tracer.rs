@@ -196,34 +196,7 @@ fn contains(k: &AddrKey, ip: IpAddr) -> bool {
 
 /// Applies map updates to `maps` as the loader writes them.
 pub fn apply(maps: &mut Contents, ops: &[Op]) {
-    for op in ops {
-        match op {
-            Op::UpsertBackend(id, b) => {
-                maps.backends.insert(*id, *b);
-            }
-            Op::UpsertRevNat(id, r) => {
-                maps.rev_nat.insert(*id, *r);
-            }
-            Op::UpsertService(k, v) => {
-                maps.services.insert(*k, *v);
-            }
-            Op::UpsertAddr(k, v) => {
-                maps.addrs.insert(*k, *v);
-            }
-            Op::DeleteAddr(k) => {
-                maps.addrs.remove(k);
-            }
-            Op::DeleteService(k) => {
-                maps.services.remove(k);
-            }
-            Op::DeleteRevNat(id) => {
-                maps.rev_nat.remove(id);
-            }
-            Op::DeleteBackend(id) => {
-                maps.backends.remove(id);
-            }
-        }
-    }
+    ops.iter().for_each(|op| maps.apply(op));
 }
 
 #[cfg(test)]
