@@ -407,3 +407,6 @@ impl Dataplane for IpvsDataplane {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
