@@ -49,6 +49,9 @@ pub struct IpvsSettings {
     pub node_port_addresses: Vec<IpAddr>,
     /// `--ipvs-strict-arp`: `arp_ignore=1`, `arp_announce=2`.
     pub strict_arp: bool,
+    /// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout` in seconds, set at
+    /// creation; zero leaves the kernel's.
+    pub timeouts: crate::Timeouts,
     /// The network namespace programmed (`None`: the proxy's own).
     pub netns: Option<String>,
     /// Where `node` and `node_port_addresses` come from: `None` takes them as given (tests);
@@ -125,7 +128,10 @@ impl IpvsDataplane {
         backend: Backend,
     ) -> Result<IpvsDataplane, DataplaneError> {
         let ns = settings.netns.as_deref();
-        let ipvs = Client::open(ns).map_err(dp)?;
+        let mut ipvs = Client::open(ns).map_err(dp)?;
+        if settings.timeouts != crate::Timeouts::default() {
+            ipvs.set_timeouts(settings.timeouts).map_err(dp)?;
+        }
         let dummy = Dummy::ensure(ns, DUMMY_INTERFACE).map_err(dp)?;
         let mut sysctls = vec![
             // IPVS keeps conntrack entries for its connections, so iptables' NAT sees them.

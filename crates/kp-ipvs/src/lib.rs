@@ -301,6 +301,73 @@ impl Client {
         self.change(|| "flush".into(), ipvs::flush)
     }
 
+    /// Sets IPVS's connection timeouts in seconds (`ipvsadm --set TCP TCPFIN UDP`); a zero
+    /// leaves that one as it is (the kernel's rule, and upstream's for a zero setting).
+    pub fn set_timeouts(&mut self, timeouts: Timeouts) -> Result<()> {
+        use kp_netlink::genl::GenlHeader;
+        let family = self.family;
+        self.socket
+            .request(
+                |buf, seq| {
+                    let header = GenlHeader {
+                        cmd: abi::IPVS_CMD_SET_CONFIG,
+                        version: abi::IPVS_GENL_VERSION,
+                    };
+                    let start = genl::begin(buf, family, kp_netlink::abi::NLM_F_ACK, seq, header);
+                    kp_netlink::attr::put_u32(buf, abi::IPVS_CMD_ATTR_TIMEOUT_TCP, timeouts.tcp);
+                    kp_netlink::attr::put_u32(
+                        buf,
+                        abi::IPVS_CMD_ATTR_TIMEOUT_TCP_FIN,
+                        timeouts.tcp_fin,
+                    );
+                    kp_netlink::attr::put_u32(buf, abi::IPVS_CMD_ATTR_TIMEOUT_UDP, timeouts.udp);
+                    kp_netlink::message::end(buf, start);
+                },
+                |_| Ok(()),
+            )
+            .map(|_| ())
+            .map_err(|e| wrap(format!("set timeouts {timeouts:?}"), e))
+    }
+
+    /// IPVS's connection timeouts in seconds (`ipvsadm -L --timeout`).
+    pub fn timeouts(&mut self) -> Result<Timeouts> {
+        use kp_netlink::genl::GenlHeader;
+        let family = self.family;
+        let mut got = None;
+        self.socket
+            .request(
+                |buf, seq| {
+                    let header = GenlHeader {
+                        cmd: abi::IPVS_CMD_GET_CONFIG,
+                        version: abi::IPVS_GENL_VERSION,
+                    };
+                    let start = genl::begin(buf, family, kp_netlink::abi::NLM_F_ACK, seq, header);
+                    kp_netlink::message::end(buf, start);
+                },
+                |m| {
+                    let (_, body) = GenlHeader::parse(m.payload)?;
+                    let mut t = Timeouts::default();
+                    for a in kp_netlink::attr::attrs(body) {
+                        let a = a?;
+                        let v = kp_netlink::attr::u32_ne(Some(a.payload), "timeout")?;
+                        match a.kind {
+                            abi::IPVS_CMD_ATTR_TIMEOUT_TCP => t.tcp = v,
+                            abi::IPVS_CMD_ATTR_TIMEOUT_TCP_FIN => t.tcp_fin = v,
+                            abi::IPVS_CMD_ATTR_TIMEOUT_UDP => t.udp = v,
+                            _ => {}
+                        }
+                    }
+                    got = Some(t);
+                    Ok(())
+                },
+            )
+            .map_err(|e| wrap("get timeouts".into(), e))?;
+        got.ok_or_else(|| Error::Socket {
+            op: "get timeouts".into(),
+            source: kp_netlink::Malformed::from("no IPVS_CMD_SET_CONFIG answer").into(),
+        })
+    }
+
     /// IPVS's version and connection table size.
     pub fn info(&mut self) -> Result<Info> {
         let family = self.family;
@@ -319,6 +386,18 @@ impl Client {
             source: kp_netlink::Malformed::from("no IPVS_CMD_SET_INFO answer").into(),
         })
     }
+}
+
+/// IPVS's connection timeouts, in seconds (`ipvsadm --set`): established TCP, TCP after a
+/// FIN, UDP. Zero in a request leaves that one unchanged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `IPVS_CMD_ATTR_TIMEOUT_TCP` (`--ipvs-tcp-timeout`).
+    pub tcp: u32,
+    /// `IPVS_CMD_ATTR_TIMEOUT_TCP_FIN` (`--ipvs-tcpfin-timeout`).
+    pub tcp_fin: u32,
+    /// `IPVS_CMD_ATTR_TIMEOUT_UDP` (`--ipvs-udp-timeout`).
+    pub udp: u32,
 }
 
 /// `addr:port`, IPv6 in brackets.

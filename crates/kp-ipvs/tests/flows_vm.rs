@@ -110,6 +110,12 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
         node_port_addresses: node.node_ips.clone(),
         node,
         strict_arp: false,
+        // Upstream's flags' example values; the kernel's are 900, 120 and 300.
+        timeouts: kp_ipvs::Timeouts {
+            tcp: 1800,
+            tcp_fin: 60,
+            udp: 120,
+        },
         netns: Some(ns.clone()),
         resolve: None,
     };
@@ -120,6 +126,19 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
         backend,
     )
     .expect("IPVS is there");
+    let timeouts = kp_ipvs::Client::open(Some(&ns))
+        .expect("IPVS")
+        .timeouts()
+        .expect("timeouts");
+    assert_eq!(
+        (timeouts.tcp, timeouts.tcp_fin, timeouts.udp),
+        (1800, 60, 120)
+    );
+    let shown = lab
+        .node()
+        .run(&["ipvsadm", "-L", "--timeout"])
+        .expect("ipvsadm");
+    assert!(shown.contains("1800 60 120"), "{shown}");
     let state = kp_flows::state();
     let t = Instant::now();
     let report = dp

@@ -31,12 +31,26 @@ pub fn ipvs_settings(cfg: &Config, netns: Option<&str>) -> Result<IpvsSettings, 
         node: Default::default(),
         node_port_addresses: Vec::new(),
         strict_arp: cfg.ipvs.strict_arp,
+        timeouts: kp_ipvs::Timeouts {
+            tcp: seconds(cfg.ipvs.tcp_timeout),
+            tcp_fin: seconds(cfg.ipvs.tcp_fin_timeout),
+            udp: seconds(cfg.ipvs.udp_timeout),
+        },
         netns: netns.map(str::to_string),
         resolve: Some(NodeResolve {
             detect_local: detect_local(cfg)?,
             node_ports: node_port_addresses(cfg),
         }),
     })
+}
+
+/// A timeout in whole seconds for IPVS (at least 1 for a non-zero one, at most `u32::MAX`);
+/// 0 (leave the kernel's) without one.
+fn seconds(d: Option<std::time::Duration>) -> u32 {
+    match d {
+        None => 0,
+        Some(d) => u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1),
+    }
 }
 
 fn iptables(ctx: &ModeContext<'_>) -> IptablesCommand {
@@ -46,18 +60,6 @@ fn iptables(ctx: &ModeContext<'_>) -> IptablesCommand {
 
 pub(super) fn build(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> {
     let settings = ipvs_settings(ctx.config, ctx.netns)?;
-    for (name, set) in [
-        ("ipvs.tcpTimeout", ctx.config.ipvs.tcp_timeout),
-        ("ipvs.tcpFinTimeout", ctx.config.ipvs.tcp_fin_timeout),
-        ("ipvs.udpTimeout", ctx.config.ipvs.udp_timeout),
-    ] {
-        if set.is_some() {
-            tracing::warn!(
-                setting = name,
-                "not applied: kube-proxy-rs leaves IPVS's connection timeouts at the kernel's values"
-            );
-        }
-    }
     let mark = 1u32 << ctx.config.masquerade_bit;
     let short_circuit_bits = local::SHORT_CIRCUIT_MARK | (local::SHORT_CIRCUIT_MARKS - 1);
     if mark & short_circuit_bits != 0 {
@@ -166,6 +168,7 @@ mod tests {
             kp_ipvs_plan::Config::new("lc", 0, vec!["10.200.0.0/16".parse().unwrap()]).unwrap()
         );
         assert!(s.strict_arp);
+        assert_eq!(s.timeouts, kp_ipvs::Timeouts::default());
         assert_eq!(s.masquerade_bit, 12);
         assert_eq!(s.netns.as_deref(), Some("ns1"));
         let r = s.resolve.expect("resolved at each sync");
@@ -218,6 +221,22 @@ mod tests {
         let before = ns.run(&["ip", "-o", "link"]).expect("links");
         remove(&ctx).expect("nothing to remove is no error");
         assert_eq!(ns.run(&["ip", "-o", "link"]).expect("links"), before);
+    }
+
+    #[test]
+    fn ipvs_timeouts_are_whole_seconds_and_an_unset_one_leaves_the_kernels() {
+        let mut cfg = config(&[]);
+        cfg.ipvs.tcp_timeout = Some(std::time::Duration::from_secs(1800));
+        cfg.ipvs.udp_timeout = Some(std::time::Duration::from_millis(500));
+        let s = ipvs_settings(&cfg, None).expect("settings");
+        assert_eq!(
+            s.timeouts,
+            kp_ipvs::Timeouts {
+                tcp: 1800,
+                tcp_fin: 0,
+                udp: 1
+            }
+        );
     }
 
     #[test]
