@@ -92,6 +92,20 @@ pub fn node_port_addresses(
     }
 }
 
+/// `net/ipv4/vs/conn_reuse_mode` for kernel release `release` (`uname -r`), as upstream sets
+/// it: 0 from Linux 4.1 to before 5.9, where reusing a connection slot of a removed real server
+/// stalled new connections for a second; nothing otherwise (5.9 fixed it; before 4.1 there is
+/// no such sysctl).
+pub fn conn_reuse_mode(release: &str) -> Option<&'static str> {
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    let major = parts.next()??;
+    let minor = parts.next()??;
+    ((4, 1) <= (major, minor) && (major, minor) < (5, 9)).then_some("0")
+}
+
 /// The ipvs dataplane.
 pub struct IpvsDataplane {
     settings: IpvsSettings,
@@ -141,6 +155,10 @@ impl IpvsDataplane {
             ("net/ipv4/vs/expire_quiescent_template", "1"),
             ("net/ipv4/ip_forward", "1"),
         ];
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        if let Some(v) = conn_reuse_mode(&release) {
+            sysctls.push(("net/ipv4/vs/conn_reuse_mode", v));
+        }
         if settings.strict_arp {
             sysctls.push(("net/ipv4/conf/all/arp_ignore", "1"));
             sysctls.push(("net/ipv4/conf/all/arp_announce", "2"));

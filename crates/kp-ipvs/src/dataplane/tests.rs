@@ -58,3 +58,14 @@ fn cidrs_keep_the_local_addresses_inside_them_per_family() {
         ips(&["192.0.2.1", "198.51.100.7"])
     );
 }
+
+#[test]
+fn conn_reuse_mode_is_set_to_zero_only_from_4_1_to_before_5_9() {
+    assert_eq!(conn_reuse_mode("5.4.0-150-generic\n"), Some("0"));
+    assert_eq!(conn_reuse_mode("4.1.12"), Some("0"));
+    assert_eq!(conn_reuse_mode("5.8.18-100.fc31.x86_64"), Some("0"));
+    assert_eq!(conn_reuse_mode("5.9.0"), None);
+    assert_eq!(conn_reuse_mode("6.1.0-56-amd64"), None);
+    assert_eq!(conn_reuse_mode("3.10.0-1160.el7.x86_64"), None);
+    assert_eq!(conn_reuse_mode(""), None);
+}
