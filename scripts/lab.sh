@@ -5,7 +5,8 @@
 #   bash scripts/lab.sh [--no-build]
 #
 # Needs root (it creates network namespaces) on Debian or Ubuntu; installs nftables, iproute2,
-# curl, build-essential and pkg-config with apt-get if any is missing. Rust (cargo) must already
+# curl, build-essential, pkg-config, clang and libbpf-dev (the ebpf mode's programs are built
+# with the binary) with apt-get if any is missing. Rust (cargo) must already
 # be installed.
 #
 # What it does, printing each step as "==> ...":
@@ -64,6 +65,9 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v curl >/dev/null || missing+=(curl)
 command -v cc >/dev/null || missing+=(build-essential)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
+# The ebpf mode's programs (crates/kp-ebpf/bpf) are compiled by the binary's build.
+command -v clang >/dev/null || missing+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     command -v apt-get >/dev/null || die "missing ${missing[*]}, and no apt-get to install them"
     say "installing ${missing[*]}"
