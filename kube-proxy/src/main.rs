@@ -17,7 +17,7 @@ fn main() -> ExitCode {
             return ExitCode::from(e.exit_code() as u8);
         }
     };
-    logging::init(loaded.config.verbosity);
+    logging::init(loaded.config.verbosity, loaded.config.logging_format);
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }

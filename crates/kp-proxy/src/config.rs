@@ -270,6 +270,20 @@ pub struct Config {
     pub write_config_to: Option<PathBuf>,
     /// Log verbosity (`-v`, else `logging.verbosity`), saturated at 255.
     pub verbosity: u8,
+    /// Log format (`--logging-format`, else `logging.format`).
+    pub logging_format: LogFormat,
+    /// `--init-only`: apply the privileged start-up settings (sysctls, conntrack) and exit.
+    pub init_only: bool,
+}
+
+/// The log format (`logging.format`, `--logging-format`), as upstream's component-base.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// klog-like text lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// What [`load`] produces.
@@ -304,7 +318,7 @@ where
     T: Into<OsString> + Clone,
     R: FnOnce(&Path) -> std::io::Result<String>,
 {
-    let flags = Flags::try_parse_from(args)?;
+    let flags = Flags::try_parse_from(flags::normalize_args(args))?;
     let file = match &flags.config {
         Some(path) => {
             let text = read_file(path).map_err(|source| ConfigError::Read {

@@ -81,6 +81,7 @@ fn apply_process_settings(cfg: &Config) {
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", cfg.oom_score_adj.to_string()) {
         tracing::warn!(error = %e, value = cfg.oom_score_adj, "cannot set oom_score_adj");
     }
+    apply_conntrack_timeouts(&cfg.conntrack);
     let per_core = u64::from(cfg.conntrack.max_per_core);
     if per_core == 0 {
         return;
@@ -97,6 +98,44 @@ fn apply_process_settings(cfg: &Config) {
             Ok(()) => tracing::info!(value = want, "set nf_conntrack_max"),
             Err(e) => tracing::warn!(error = %e, value = want, "cannot set nf_conntrack_max"),
         },
+    }
+}
+
+/// The conntrack timeouts and `tcpBeLiberal`, written to their sysctls as upstream's
+/// `conntracker` does; unset (zero) timeouts leave the kernel's value.
+fn apply_conntrack_timeouts(c: &config::Conntrack) {
+    let dir = "/proc/sys/net/netfilter";
+    let timeouts = [
+        (
+            "nf_conntrack_tcp_timeout_established",
+            c.tcp_established_timeout,
+        ),
+        (
+            "nf_conntrack_tcp_timeout_close_wait",
+            c.tcp_close_wait_timeout,
+        ),
+        ("nf_conntrack_udp_timeout", c.udp_timeout),
+        ("nf_conntrack_udp_timeout_stream", c.udp_stream_timeout),
+    ];
+    let liberal = c
+        .tcp_be_liberal
+        .then_some(("nf_conntrack_tcp_be_liberal", 1));
+    let writes = timeouts
+        .into_iter()
+        .filter_map(|(name, d)| d.map(|d| (name, d.as_secs())))
+        .chain(liberal);
+    for (name, value) in writes {
+        let path = format!("{dir}/{name}");
+        let current = std::fs::read_to_string(&path).ok();
+        if current.as_deref().map(str::trim) == Some(value.to_string().as_str()) {
+            continue;
+        }
+        match std::fs::write(&path, value.to_string()) {
+            Ok(()) => tracing::info!(sysctl = name, value, "set conntrack sysctl"),
+            Err(e) => {
+                tracing::warn!(error = %e, sysctl = name, value, "cannot set conntrack sysctl")
+            }
+        }
     }
 }
 
@@ -126,6 +165,12 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         std::fs::write(path, yaml)
             .map_err(|e| Fatal::start(format!("writing {}", path.display()), e))?;
         tracing::info!(path = %path.display(), "wrote the effective configuration");
+        return Ok(());
+    }
+    if cfg.init_only {
+        // Upstream's --init-only: the steps that need full privileges, then exit.
+        apply_process_settings(cfg);
+        tracing::info!("--init-only: start-up settings applied, exiting");
         return Ok(());
     }
     let metrics = Arc::new(Metrics::new());

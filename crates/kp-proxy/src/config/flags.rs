@@ -20,7 +20,7 @@ use super::{LocalMode, ProxyMode};
 /// kube-proxy-rs: the Kubernetes network proxy. Watches Services, EndpointSlices and this
 /// Node, and programs the kernel so that Service traffic reaches the endpoints.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "kube-proxy", version)]
+#[command(name = "kube-proxy", version, after_help = WITHOUT_EFFECT)]
 pub(crate) struct Flags {
     /// Path to a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1). Flags given on
     /// the command line override its values.
@@ -244,6 +244,362 @@ pub(crate) struct Flags {
     /// Log verbosity: the number for the log level. [default: 0]
     #[arg(short = 'v', long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u8>,
+
+    /// Log format: 'text' (the default) or 'json' (one JSON object per line, with "ts", "v"
+    /// and "msg" keys, as upstream's json format).
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"])]
+    pub logging_format: Option<String>,
+
+    /// Only perform the start-up steps that need full root privileges (sysctls, the conntrack
+    /// table size), then exit, as upstream's --init-only for a privileged init container.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub init_only: Option<bool>,
+
+    /// Idle timeout for established TCP connections, written to
+    /// nf_conntrack_tcp_timeout_established (0 to leave as-is). [default: 24h0m0s]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub conntrack_tcp_timeout_established: Option<GoDuration>,
+
+    /// NAT timeout for TCP connections in the CLOSE_WAIT state, written to
+    /// nf_conntrack_tcp_timeout_close_wait (0 to leave as-is). [default: 1h0m0s]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub conntrack_tcp_timeout_close_wait: Option<GoDuration>,
+
+    /// Set nf_conntrack_tcp_be_liberal (packets outside the TCP window are not marked
+    /// INVALID).
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub conntrack_tcp_be_liberal: Option<bool>,
+
+    /// Idle timeout for UNREPLIED UDP conntrack entries, written to nf_conntrack_udp_timeout
+    /// (0 to leave as-is).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub conntrack_udp_timeout: Option<GoDuration>,
+
+    /// Idle timeout for ASSURED UDP conntrack entries, written to
+    /// nf_conntrack_udp_timeout_stream (0 to leave as-is).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub conntrack_udp_timeout_stream: Option<GoDuration>,
+
+    /// Comma-separated CIDRs whose IPVS virtual servers the ipvs mode leaves alone when it
+    /// cleans up.
+    #[arg(long, value_name = "CIDRS", value_delimiter = ',', value_parser = parse_service_cidr)]
+    pub ipvs_exclude_cidrs: Option<Vec<String>>,
+
+    /// The timeout for idle IPVS TCP connections, 0 to leave as-is (ipvs mode).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub ipvs_tcp_timeout: Option<GoDuration>,
+
+    /// The timeout for IPVS TCP connections after a FIN, 0 to leave as-is (ipvs mode).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub ipvs_tcpfin_timeout: Option<GoDuration>,
+
+    /// The timeout for IPVS UDP packets, 0 to leave as-is (ipvs mode).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub ipvs_udp_timeout: Option<GoDuration>,
+
+    /// Exit when the healthz or metrics port cannot be bound.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub bind_address_hard_fail: Option<bool>,
+
+    /// Accepted without effect: kube-rs has no client-side rate limit. Recorded as
+    /// clientConnection.qps. [default: 5]
+    #[arg(long, value_name = "QPS")]
+    pub kube_api_qps: Option<f32>,
+
+    /// Accepted without effect: kube-rs has no client-side rate limit. Recorded as
+    /// clientConnection.burst. [default: 10]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub kube_api_burst: Option<i32>,
+
+    /// Accepted without effect: requests are always JSON. Recorded as
+    /// clientConnection.contentType. [default: application/vnd.kubernetes.protobuf]
+    #[arg(long, value_name = "TYPE")]
+    pub kube_api_content_type: Option<String>,
+
+    /// Accepted without effect: there is no /debug/pprof.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub profiling: Option<bool>,
+
+    /// Accepted without effect: no metric is hidden.
+    #[arg(long, value_name = "VERSION")]
+    pub show_hidden_metrics_for_version: Option<String>,
+
+    /// Accepted without effect: per-file verbosity (pattern=N,...).
+    #[arg(long, value_name = "PATTERN=N,...", value_delimiter = ',', value_parser = parse_vmodule)]
+    pub vmodule: Option<Vec<(String, u32)>>,
+
+    /// Accepted without effect: the logger does not buffer. [default: 5s]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub log_flush_frequency: Option<GoDuration>,
+
+    /// Accepted without effect: info buffer size of the json format's split stream.
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity)]
+    pub log_json_info_buffer_size: Option<String>,
+
+    /// Accepted without effect: the json format writes every line to stderr.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub log_json_split_stream: Option<bool>,
+
+    /// Accepted without effect: info buffer size of the text format's split stream.
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_quantity)]
+    pub log_text_info_buffer_size: Option<String>,
+
+    /// Accepted without effect: the text format writes every line to stderr.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub log_text_split_stream: Option<bool>,
+
+    /// Accepted without effect: kube-proxy-rs reads no boot id.
+    #[arg(long, value_name = "FILES")]
+    pub boot_id_file: Option<String>,
+
+    /// Accepted without effect: kube-proxy-rs reads no machine id.
+    #[arg(long, value_name = "FILES")]
+    pub machine_id_file: Option<String>,
+
+    /// Deprecated (upstream hides it): the health server's port; 0 disables the server, any
+    /// other value changes nothing (the address already carries a port), as upstream.
+    #[arg(long, hide = true, value_name = "PORT", value_parser = clap::value_parser!(i32).range(0..=65535))]
+    pub healthz_port: Option<i32>,
+
+    /// Deprecated (upstream hides it): the metrics server's port; 0 disables the server, any
+    /// other value changes nothing, as upstream.
+    #[arg(long, hide = true, value_name = "PORT", value_parser = clap::value_parser!(i32).range(0..=65535))]
+    pub metrics_port: Option<i32>,
+
+    /// Removed upstream (1.16): the old name of --cleanup.
+    #[arg(
+        long,
+        hide = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub cleanup_iptables: Option<bool>,
+
+    /// Old klog, cloud and container flags that upstream has removed and DaemonSets still pass:
+    /// accepted without effect, with a deprecation warning.
+    #[command(flatten)]
+    pub legacy: LegacyFlags,
+}
+
+/// Flags removed upstream but still found in DaemonSets and guides. Every one is accepted with
+/// a deprecation warning and has no effect: logs always go to stderr.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub(crate) struct LegacyFlags {
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub add_dir_header: Option<bool>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub alsologtostderr: Option<bool>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "FILE:LINE")]
+    pub log_backtrace_at: Option<String>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub log_dir: Option<String>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub log_file: Option<String>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "MB")]
+    pub log_file_max_size: Option<u64>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub logtostderr: Option<bool>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub one_output: Option<bool>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub skip_headers: Option<bool>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub skip_log_headers: Option<bool>,
+    /// klog (removed in 1.26).
+    #[arg(long, hide = true, value_name = "SEVERITY")]
+    pub stderrthreshold: Option<String>,
+    /// Removed upstream: ipvs cleanup along with --cleanup (always done here).
+    #[arg(long, hide = true, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub cleanup_ipvs: Option<bool>,
+    /// Removed upstream (1.16): the cgroup container to run in.
+    #[arg(long, hide = true, value_name = "NAME")]
+    pub resource_container: Option<String>,
+    /// Removed upstream (1.30): Azure registry credentials.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub azure_container_registry_config: Option<String>,
+    /// Removed upstream: a fixed nf_conntrack_max (--conntrack-max-per-core applies instead).
+    #[arg(long, hide = true, value_name = "N")]
+    pub conntrack_max: Option<i32>,
+}
+
+impl LegacyFlags {
+    /// The names of the legacy flags that were given.
+    pub fn given(&self) -> Vec<&'static str> {
+        let set = [
+            ("--add-dir-header", self.add_dir_header.is_some()),
+            ("--alsologtostderr", self.alsologtostderr.is_some()),
+            ("--log-backtrace-at", self.log_backtrace_at.is_some()),
+            ("--log-dir", self.log_dir.is_some()),
+            ("--log-file", self.log_file.is_some()),
+            ("--log-file-max-size", self.log_file_max_size.is_some()),
+            ("--logtostderr", self.logtostderr.is_some()),
+            ("--one-output", self.one_output.is_some()),
+            ("--skip-headers", self.skip_headers.is_some()),
+            ("--skip-log-headers", self.skip_log_headers.is_some()),
+            ("--stderrthreshold", self.stderrthreshold.is_some()),
+            ("--cleanup-ipvs", self.cleanup_ipvs.is_some()),
+            ("--resource-container", self.resource_container.is_some()),
+            (
+                "--azure-container-registry-config",
+                self.azure_container_registry_config.is_some(),
+            ),
+            ("--conntrack-max", self.conntrack_max.is_some()),
+        ];
+        set.into_iter()
+            .filter(|(_, given)| *given)
+            .map(|(name, _)| name)
+            .collect()
+    }
+}
+
+/// The flags that are accepted and change nothing, for `--help` and the README.
+pub(crate) const WITHOUT_EFFECT: &str = "Accepted without effect (for drop-in compatibility): \
+--kube-api-qps, --kube-api-burst, --kube-api-content-type, --profiling, \
+--show-hidden-metrics-for-version, --vmodule, --log-flush-frequency, \
+--log-json-info-buffer-size, --log-json-split-stream, --log-text-info-buffer-size, \
+--log-text-split-stream, --boot-id-file, --machine-id-file, --feature-gates; deprecated, with a \
+warning: --healthz-port and --metrics-port (except 0, which disables the server), \
+--add-dir-header, --alsologtostderr, --log-backtrace-at, --log-dir, --log-file, \
+--log-file-max-size, --logtostderr, --one-output, --skip-headers, --skip-log-headers, \
+--stderrthreshold, --cleanup-ipvs, --resource-container, --azure-container-registry-config, \
+--conntrack-max. --cleanup-iptables is the old name of --cleanup. As upstream, '_' in a flag \
+name reads as '-' (--log_dir is --log-dir).";
+
+/// pflag's `WordSepNormalizeFunc`: `_` in a flag's name reads as `-`, so klog's old spellings
+/// (`--log_dir`, `--skip_headers`) and `--log-dir` are one flag. Values are left alone.
+pub(crate) fn normalize_args<I, T>(args: I) -> Vec<std::ffi::OsString>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut out = Vec::new();
+    let mut rest_are_values = false;
+    for (i, arg) in args.into_iter().enumerate() {
+        let arg: std::ffi::OsString = arg.into();
+        if i == 0 || rest_are_values {
+            out.push(arg);
+            continue;
+        }
+        match arg.to_str() {
+            Some("--") => {
+                rest_are_values = true;
+                out.push(arg);
+            }
+            Some(s) if s.starts_with("--") && s.contains('_') => {
+                let (name, value) = match s.split_once('=') {
+                    Some((n, v)) => (n, Some(v)),
+                    None => (s, None),
+                };
+                let mut fixed = name.replace('_', "-");
+                if let Some(v) = value {
+                    fixed.push('=');
+                    fixed.push_str(v);
+                }
+                out.push(fixed.into());
+            }
+            _ => out.push(arg),
+        }
+    }
+    out
+}
+
+/// One `pattern=N` of `--vmodule`.
+fn parse_vmodule(s: &str) -> Result<(String, u32), String> {
+    let (pattern, level) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not pattern=N"))?;
+    let level = level
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("{level:?} is not a verbosity level"))?;
+    Ok((pattern.trim().to_owned(), level))
+}
+
+/// A Kubernetes resource quantity (`0`, `512Ki`, `1Mi`, `1e3`, `1.5G`), checked for shape only.
+fn parse_quantity(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    let number_end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(t.len());
+    let (number, suffix) = t.split_at(number_end);
+    let suffix_ok = matches!(
+        suffix,
+        "" | "Ki"
+            | "Mi"
+            | "Gi"
+            | "Ti"
+            | "Pi"
+            | "Ei"
+            | "n"
+            | "u"
+            | "m"
+            | "k"
+            | "M"
+            | "G"
+            | "T"
+            | "P"
+            | "E"
+    ) || (suffix.starts_with(['e', 'E']) && suffix[1..].parse::<i32>().is_ok());
+    if number.parse::<f64>().is_ok() && suffix_ok {
+        Ok(t.to_owned())
+    } else {
+        Err(format!("{s:?} is not a quantity (e.g. 0, 64Ki, 1Mi)"))
+    }
 }
 
 fn parse_proxy_mode(s: &str) -> Result<String, String> {

@@ -307,6 +307,180 @@ fn apply_flags(doc: &mut KubeProxyConfiguration, flags: &Flags, check: &mut Chec
     if let Some(v) = flags.verbosity {
         doc.logging.verbosity = u32::from(v);
     }
+    apply_newer_flags(doc, flags, check);
+}
+
+/// Upstream flags beyond the ones above: the rest of v1.28's and those added since, and the
+/// deprecated and removed ones still found in DaemonSets (each with a warning).
+fn apply_newer_flags(doc: &mut KubeProxyConfiguration, flags: &Flags, check: &mut Check) {
+    if let Some(format) = &flags.logging_format {
+        check.set_by("logging.format", "--logging-format");
+        doc.logging.format.clone_from(format);
+    }
+    let conntrack = &mut doc.conntrack;
+    if let Some(d) = flags.conntrack_tcp_timeout_established {
+        check.set_by(
+            "conntrack.tcpEstablishedTimeout",
+            "--conntrack-tcp-timeout-established",
+        );
+        conntrack.tcp_established_timeout = Some(d);
+    }
+    if let Some(d) = flags.conntrack_tcp_timeout_close_wait {
+        check.set_by(
+            "conntrack.tcpCloseWaitTimeout",
+            "--conntrack-tcp-timeout-close-wait",
+        );
+        conntrack.tcp_close_wait_timeout = Some(d);
+    }
+    if let Some(on) = flags.conntrack_tcp_be_liberal {
+        conntrack.tcp_be_liberal = on;
+    }
+    if let Some(d) = flags.conntrack_udp_timeout {
+        check.set_by("conntrack.udpTimeout", "--conntrack-udp-timeout");
+        conntrack.udp_timeout = d;
+    }
+    if let Some(d) = flags.conntrack_udp_timeout_stream {
+        check.set_by(
+            "conntrack.udpStreamTimeout",
+            "--conntrack-udp-timeout-stream",
+        );
+        conntrack.udp_stream_timeout = d;
+    }
+    if let Some(cidrs) = &flags.ipvs_exclude_cidrs {
+        check.set_by("ipvs.excludeCIDRs", "--ipvs-exclude-cidrs");
+        doc.ipvs.exclude_cidrs = cidrs.iter().filter(|c| !c.is_empty()).cloned().collect();
+    }
+    if let Some(d) = flags.ipvs_tcp_timeout {
+        check.set_by("ipvs.tcpTimeout", "--ipvs-tcp-timeout");
+        doc.ipvs.tcp_timeout = d;
+    }
+    if let Some(d) = flags.ipvs_tcpfin_timeout {
+        check.set_by("ipvs.tcpFinTimeout", "--ipvs-tcpfin-timeout");
+        doc.ipvs.tcp_fin_timeout = d;
+    }
+    if let Some(d) = flags.ipvs_udp_timeout {
+        check.set_by("ipvs.udpTimeout", "--ipvs-udp-timeout");
+        doc.ipvs.udp_timeout = d;
+    }
+    if let Some(on) = flags.bind_address_hard_fail {
+        doc.bind_address_hard_fail = on;
+    }
+    let client = &mut doc.client_connection;
+    if let Some(qps) = flags.kube_api_qps {
+        check.set_by("clientConnection.qps", "--kube-api-qps");
+        client.qps = qps;
+    }
+    if let Some(burst) = flags.kube_api_burst {
+        check.set_by("clientConnection.burst", "--kube-api-burst");
+        client.burst = burst;
+    }
+    if let Some(content_type) = &flags.kube_api_content_type {
+        client.content_type.clone_from(content_type);
+    }
+    if let Some(on) = flags.profiling {
+        doc.enable_profiling = on;
+    }
+    if let Some(version) = &flags.show_hidden_metrics_for_version {
+        doc.show_hidden_metrics_for_version.clone_from(version);
+    }
+    let logging = &mut doc.logging;
+    if let Some(items) = &flags.vmodule {
+        logging.vmodule = items
+            .iter()
+            .map(|(file_pattern, verbosity)| super::types::VModuleItem {
+                file_pattern: file_pattern.clone(),
+                verbosity: *verbosity,
+            })
+            .collect();
+    }
+    if let Some(d) = flags.log_flush_frequency {
+        logging.flush_frequency = d;
+    }
+    if let Some(size) = &flags.log_json_info_buffer_size {
+        logging.options.json.info_buffer_size = super::types::Quantity(size.clone());
+    }
+    if let Some(on) = flags.log_json_split_stream {
+        logging.options.json.split_stream = on;
+    }
+    if let Some(size) = &flags.log_text_info_buffer_size {
+        logging.options.text.info_buffer_size = super::types::Quantity(size.clone());
+    }
+    if let Some(on) = flags.log_text_split_stream {
+        logging.options.text.split_stream = on;
+    }
+    for (flag, port, address, replacement) in [
+        (
+            "--healthz-port",
+            flags.healthz_port,
+            &mut doc.healthz_bind_address,
+            "--healthz-bind-address",
+        ),
+        (
+            "--metrics-port",
+            flags.metrics_port,
+            &mut doc.metrics_bind_address,
+            "--metrics-bind-address",
+        ),
+    ] {
+        let Some(port) = port else { continue };
+        // Upstream's `addressFromDeprecatedFlags`: 0 disables the server; another port is
+        // appended only to an address without one, which a defaulted address never is.
+        if port == 0 {
+            address.clear();
+        }
+        check.warnings.push(format!(
+            "{flag} is deprecated and will be removed; use {replacement} instead{}",
+            if port == 0 {
+                " (0 disables the server)"
+            } else {
+                " (it has no effect unless 0)"
+            }
+        ));
+    }
+    if flags.cleanup_iptables.is_some() {
+        check
+            .warnings
+            .push("--cleanup-iptables is deprecated: use --cleanup instead".to_owned());
+    }
+    for flag in flags.legacy.given() {
+        check.warnings.push(format!(
+            "{flag} is deprecated and was removed from upstream kube-proxy; it is accepted \
+             without effect (logs go to stderr)"
+        ));
+    }
+    for (flag, given) in [
+        ("--boot-id-file", flags.boot_id_file.is_some()),
+        ("--machine-id-file", flags.machine_id_file.is_some()),
+        ("--kube-api-qps", flags.kube_api_qps.is_some()),
+        ("--kube-api-burst", flags.kube_api_burst.is_some()),
+        (
+            "--kube-api-content-type",
+            flags.kube_api_content_type.is_some(),
+        ),
+        ("--log-flush-frequency", flags.log_flush_frequency.is_some()),
+        (
+            "--log-json-info-buffer-size",
+            flags.log_json_info_buffer_size.is_some(),
+        ),
+        (
+            "--log-json-split-stream",
+            flags.log_json_split_stream.is_some(),
+        ),
+        (
+            "--log-text-info-buffer-size",
+            flags.log_text_info_buffer_size.is_some(),
+        ),
+        (
+            "--log-text-split-stream",
+            flags.log_text_split_stream.is_some(),
+        ),
+    ] {
+        if given {
+            check
+                .warnings
+                .push(format!("{flag} is accepted without effect"));
+        }
+    }
 }
 
 /// Validates the merged document and resolves it. Normalised values (the hostname) are
@@ -401,13 +575,18 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
         None
     });
 
-    if doc.logging.format != "text" {
-        check.fail(
-            "logging.format",
-            &doc.logging.format,
-            "unsupported log format (only \"text\" is supported)",
-        );
-    }
+    let logging_format = match doc.logging.format.as_str() {
+        "text" => super::LogFormat::Text,
+        "json" => super::LogFormat::Json,
+        other => {
+            check.fail(
+                "logging.format",
+                other,
+                "unsupported log format (\"text\" or \"json\")",
+            );
+            super::LogFormat::Text
+        }
+    };
     let verbosity = u8::try_from(doc.logging.verbosity).unwrap_or(u8::MAX);
 
     let hostname = if doc.hostname_override.is_empty() {
@@ -466,9 +645,11 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
             .unwrap_or_else(|| PathBuf::from(super::DEFAULT_BPF_PIN_DIR)),
         oom_score_adj,
         feature_gates: doc.feature_gates.clone(),
-        cleanup: flags.cleanup.unwrap_or(false),
+        cleanup: flags.cleanup.or(flags.cleanup_iptables).unwrap_or(false),
         write_config_to: flags.write_config_to,
         verbosity,
+        logging_format,
+        init_only: flags.init_only.unwrap_or(false),
     }
 }
 

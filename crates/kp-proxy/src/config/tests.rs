@@ -711,7 +711,7 @@ conntrack:
   udpTimeout: -1s
 portRange: 20-10
 logging:
-  format: json
+  format: xml
 ",
     );
     let result = with_file(&yaml, &[]);
@@ -1070,4 +1070,160 @@ fn the_ebpf_flags_name_the_cgroup_root_and_the_pin_directory() {
         Some(Path::new("/sys/fs/cgroup/kubepods"))
     );
     assert_eq!(c.bpf_pin_dir, Path::new("/sys/fs/bpf/kp-test"));
+}
+
+#[test]
+fn log_format_is_text_or_json_from_the_flag_or_the_file() {
+    assert_eq!(
+        flags_only(&[]).unwrap().config.logging_format,
+        LogFormat::Text
+    );
+    let json = flags_only(&["--logging-format=json"]).unwrap();
+    assert_eq!(json.config.logging_format, LogFormat::Json);
+    assert_eq!(json.effective.logging.format, "json");
+    let file_json = with_file(&file("logging:\n  format: json\n"), &[]).unwrap();
+    assert_eq!(file_json.config.logging_format, LogFormat::Json);
+    let flag_wins = with_file(
+        &file("logging:\n  format: json\n"),
+        &["--logging-format=text"],
+    )
+    .unwrap();
+    assert_eq!(flag_wins.config.logging_format, LogFormat::Text);
+    assert!(is_cli_error(&flags_only(&["--logging-format=xml"])));
+}
+
+#[test]
+fn conntrack_timeout_flags_override_the_file() {
+    let yaml = file(
+        "conntrack:
+  tcpEstablishedTimeout: 1h
+  tcpCloseWaitTimeout: 1m
+  udpTimeout: 10s
+",
+    );
+    let loaded = with_file(
+        &yaml,
+        &[
+            "--conntrack-tcp-timeout-established=3h",
+            "--conntrack-tcp-timeout-close-wait=0s",
+            "--conntrack-udp-timeout-stream=2m",
+            "--conntrack-tcp-be-liberal",
+        ],
+    )
+    .unwrap();
+    let c = &loaded.config.conntrack;
+    assert_eq!(
+        c.tcp_established_timeout,
+        Some(Duration::from_secs(3 * 3600))
+    );
+    // 0 leaves the kernel's value, as upstream.
+    assert_eq!(c.tcp_close_wait_timeout, None);
+    assert_eq!(c.udp_timeout, Some(Duration::from_secs(10)));
+    assert_eq!(c.udp_stream_timeout, Some(Duration::from_secs(120)));
+    assert!(c.tcp_be_liberal);
+    let negative = flags_only(&["--conntrack-tcp-timeout-established=-1s"]);
+    assert_eq!(
+        invalid_fields(negative),
+        ["conntrack.tcpEstablishedTimeout"]
+    );
+}
+
+#[test]
+fn api_client_flags_land_in_client_connection() {
+    let loaded = flags_only(&[
+        "--kube-api-qps=50",
+        "--kube-api-burst=100",
+        "--kube-api-content-type=application/json",
+    ])
+    .unwrap();
+    let client = &loaded.effective.client_connection;
+    assert_eq!(client.qps, 50.0);
+    assert_eq!(client.burst, 100);
+    assert_eq!(client.content_type, "application/json");
+    assert!(
+        loaded.warnings.iter().any(|w| w.contains("--kube-api-qps")),
+        "{:?}",
+        loaded.warnings
+    );
+    let negative = flags_only(&["--kube-api-burst=-1"]);
+    assert_eq!(invalid_fields(negative), ["clientConnection.burst"]);
+}
+
+#[test]
+fn ipvs_flags_land_in_the_ipvs_section() {
+    let loaded = flags_only(&[
+        "--proxy-mode=ipvs",
+        "--ipvs-exclude-cidrs=192.0.2.0/24,2001:db8::/32",
+        "--ipvs-tcp-timeout=15m",
+        "--ipvs-tcpfin-timeout=2m",
+        "--ipvs-udp-timeout=5m",
+    ])
+    .unwrap();
+    let ipvs = &loaded.config.ipvs;
+    assert_eq!(
+        ipvs.exclude_cidrs,
+        [net("192.0.2.0/24"), net("2001:db8::/32")]
+    );
+    assert_eq!(ipvs.tcp_timeout, Some(Duration::from_secs(900)));
+    assert_eq!(ipvs.tcp_fin_timeout, Some(Duration::from_secs(120)));
+    assert_eq!(ipvs.udp_timeout, Some(Duration::from_secs(300)));
+    assert!(is_cli_error(&flags_only(&[
+        "--ipvs-exclude-cidrs=nonsense"
+    ])));
+}
+
+#[test]
+fn deprecated_and_removed_flags_warn_and_cleanup_iptables_is_cleanup() {
+    let old = flags_only(&["--cleanup-iptables"]).unwrap();
+    assert!(old.config.cleanup);
+    assert!(old
+        .warnings
+        .iter()
+        .any(|w| w.contains("--cleanup-iptables")));
+    let loaded = flags_only(&[
+        "--alsologtostderr",
+        "--log-dir=/var/log",
+        "--log_file=/var/log/kube-proxy.log",
+        "--logtostderr=false",
+        "--skip-headers",
+        "--healthz-port=10256",
+    ])
+    .unwrap();
+    for flag in [
+        "--alsologtostderr",
+        "--log-dir",
+        "--log-file",
+        "--logtostderr",
+        "--skip-headers",
+        "--healthz-port",
+    ] {
+        assert!(
+            loaded
+                .warnings
+                .iter()
+                .any(|w| w.contains(flag) && w.contains("deprecated")),
+            "{flag}: {:?}",
+            loaded.warnings
+        );
+    }
+    // A non-zero --healthz-port leaves the address alone, as upstream; 0 disables.
+    assert_eq!(loaded.config.healthz_bind_address, addr("0.0.0.0:10256"));
+    let off = flags_only(&["--healthz-port=0", "--metrics-port=0"]).unwrap();
+    assert_eq!(off.config.healthz_bind_address, None);
+    assert_eq!(off.config.metrics_bind_address, None);
+}
+
+#[test]
+fn init_only_and_bind_address_hard_fail_are_read() {
+    let loaded = flags_only(&["--init-only", "--bind-address-hard-fail"]).unwrap();
+    assert!(loaded.config.init_only);
+    assert!(loaded.config.bind_address_hard_fail);
+    assert!(!flags_only(&[]).unwrap().config.init_only);
+}
+
+#[test]
+fn underscores_in_flag_names_read_as_dashes_but_values_keep_them() {
+    let loaded = flags_only(&["--hostname_override=node_a", "--proxy_mode", "nftables"]).unwrap();
+    assert_eq!(loaded.config.hostname.as_deref(), Some("node_a"));
+    assert_eq!(loaded.config.mode, ProxyMode::Nftables);
 }
