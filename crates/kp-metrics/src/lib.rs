@@ -55,6 +55,175 @@ pub struct TableLabel {
     pub table: String,
 }
 
+/// Label naming a Service port, upstream's spelling (`namespace/name:port`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServicePortLabel {
+    /// The Service port, or [`SERVICE_PORT_OVERFLOW`].
+    pub service_port: String,
+}
+
+/// The most Service ports the userspace mode's per-port series are kept for
+/// ([`UserspaceByServicePort`]); the traffic of any further one is counted under
+/// [`SERVICE_PORT_OVERFLOW`]. Eight series per Service port: at most 8008 series in all.
+pub const SERVICE_PORT_SERIES_MAX: usize = 1000;
+
+/// The `service_port` label of the traffic of the Service ports past [`SERVICE_PORT_SERIES_MAX`]
+/// (no Service port is spelled so: a real one has a `/`).
+pub const SERVICE_PORT_OVERFLOW: &str = "(overflow)";
+
+/// The handles of one `service_port` label in every family of [`UserspaceByServicePort`]: a
+/// connection takes them once and counts through them to its end (a clone shares the value).
+#[derive(Clone, Debug, Default)]
+pub struct UserspacePortSeries {
+    /// Whether these are the port's own series (not the overflow ones).
+    pub own: bool,
+    /// `kubeproxy_rs_userspace_service_port_active_connections`.
+    pub active_connections: Gauge,
+    /// `kubeproxy_rs_userspace_service_port_connections_total`.
+    pub connections: Counter,
+    /// `kubeproxy_rs_userspace_service_port_endpoint_connect_failures_total`.
+    pub connect_failures: Counter,
+    /// `kubeproxy_rs_userspace_service_port_endpoint_connect_retries_total`.
+    pub connect_retries: Counter,
+    /// `kubeproxy_rs_userspace_service_port_connections_failed_total`.
+    pub connections_failed: Counter,
+    /// `kubeproxy_rs_userspace_service_port_udp_sessions`.
+    pub udp_sessions: Gauge,
+    /// `kubeproxy_rs_userspace_service_port_udp_sessions_created_total`.
+    pub udp_sessions_created: Counter,
+    /// `kubeproxy_rs_userspace_service_port_bytes_relayed_total`.
+    pub bytes_relayed: Counter,
+}
+
+/// The userspace mode's metrics by Service port (`{service_port="namespace/name:port"}`), with
+/// bounded cardinality: the first [`SERVICE_PORT_SERIES_MAX`] Service ports that carry traffic
+/// get series of their own, the traffic of any other one is counted under
+/// [`SERVICE_PORT_OVERFLOW`], and [`UserspaceByServicePort::remove`] deletes a Service port's
+/// series (when the port goes), which frees its place.
+#[derive(Debug, Default)]
+pub struct UserspaceByServicePort {
+    active_connections: Family<ServicePortLabel, Gauge>,
+    connections: Family<ServicePortLabel, Counter>,
+    connect_failures: Family<ServicePortLabel, Counter>,
+    connect_retries: Family<ServicePortLabel, Counter>,
+    connections_failed: Family<ServicePortLabel, Counter>,
+    udp_sessions: Family<ServicePortLabel, Gauge>,
+    udp_sessions_created: Family<ServicePortLabel, Counter>,
+    bytes_relayed: Family<ServicePortLabel, Counter>,
+    /// The Service ports with series of their own.
+    admitted: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl UserspaceByServicePort {
+    /// The series of `service_port` (made on first use while fewer than
+    /// [`SERVICE_PORT_SERIES_MAX`] Service ports have series), or the overflow ones.
+    pub fn series(&self, service_port: &str) -> UserspacePortSeries {
+        // Under the lock to the end, so a removal cannot come between the admission and the
+        // series' creation (and leave series of a port that is gone).
+        let mut admitted = self.lock();
+        let own = admitted.contains(service_port)
+            || (admitted.len() < SERVICE_PORT_SERIES_MAX
+                && admitted.insert(service_port.to_string()));
+        let l = ServicePortLabel {
+            service_port: if own {
+                service_port
+            } else {
+                SERVICE_PORT_OVERFLOW
+            }
+            .to_string(),
+        };
+        let series = UserspacePortSeries {
+            own,
+            active_connections: self.active_connections.get_or_create(&l).clone(),
+            connections: self.connections.get_or_create(&l).clone(),
+            connect_failures: self.connect_failures.get_or_create(&l).clone(),
+            connect_retries: self.connect_retries.get_or_create(&l).clone(),
+            connections_failed: self.connections_failed.get_or_create(&l).clone(),
+            udp_sessions: self.udp_sessions.get_or_create(&l).clone(),
+            udp_sessions_created: self.udp_sessions_created.get_or_create(&l).clone(),
+            bytes_relayed: self.bytes_relayed.get_or_create(&l).clone(),
+        };
+        drop(admitted);
+        series
+    }
+
+    /// Deletes the series of `service_port` (the Service port is gone) and frees its place.
+    /// Handles taken before keep counting, unexported. The overflow series stay.
+    pub fn remove(&self, service_port: &str) {
+        let mut admitted = self.lock();
+        if !admitted.remove(service_port) {
+            return;
+        }
+        let l = ServicePortLabel {
+            service_port: service_port.to_string(),
+        };
+        self.active_connections.remove(&l);
+        self.connections.remove(&l);
+        self.connect_failures.remove(&l);
+        self.connect_retries.remove(&l);
+        self.connections_failed.remove(&l);
+        self.udp_sessions.remove(&l);
+        self.udp_sessions_created.remove(&l);
+        self.bytes_relayed.remove(&l);
+        drop(admitted);
+    }
+
+    /// How many Service ports have series of their own.
+    pub fn admitted(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.admitted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn register(&self, r: &mut Registry) {
+        let p = "kubeproxy_rs_userspace_service_port_";
+        r.register(
+            format!("{p}active_connections"),
+            "TCP connections the userspace proxy relays now, by Service port",
+            self.active_connections.clone(),
+        );
+        r.register(
+            format!("{p}connections"),
+            "TCP connections the userspace proxy accepted, by Service port",
+            self.connections.clone(),
+        );
+        r.register(
+            format!("{p}endpoint_connect_failures"),
+            "Connection attempts to an endpoint that were refused or timed out, by Service port",
+            self.connect_failures.clone(),
+        );
+        r.register(
+            format!("{p}endpoint_connect_retries"),
+            "Connection attempts made after another endpoint failed, by Service port",
+            self.connect_retries.clone(),
+        );
+        r.register(
+            format!("{p}connections_failed"),
+            "Client connections reset because every endpoint failed, by Service port",
+            self.connections_failed.clone(),
+        );
+        r.register(
+            format!("{p}udp_sessions"),
+            "UDP sessions the userspace proxy holds now, by Service port",
+            self.udp_sessions.clone(),
+        );
+        r.register(
+            format!("{p}udp_sessions_created"),
+            "UDP sessions the userspace proxy opened, by Service port",
+            self.udp_sessions_created.clone(),
+        );
+        r.register(
+            format!("{p}bytes_relayed"),
+            "Bytes the userspace proxy relayed, both directions, by Service port",
+            self.bytes_relayed.clone(),
+        );
+    }
+}
+
 /// All metrics. Cheap to share behind an `Arc`; every field is internally synchronised.
 pub struct Metrics {
     registry: Registry,
@@ -125,6 +294,9 @@ pub struct Metrics {
     pub userspace_udp_sessions_created: Counter,
     /// `kubeproxy_rs_userspace_bytes_relayed_total`: bytes relayed, both directions, TCP and UDP.
     pub userspace_bytes_relayed: Counter,
+    /// `kubeproxy_rs_userspace_service_port_*{service_port}`: the userspace metrics above by
+    /// Service port, bounded.
+    pub userspace_by_service_port: UserspaceByServicePort,
 }
 
 impl Default for Metrics {
@@ -184,6 +356,7 @@ impl Metrics {
             userspace_udp_sessions: Gauge::default(),
             userspace_udp_sessions_created: Counter::default(),
             userspace_bytes_relayed: Counter::default(),
+            userspace_by_service_port: UserspaceByServicePort::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -352,6 +525,7 @@ impl Metrics {
             "Bytes the userspace proxy relayed, both directions, TCP and UDP",
             m.userspace_bytes_relayed.clone(),
         );
+        m.userspace_by_service_port.register(r);
         Metrics { registry, ..m }
     }
 
@@ -423,5 +597,111 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in:\n{text}");
         }
+    }
+
+    /// The exported lines of one `kubeproxy_rs_userspace_service_port_*` metric.
+    fn lines(text: &str, metric: &str) -> Vec<String> {
+        let prefix = format!("kubeproxy_rs_userspace_service_port_{metric}{{");
+        text.lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn service_port_series_are_labelled_and_shared_by_every_handle_of_a_port() {
+        let m = Metrics::new();
+        let by = &m.userspace_by_service_port;
+        let a = by.series("default/web:http");
+        a.connections.inc();
+        a.active_connections.inc();
+        a.bytes_relayed.inc_by(100);
+        // A second handle of the same port counts into the same series.
+        let again = by.series("default/web:http");
+        again.connections.inc();
+        again.connect_failures.inc();
+        again.connect_retries.inc();
+        again.connections_failed.inc();
+        again.udp_sessions.inc();
+        again.udp_sessions_created.inc();
+        by.series("kube-system/dns:dns").udp_sessions_created.inc();
+        let text = m.encode();
+        for line in [
+            "kubeproxy_rs_userspace_service_port_connections_total{service_port=\"default/web:http\"} 2",
+            "kubeproxy_rs_userspace_service_port_active_connections{service_port=\"default/web:http\"} 1",
+            "kubeproxy_rs_userspace_service_port_bytes_relayed_total{service_port=\"default/web:http\"} 100",
+            "kubeproxy_rs_userspace_service_port_endpoint_connect_failures_total{service_port=\"default/web:http\"} 1",
+            "kubeproxy_rs_userspace_service_port_endpoint_connect_retries_total{service_port=\"default/web:http\"} 1",
+            "kubeproxy_rs_userspace_service_port_connections_failed_total{service_port=\"default/web:http\"} 1",
+            "kubeproxy_rs_userspace_service_port_udp_sessions{service_port=\"default/web:http\"} 1",
+            "kubeproxy_rs_userspace_service_port_udp_sessions_created_total{service_port=\"kube-system/dns:dns\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+        assert_eq!(by.admitted(), 2);
+    }
+
+    #[test]
+    fn past_the_maximum_service_ports_share_the_overflow_series_until_a_place_is_freed() {
+        let m = Metrics::new();
+        let by = &m.userspace_by_service_port;
+        for i in 0..SERVICE_PORT_SERIES_MAX {
+            by.series(&format!("ns/svc-{i}:p")).connections.inc();
+        }
+        assert_eq!(by.admitted(), SERVICE_PORT_SERIES_MAX);
+        // Three more Service ports: one overflow series counts all of them.
+        for i in 0..3 {
+            let late = by.series(&format!("ns/late-{i}:p"));
+            assert!(!late.own);
+            late.connections.inc();
+        }
+        assert_eq!(by.admitted(), SERVICE_PORT_SERIES_MAX);
+        let text = m.encode();
+        let connections = lines(&text, "connections_total");
+        assert_eq!(connections.len(), SERVICE_PORT_SERIES_MAX + 1);
+        assert!(
+            connections.contains(&format!(
+                "kubeproxy_rs_userspace_service_port_connections_total{{service_port=\"{SERVICE_PORT_OVERFLOW}\"}} 3"
+            )),
+            "{:?}",
+            &connections[connections.len() - 3..]
+        );
+        assert!(!text.contains("ns/late-"));
+        // An admitted port keeps its own series at the maximum.
+        by.series("ns/svc-7:p").connections.inc();
+        assert!(text.contains("{service_port=\"ns/svc-7:p\"} 1"));
+        assert!(m
+            .encode()
+            .contains("connections_total{service_port=\"ns/svc-7:p\"} 2"));
+
+        // A removed port's series go from every family, and its place goes to the next port.
+        let held = by.series("ns/svc-0:p");
+        by.remove("ns/svc-0:p");
+        held.connections.inc();
+        let text = m.encode();
+        assert!(
+            !text.contains("\"ns/svc-0:p\""),
+            "series of a removed port left"
+        );
+        for metric in ["active_connections", "udp_sessions", "bytes_relayed_total"] {
+            assert_eq!(
+                lines(&text, metric).len(),
+                SERVICE_PORT_SERIES_MAX,
+                "{metric}"
+            );
+        }
+        let late = by.series("ns/late-0:p");
+        assert!(late.own);
+        late.connections.inc();
+        let text = m.encode();
+        assert!(text.contains("connections_total{service_port=\"ns/late-0:p\"} 1"));
+        assert_eq!(by.admitted(), SERVICE_PORT_SERIES_MAX);
+        // Removing one that never had series (or the overflow) changes nothing.
+        by.remove("ns/late-1:p");
+        by.remove(SERVICE_PORT_OVERFLOW);
+        assert_eq!(
+            lines(&m.encode(), "connections_total").len(),
+            SERVICE_PORT_SERIES_MAX + 1
+        );
     }
 }

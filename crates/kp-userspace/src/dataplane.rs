@@ -390,6 +390,8 @@ impl UserspaceDataplane {
             // Under the balancer's lock, so a UDP pick and the generation it records are of
             // the same sync.
             self.shared.synced(changes, full || changes.node_changed);
+            // Under it too: no pick made after this returns a port whose series it deletes.
+            self.shared.forget_gone_ports(state, changes, full);
         }
         let keys: Vec<&ServiceKey> = if full || changes.node_changed {
             state.service_keys().collect()

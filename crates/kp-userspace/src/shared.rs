@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use kp_core::model::ServiceKey;
-use kp_core::track::Changes;
-use kp_metrics::Metrics;
+use kp_core::model::{ServiceKey, ServicePortName};
+use kp_core::track::{Changes, ProxyState};
+use kp_metrics::{Metrics, UserspacePortSeries};
 use kp_userspace_plan::Balancer;
 
 use crate::relay::Copying;
@@ -29,6 +29,10 @@ pub struct Shared {
     epoch: AtomicU64,
     /// Bumped for a Service by every sync that changed it: its UDP sessions pick again.
     generations: Mutex<HashMap<ServiceKey, u64>>,
+    /// The Service ports with metric series of their own (at most
+    /// `kp_metrics::SERVICE_PORT_SERIES_MAX`), by Service: their handles, and what a sync
+    /// checks to delete the series of a port that went.
+    port_series: Mutex<HashMap<ServiceKey, HashMap<ServicePortName, UserspacePortSeries>>>,
 }
 
 /// Which syncs a UDP session's pick has seen (see [`Shared::generation`]).
@@ -51,6 +55,65 @@ impl Shared {
             relays: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             generations: Mutex::new(HashMap::new()),
+            port_series: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The metric series of `port` (its own, or the overflow ones past the maximum). Call it
+    /// under the balancer's lock, with the route a pick just returned: a sync removes the
+    /// series of the ports it removed under the same lock, so no connection brings back the
+    /// series of a port that is gone.
+    pub fn port_series(&self, port: &ServicePortName) -> UserspacePortSeries {
+        let mut all = lock(&self.port_series);
+        if let Some(s) = all.get(&port.service).and_then(|ports| ports.get(port)) {
+            return s.clone();
+        }
+        let series = self
+            .metrics
+            .userspace_by_service_port
+            .series(&port.to_string());
+        // The overflow series are not kept: the next connection of the port asks again, and
+        // gets series of its own once a place is free.
+        if series.own {
+            all.entry(port.service.clone())
+                .or_default()
+                .insert(port.clone(), series.clone());
+        }
+        series
+    }
+
+    /// Deletes the metric series of the Service ports `state` no longer has, among the Services
+    /// a sync changed (all of them after a full one). Call it under the balancer's lock (see
+    /// [`Shared::port_series`]).
+    pub fn forget_gone_ports(&self, state: &ProxyState, changes: &Changes, full: bool) {
+        let mut all = lock(&self.port_series);
+        let keys: Vec<ServiceKey> = if full {
+            all.keys().cloned().collect()
+        } else {
+            changes
+                .services
+                .iter()
+                .filter(|k| all.contains_key(*k))
+                .cloned()
+                .collect()
+        };
+        for key in keys {
+            let current = state.service_ports(&key);
+            let Some(ports) = all.get_mut(&key) else {
+                continue;
+            };
+            ports.retain(|name, _| {
+                let kept = current.iter().any(|p| p.name == *name);
+                if !kept {
+                    self.metrics
+                        .userspace_by_service_port
+                        .remove(&name.to_string());
+                }
+                kept
+            });
+            if ports.is_empty() {
+                all.remove(&key);
+            }
         }
     }
 
@@ -79,11 +142,12 @@ impl Shared {
                 .contains(&ip)
     }
 
-    /// Counts a relay as running until the guard is dropped.
-    pub fn relay_started(self: &Arc<Self>) -> RelayGuard {
+    /// Counts a relay of the Service port of `series` as running until the guard is dropped.
+    pub fn relay_started(self: &Arc<Self>, series: &UserspacePortSeries) -> RelayGuard {
         self.relays.fetch_add(1, Ordering::Relaxed);
         self.metrics.userspace_active_connections.inc();
-        RelayGuard(self.clone())
+        series.active_connections.inc();
+        RelayGuard(self.clone(), series.clone())
     }
 
     /// Marks the UDP sessions of the Services a sync changed (all of them after a full one)
@@ -116,12 +180,13 @@ impl Shared {
 }
 
 /// A running relay (see [`Shared::relay_started`]).
-pub struct RelayGuard(Arc<Shared>);
+pub struct RelayGuard(Arc<Shared>, UserspacePortSeries);
 
 impl Drop for RelayGuard {
     fn drop(&mut self) {
         self.0.relays.fetch_sub(1, Ordering::Relaxed);
         self.0.metrics.userspace_active_connections.dec();
+        self.1.active_connections.dec();
     }
 }
 

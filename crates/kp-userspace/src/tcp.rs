@@ -71,20 +71,28 @@ async fn handle(client: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         }
     };
     let is_node = shared.is_node_address(peer.ip());
-    let pick = shared
-        .balancer()
-        .pick(Protocol::Tcp, frontend, peer, is_node, Instant::now());
-    let (route, attempts) = match pick {
-        Pick::Connect { route, attempts } => (route, attempts),
-        Pick::Reject | Pick::NotAService => return reset(client),
+    // The pick and its Service port's series under one lock (see `Shared::port_series`).
+    let (pick, series) = {
+        let mut balancer = shared.balancer();
+        let pick = balancer.pick(Protocol::Tcp, frontend, peer, is_node, Instant::now());
+        let series = match &pick {
+            Pick::Connect { route, .. } => Some(shared.port_series(&route.service_port)),
+            _ => None,
+        };
+        (pick, series)
+    };
+    let (route, attempts, series) = match (pick, series) {
+        (Pick::Connect { route, attempts }, Some(series)) => (route, attempts, series),
         // Dropping a TCP connection already accepted: close it without an answer.
-        Pick::Drop => return reset(client),
+        _ => return reset(client),
     };
     shared.metrics.userspace_connections.inc();
+    series.connections.inc();
     let mut connected = None;
     for (i, attempt) in attempts.iter().enumerate() {
         if i > 0 {
             shared.metrics.userspace_connect_retries.inc();
+            series.connect_retries.inc();
         }
         let outcome = match connect(attempt, peer, connect_timeout(i)).await {
             Ok(s) => {
@@ -104,18 +112,21 @@ async fn handle(client: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
             break;
         }
         shared.metrics.userspace_connect_failures.inc();
+        series.connect_failures.inc();
     }
     let Some((upstream, endpoint)) = connected else {
         tracing::debug!(%frontend, %peer, "every endpoint failed; resetting the client");
         shared.metrics.userspace_connections_failed.inc();
+        series.connections_failed.inc();
         return reset(client);
     };
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
-    let guard = shared.relay_started();
+    let guard = shared.relay_started(&series);
     let bytes = shared.metrics.userspace_bytes_relayed.clone();
     relay::relay(client, upstream, shared.copying, &|n| {
         bytes.inc_by(n);
+        series.bytes_relayed.inc_by(n);
     })
     .await;
     drop(guard);

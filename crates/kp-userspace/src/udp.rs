@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use kp_core::model::Protocol;
+use kp_metrics::UserspacePortSeries;
 use kp_userspace_plan::{Outcome, Pick, RouteId, Source};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
@@ -32,6 +33,8 @@ struct Session {
     /// next datagram pick again.
     service: kp_core::model::ServiceKey,
     generation: Generation,
+    /// Its Service port's metric series.
+    series: UserspacePortSeries,
     /// Ends the session's reply task when the session is replaced.
     stop: tokio::sync::Notify,
 }
@@ -83,6 +86,7 @@ pub async fn serve(
         match session.upstream.send(data).await {
             Ok(n) => {
                 shared.metrics.userspace_bytes_relayed.inc_by(n as u64);
+                session.series.bytes_relayed.inc_by(n as u64);
             }
             Err(e) => tracing::debug!(error = %e, "UDP send to the endpoint failed"),
         }
@@ -118,17 +122,21 @@ async fn open(
         }
     };
     let is_node = shared.is_node_address(peer.ip());
-    // The pick and the generation it was made in, under one lock (see `Shared::synced`).
-    let (pick, generation) = {
+    // The pick, the generation it was made in and its Service port's series, under one lock
+    // (see `Shared::synced` and `Shared::port_series`).
+    let (pick, generation, series) = {
         let mut balancer = shared.balancer();
         let pick = balancer.pick(Protocol::Udp, frontend, peer, is_node, Instant::now());
-        let generation = match &pick {
-            Pick::Connect { route, .. } => shared.generation(&route.service_port.service),
-            _ => (0, 0),
+        let (generation, series) = match &pick {
+            Pick::Connect { route, .. } => (
+                shared.generation(&route.service_port.service),
+                Some(shared.port_series(&route.service_port)),
+            ),
+            _ => ((0, 0), None),
         };
-        (pick, generation)
+        (pick, generation, series)
     };
-    let Pick::Connect { route, attempts } = pick else {
+    let (Pick::Connect { route, attempts }, Some(series)) = (pick, series) else {
         return None;
     };
     // UDP has no handshake to refuse: the first attempt is the session's endpoint.
@@ -141,6 +149,7 @@ async fn open(
                 .balancer()
                 .report(&route, attempt.endpoint, Outcome::Refused, Instant::now());
             shared.metrics.userspace_connect_failures.inc();
+            series.connect_failures.inc();
             return None;
         }
     };
@@ -152,11 +161,14 @@ async fn open(
         last: Mutex::new(Instant::now()),
         service: route.service_port.service.clone(),
         generation,
+        series,
         stop: tokio::sync::Notify::new(),
     });
     lock(sessions).insert((peer, local), session.clone());
     shared.metrics.userspace_udp_sessions.inc();
     shared.metrics.userspace_udp_sessions_created.inc();
+    session.series.udp_sessions.inc();
+    session.series.udp_sessions_created.inc();
     tokio::spawn(replies(
         listener.clone(),
         shared.clone(),
@@ -254,6 +266,7 @@ async fn replies(
             Ok(bytes) => {
                 *lock(&session.last) = Instant::now();
                 shared.metrics.userspace_bytes_relayed.inc_by(bytes);
+                session.series.bytes_relayed.inc_by(bytes);
             }
             Err(e) => {
                 // ECONNREFUSED: the endpoint's port is closed (ICMP unreachable).
@@ -271,6 +284,7 @@ async fn replies(
     }
     drop(map);
     shared.metrics.userspace_udp_sessions.dec();
+    session.series.udp_sessions.dec();
     shared
         .balancer()
         .report(&route, endpoint, Outcome::Closed, Instant::now());

@@ -458,3 +458,116 @@ fn a_silent_endpoint_times_out_and_the_next_one_answers_and_is_then_tried_last()
     dp.shutdown();
     dp.cleanup().expect("cleanup");
 }
+
+/// The exported line of `metric` (a `kubeproxy_rs_userspace_service_port_*` name, `_total`
+/// included) for `service_port`, if there is one.
+fn port_line(text: &str, metric: &str, service_port: &str) -> Option<String> {
+    let prefix =
+        format!("kubeproxy_rs_userspace_service_port_{metric}{{service_port=\"{service_port}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+}
+
+#[test]
+#[ignore = "needs root"]
+fn traffic_is_counted_by_service_port_and_a_removed_ports_series_go() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = Lab::new(1).expect("lab");
+    let _server = lab.serve_echo(0, &[8080], &[5353]).expect("echo");
+    let (web, web_slice) = service_objects(&lab, "web", "10.96.70.70", "TCP", (80, 8080), &[0]);
+    let (dns, dns_slice) = service_objects(&lab, "dns", "10.96.71.71", "UDP", (53, 5353), &[0]);
+    let mut state = kp_flows::load(kp_flows::NODE, vec![web.clone(), web_slice, dns, dns_slice]);
+    let (mut dp, metrics) = proxy(&lab, &state);
+    let web_vip: IpAddr = "10.96.70.70".parse().unwrap();
+    let dns_vip: IpAddr = "10.96.71.71".parse().unwrap();
+    let seen = tally(&lab.send(
+        lab.client(),
+        &Request::new(Proto::Tcp, web_vip, 80).count(3),
+    ));
+    assert_eq!(seen.get("pod-0"), Some(&3), "{seen:?}");
+    let seen = tally(&lab.send(
+        lab.client(),
+        &Request::new(Proto::Udp, dns_vip, 53).count(2),
+    ));
+    assert_eq!(seen.get("pod-0"), Some(&2), "{seen:?}");
+
+    let text = metrics.encode();
+    let line = |metric, port| port_line(&text, metric, port);
+    assert_eq!(
+        line("connections_total", "default/web:p").as_deref(),
+        Some("3"),
+        "{text}"
+    );
+    // Each Service port's own traffic only: the node totals are the sums of the two.
+    let web_bytes: u64 = line("bytes_relayed_total", "default/web:p")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let dns_bytes: u64 = line("bytes_relayed_total", "default/dns:p")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(web_bytes > 0 && dns_bytes > 0, "{text}");
+    assert_eq!(web_bytes + dns_bytes, metrics.userspace_bytes_relayed.get());
+    let sessions: u64 = line("udp_sessions_created_total", "default/dns:p")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(sessions >= 1);
+    assert_eq!(sessions, metrics.userspace_udp_sessions_created.get());
+    assert_eq!(
+        line("udp_sessions_created_total", "default/web:p").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        line("connections_total", "default/dns:p").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        line("endpoint_connect_failures_total", "default/web:p").as_deref(),
+        Some("0")
+    );
+    assert!(!text.contains(kp_metrics::SERVICE_PORT_OVERFLOW), "{text}");
+
+    // The dns Service goes: a partial sync deletes every series of its port.
+    state
+        .apply(kp_core::track::SourceEvent::Delete(
+            kp_core::track::Kind::Service,
+            kp_core::track::ObjectKey {
+                namespace: "default".into(),
+                name: "dns".into(),
+            },
+        ))
+        .unwrap();
+    let changes = state.take_changes();
+    dp.sync(&state, &changes, false).expect("partial sync");
+    let text = metrics.encode();
+    assert!(!text.contains("default/dns:p"), "{text}");
+    assert_eq!(
+        port_line(&text, "connections_total", "default/web:p").as_deref(),
+        Some("3")
+    );
+    assert_eq!(metrics.userspace_by_service_port.admitted(), 1);
+
+    // The web Service's port is renamed behind the dataplane's back (no changes passed): the
+    // next full sync deletes the old name's series.
+    let mut web = match web {
+        Object::Service(s) => s,
+        _ => unreachable!(),
+    };
+    if let Some(ports) = web.spec.as_mut().and_then(|s| s.ports.as_mut()) {
+        ports[0].name = Some("q".into());
+    }
+    state
+        .apply(kp_core::track::SourceEvent::Upsert(Object::Service(web)))
+        .unwrap();
+    let _ = state.take_changes();
+    dp.sync(&state, &Changes::default(), true)
+        .expect("full sync");
+    assert!(!metrics.encode().contains("default/web:p"));
+    assert_eq!(metrics.userspace_by_service_port.admitted(), 0);
+    dp.shutdown();
+    dp.cleanup().expect("cleanup");
+}
