@@ -156,6 +156,58 @@ struct Entry {
     source_ranges: Option<Vec<IpNet>>,
 }
 
+/// The claims of Service ports on frontends of one kind, by the nftables mode's rule (its
+/// element record's `claim` and `drop_claim`): the first claim holds the frontend, later ones
+/// wait in the order they came, and when the holder lets go the earliest waiting takes over.
+/// A Service a sync re-derives releases its claims and claims again, behind the others; a full
+/// sync re-derives every Service in order, so the first Service (by namespace and name) that
+/// claims a frontend holds it, as in the redirect table and the nftables mode.
+struct Claims<'a, K> {
+    held: &'a mut HashMap<K, Entry>,
+    waiting: &'a mut HashMap<K, Vec<Entry>>,
+}
+
+impl<'a, K: std::hash::Hash + Eq + Copy> Claims<'a, K> {
+    fn new(held: &'a mut HashMap<K, Entry>, waiting: &'a mut HashMap<K, Vec<Entry>>) -> Self {
+        Claims { held, waiting }
+    }
+
+    /// Route `entry.route` claims `key`: it holds it if no one does, else it waits (once).
+    fn claim(&mut self, key: K, entry: Entry) {
+        let Some(holder) = self.held.get(&key) else {
+            self.held.insert(key, entry);
+            return;
+        };
+        if holder.route == entry.route {
+            return;
+        }
+        let list = self.waiting.entry(key).or_default();
+        if !list.iter().any(|e| e.route == entry.route) {
+            list.push(entry);
+        }
+    }
+
+    /// Route `slot` lets go of `key`: a waiting claim takes over if it held it.
+    fn release(&mut self, key: &K, slot: usize) {
+        let holds = self.held.get(key).is_some_and(|e| e.route == slot);
+        let Some(list) = self.waiting.get_mut(key) else {
+            if holds {
+                self.held.remove(key);
+            }
+            return;
+        };
+        if holds {
+            let next = list.remove(0);
+            self.held.insert(*key, next);
+        } else {
+            list.retain(|e| e.route != slot);
+        }
+        if list.is_empty() {
+            self.waiting.remove(key);
+        }
+    }
+}
+
 /// ClientIP affinity: the endpoint a client sticks to, until `expires`.
 #[derive(Clone, Copy, Debug)]
 struct Sticky {
@@ -196,8 +248,14 @@ pub struct Balancer {
     free: Vec<usize>,
     by_id: HashMap<RouteId, usize>,
     by_service: HashMap<ServiceKey, Vec<usize>>,
+    /// Each frontend's entry: the route of the Service port that claimed it first (see
+    /// [`Claims`]).
     vips: HashMap<VipKey, Entry>,
     node_ports: HashMap<NodePortKey, Entry>,
+    /// The entries of further Service ports claiming a frontend already held, in the order
+    /// they came: nearly always empty.
+    vips_waiting: HashMap<VipKey, Vec<Entry>>,
+    node_ports_waiting: HashMap<NodePortKey, Vec<Entry>>,
     /// Where NodePorts answer, per family; empty for anywhere the kernel sends them.
     node_port_addresses: Vec<IpNet>,
     /// Detect-local's pod networks.
@@ -221,6 +279,8 @@ impl Balancer {
             by_service: HashMap::new(),
             vips: HashMap::new(),
             node_ports: HashMap::new(),
+            vips_waiting: HashMap::new(),
+            node_ports_waiting: HashMap::new(),
             node_port_addresses: Vec::new(),
             local_cidrs: Vec::new(),
             quarantine: HashMap::new(),
@@ -348,14 +408,11 @@ impl Balancer {
         for key in &route.frontends {
             match key {
                 FrontKey::Vip(k) => {
-                    if self.vips.get(k).is_some_and(|e| e.route == slot) {
-                        self.vips.remove(k);
-                    }
+                    Claims::new(&mut self.vips, &mut self.vips_waiting).release(k, slot);
                 }
                 FrontKey::NodePort(k) => {
-                    if self.node_ports.get(k).is_some_and(|e| e.route == slot) {
-                        self.node_ports.remove(k);
-                    }
+                    Claims::new(&mut self.node_ports, &mut self.node_ports_waiting)
+                        .release(k, slot);
                 }
             }
         }
@@ -406,16 +463,18 @@ impl Balancer {
             let key = match (f.kind, f.address) {
                 (FrontendKind::NodePort, _) | (_, None) => {
                     let k = (f.protocol, f.family, f.port);
-                    self.node_ports.insert(k, entry);
+                    Claims::new(&mut self.node_ports, &mut self.node_ports_waiting).claim(k, entry);
                     FrontKey::NodePort(k)
                 }
                 (_, Some(ip)) => {
                     let k = (f.protocol, ip, f.port);
-                    self.vips.insert(k, entry);
+                    Claims::new(&mut self.vips, &mut self.vips_waiting).claim(k, entry);
                     FrontKey::Vip(k)
                 }
             };
-            keys.push(key);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
         }
         let affinity = fronts
             .port()

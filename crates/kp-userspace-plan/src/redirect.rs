@@ -37,20 +37,20 @@ use crate::names::{FAMILY, TABLE};
 type OwnerId = u32;
 const NODE_OWNER: OwnerId = 0;
 
-/// One element as the record holds it: each owner with the value it wants (maps), the first
-/// owner's value being the one in the kernel.
+/// One element as the record holds it: each owner with the value it wants (maps), in the order
+/// they claimed it; the first one's value is the one in the kernel. The nftables mode's rule
+/// (its element record's `claim` and `drop_claim`), which the balancer follows too: a Service
+/// a partial sync re-derives releases and claims again, behind the others, and when the holder
+/// lets go the earliest claim still waiting takes over; a full sync claims in Service order.
 #[derive(Clone, Debug, Default)]
 struct Owned {
     owners: Vec<(OwnerId, Option<Tuple>)>,
 }
 
 impl Owned {
-    /// The value in the kernel: the lowest owner's.
+    /// The value in the kernel: the first claim's.
     fn value(&self) -> Option<Option<Tuple>> {
-        self.owners
-            .iter()
-            .min_by_key(|(o, _)| *o)
-            .map(|(_, v)| v.clone())
+        self.owners.first().map(|(_, v)| v.clone())
     }
 }
 
