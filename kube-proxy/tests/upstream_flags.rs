@@ -324,3 +324,65 @@ fn help_lists_the_flags_accepted_without_effect_and_version_exits_zero() {
         .unwrap();
     assert!(version.status.success());
 }
+
+/// `--init-only` applies the privileged settings (here the conntrack timeouts, which are per
+/// network namespace) and exits instead of running the proxy. Runs in a namespace of its own,
+/// so the machine's sysctls are not touched.
+#[test]
+#[ignore = "needs root"]
+fn init_only_sets_the_conntrack_sysctls_and_exits() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let ns = kp_test::netns::Netns::new("init-only").unwrap();
+    // Make sure the conntrack sysctls exist in the namespace.
+    let _ = std::process::Command::new("modprobe")
+        .arg("nf_conntrack")
+        .status();
+    let dir = "/proc/sys/net/netfilter";
+    let read = |name: &str| {
+        ns.run(&["cat", &format!("{dir}/{name}")])
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    ns.sysctl("net.netfilter.nf_conntrack_tcp_timeout_close_wait", "60")
+        .unwrap();
+    ns.sysctl("net.netfilter.nf_conntrack_udp_timeout", "30")
+        .unwrap();
+    let root_close_wait =
+        std::fs::read_to_string(format!("{dir}/nf_conntrack_tcp_timeout_close_wait")).unwrap();
+
+    let mut child = ns
+        .spawn(&[
+            env!("CARGO_BIN_EXE_kube-proxy"),
+            "--init-only",
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-close-wait=2h",
+            "--conntrack-tcp-timeout-established=3h",
+            "--conntrack-udp-timeout=45s",
+            "--master=https://127.0.0.1:1",
+        ])
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "--init-only did not exit:\n{}",
+            child.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}\n{}", child.log());
+    assert_eq!(read("nf_conntrack_tcp_timeout_close_wait"), "7200");
+    assert_eq!(read("nf_conntrack_tcp_timeout_established"), "10800");
+    assert_eq!(read("nf_conntrack_udp_timeout"), "45");
+    assert_eq!(
+        std::fs::read_to_string(format!("{dir}/nf_conntrack_tcp_timeout_close_wait")).unwrap(),
+        root_close_wait,
+        "the machine's own sysctl changed"
+    );
+}
