@@ -29,7 +29,7 @@ const MODULES: &[&str] = &[
     "veth",
 ];
 
-/// How long the guest may take, boot included (TCG: no KVM on this machine); a run took 58 s.
+/// How long the guest may take, boot included (TCG: no KVM on this machine); runs took 55-97 s.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// On the host, runs test `name` of this binary in the guest and checks it passed there.

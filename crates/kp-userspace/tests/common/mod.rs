@@ -230,6 +230,12 @@ pub fn relay_concurrently(concurrent: usize, patience: Duration) -> Phases {
     }
     let close = t.elapsed();
     assert_eq!(metrics.userspace_connections.get(), concurrent as u64);
+    // The Service port's own series counted every one of them too.
+    let text = metrics.encode();
+    let own = format!(
+        "kubeproxy_rs_userspace_service_port_connections_total{{service_port=\"default/many:p\"}} {concurrent}\n"
+    );
+    assert!(text.contains(&own), "{own} not in:\n{text}");
     // Each payload once each way, nothing else.
     assert_eq!(
         metrics.userspace_bytes_relayed.get(),
