@@ -318,11 +318,23 @@ fn help_lists_the_flags_accepted_without_effect_and_version_exits_zero() {
     for (flag, _) in V1_28.iter().chain(AFTER_1_28) {
         assert!(text.contains(flag), "{flag} not in --help");
     }
-    let version = Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
-        .arg("--version")
-        .output()
-        .unwrap();
-    assert!(version.status.success());
+    // Upstream's `--version[=true|raw]` prints the version and exits 0; `=false` does not.
+    for spelling in ["--version", "--version=true", "--version=raw"] {
+        let version = Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+            .arg(spelling)
+            .output()
+            .unwrap();
+        assert!(version.status.success(), "{spelling}");
+        let out = String::from_utf8_lossy(&version.stdout);
+        assert!(
+            out.starts_with(&format!("kube-proxy {}", env!("CARGO_PKG_VERSION"))),
+            "{spelling}: {out}"
+        );
+    }
+    let scratch = Scratch::new("version");
+    let (code, stderr, written) = load(&["--version=false".to_owned()], &scratch.path("c.yaml"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(written.contains("kind: KubeProxyConfiguration"));
 }
 
 /// `--init-only` applies the privileged settings (here the conntrack timeouts, which are per

@@ -38,7 +38,6 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::Parser;
 use ipnet::IpNet;
 
 pub mod duration;
@@ -53,8 +52,6 @@ mod tests;
 pub use duration::GoDuration;
 pub use error::{ConfigError, FieldError};
 pub use types::{KubeProxyConfiguration, API_VERSION, KIND};
-
-use flags::Flags;
 
 /// The proxy mode (`mode`, `--proxy-mode`). An empty value means [`ProxyMode::Iptables`], as
 /// upstream on Linux.
@@ -318,7 +315,7 @@ where
     T: Into<OsString> + Clone,
     R: FnOnce(&Path) -> std::io::Result<String>,
 {
-    let flags = Flags::try_parse_from(flags::normalize_args(args))?;
+    let flags = flags::parse(args)?;
     let file = match &flags.config {
         Some(path) => {
             let text = read_file(path).map_err(|source| ConfigError::Read {

@@ -20,8 +20,26 @@ use super::{LocalMode, ProxyMode};
 /// kube-proxy-rs: the Kubernetes network proxy. Watches Services, EndpointSlices and this
 /// Node, and programs the kernel so that Service traffic reaches the endpoints.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "kube-proxy", version, after_help = WITHOUT_EFFECT)]
+#[command(
+    name = "kube-proxy",
+    version,
+    disable_version_flag = true,
+    after_help = WITHOUT_EFFECT
+)]
 pub(crate) struct Flags {
+    /// Print version information and exit. As upstream, '--version=raw' prints it too and
+    /// '--version=false' does nothing.
+    #[arg(
+        short = 'V',
+        long,
+        value_name = "true|false|raw",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = ["true", "false", "raw"]
+    )]
+    pub version: Option<String>,
+
     /// Path to a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1). Flags given on
     /// the command line override its values.
     #[arg(long, value_name = "FILE")]
@@ -519,6 +537,25 @@ warning: --healthz-port and --metrics-port (except 0, which disables the server)
 --stderrthreshold, --cleanup-ipvs, --resource-container, --azure-container-registry-config, \
 --conntrack-max. --cleanup-iptables is the old name of --cleanup. As upstream, '_' in a flag \
 name reads as '-' (--log_dir is --log-dir).";
+
+/// Parses the command line (after [`normalize_args`]); `--version` and `--version=raw` come
+/// back as clap's "display version" error, which prints to stdout and exits 0, like `--help`.
+pub(crate) fn parse<I, T>(args: I) -> Result<Flags, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let flags = Flags::try_parse_from(normalize_args(args))?;
+    if matches!(flags.version.as_deref(), Some("true" | "raw")) {
+        // A command with clap's own version flag renders the version exactly as `-V` would.
+        let printer = clap::Command::new("kube-proxy").version(env!("CARGO_PKG_VERSION"));
+        return match printer.try_get_matches_from(["kube-proxy", "--version"]) {
+            Err(version) => Err(version),
+            Ok(_) => unreachable!("clap's --version always ends parsing"),
+        };
+    }
+    Ok(flags)
+}
 
 /// pflag's `WordSepNormalizeFunc`: `_` in a flag's name reads as `-`, so klog's old spellings
 /// (`--log_dir`, `--skip_headers`) and `--log-dir` are one flag. Values are left alone.
