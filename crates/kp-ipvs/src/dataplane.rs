@@ -411,7 +411,11 @@ impl Dataplane for IpvsDataplane {
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         self.desired = Desired::new();
-        self.ipvs.flush().map_err(dp)?;
+        // Every virtual server but the excluded ones and others' firewall-mark ones (the diff
+        // against nothing), not a flush of the whole namespace.
+        let kernel = self.ipvs.dump().map_err(dp)?;
+        let plan = diff(&self.desired, &kernel, &self.settings.ipvs);
+        self.ipvs.apply(&plan.changes).map_err(dp)?;
         for ip in self.dummy.addresses().map_err(dp)? {
             self.dummy.unbind(ip).map_err(dp)?;
         }

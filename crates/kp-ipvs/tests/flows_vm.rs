@@ -204,13 +204,43 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
     assert!(dp.draining().is_empty(), "{:?}", dp.draining());
     assert_ipvsadm_shows_the_plan(&lab, &dp, "after pod-3 came back");
 
+    // Someone else's firewall-mark virtual server, which neither the dataplane's cleanup nor
+    // the removal of the mode's leftovers may touch.
+    let mut client = kp_ipvs::Client::open(Some(&ns)).expect("IPVS");
+    let foreign = kp_netlink::ipvs::Service::new(
+        kp_netlink::ipvs::ServiceKey::Fwmark {
+            mark: 7,
+            ipv6: false,
+        },
+        "rr",
+    );
+    client.add_service(&foreign).expect("a foreign service");
+    let keys = |client: &mut kp_ipvs::Client| -> Vec<kp_netlink::ipvs::ServiceKey> {
+        client
+            .services()
+            .expect("services")
+            .into_iter()
+            .map(|s| s.key)
+            .collect()
+    };
+    // The dataplane's cleanup: its virtual servers and addresses go, the foreign one stays.
+    let before = keys(&mut client).len();
+    dp.cleanup().expect("cleanup");
+    assert_eq!(keys(&mut client), [foreign.key], "{before} before");
+    let bound = lab
+        .node()
+        .ip(&["-o", "addr", "show", "dev", "kube-ipvs0"])
+        .expect("kube-ipvs0");
+    assert!(bound.trim().is_empty(), "{bound}");
     // Removing the mode's leftovers leaves nothing of it, and a second removal finds nothing.
     let iptables = kp_iptables::IptablesCommand::in_netns(ns.clone());
     let removed =
         kp_ipvs::cleanup::remove_leftovers(Some(&ns), &iptables, &[]).expect("remove leftovers");
     eprintln!("removed: {removed:?}");
     assert!(removed.interface, "{removed:?}");
-    assert!(removed.services > 20, "{removed:?}");
+    assert_eq!(removed.services, 0, "{removed:?}");
+    assert_eq!(keys(&mut client), [foreign.key]);
+    client.delete_service(&foreign.key).expect("delete it");
     // KUBE-NODE-PORT and KUBE-LOAD-BALANCER (nat), KUBE-NODE-PORT, KUBE-SOURCE-RANGES-FIREWALL,
     // KUBE-IPVS-FILTER and KUBE-IPVS-OUT-FILTER (filter), KUBE-IPVS-LOCAL (mangle): both families.
     assert_eq!(removed.chains, 14, "{removed:?}");
