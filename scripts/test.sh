@@ -23,10 +23,10 @@ done
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 # IPVS is tested in a qemu guest (crates/kp-vm): Debian's kernel, whose modules include ip_vs
 # (this machine's kernel has no IPVS), a static busybox for the guest's init, modinfo/modprobe,
-# and ipvsadm to cross-check our listing. Installed with their recommends (qemu's ROMs), as
-# tried here.
+# ipvsadm to cross-check our listing, and ipset (the mode loads its sets with `ipset restore`).
+# Installed with their recommends (qemu's ROMs), as tried here.
 vm=()
-for pair in qemu-system-x86_64:qemu-system-x86 busybox:busybox-static modinfo:kmod ipvsadm:ipvsadm; do
+for pair in qemu-system-x86_64:qemu-system-x86 busybox:busybox-static modinfo:kmod ipvsadm:ipvsadm ipset:ipset; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || vm+=("${pair#*:}")
 done
 ls /lib/modules/*/kernel/net/netfilter/ipvs/ip_vs.ko* >/dev/null 2>&1 || vm+=(linux-image-amd64)

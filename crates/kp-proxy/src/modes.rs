@@ -19,6 +19,11 @@ use kp_userspace_plan::{BalancerConfig, Scheduler};
 use crate::config::{Config, LocalMode, NodePortAddress, ProxyMode};
 use crate::Fatal;
 
+mod ebpf;
+mod ipvs;
+pub use ebpf::ebpf_settings;
+pub use ipvs::ipvs_settings;
+
 /// What building or cleaning up a mode works from.
 pub struct ModeContext<'a> {
     /// The resolved configuration.
@@ -90,6 +95,21 @@ pub static MODES: &[Mode] = &[
         // Its UDP entries are REDIRECTs to the proxy itself, never stale.
         reconciles_conntrack: false,
     },
+    Mode {
+        mode: ProxyMode::Ipvs,
+        build: ipvs::build,
+        remove_leftovers: ipvs::remove,
+        leftovers: "the kube-proxy IPVS virtual servers, kube-ipvs0, the ipvs-mode ipsets and iptables chains",
+        reconciles_conntrack: true,
+    },
+    Mode {
+        mode: ProxyMode::Ebpf,
+        build: ebpf::build_ebpf,
+        remove_leftovers: ebpf::remove_ebpf,
+        leftovers: "the ebpf mode's pinned programs and maps (--bpf-pin-dir)",
+        // Socket load balancing translates no packet: no conntrack entry is its.
+        reconciles_conntrack: false,
+    },
 ];
 
 /// The entry for `mode`, if kube-proxy-rs implements it.
@@ -124,13 +144,27 @@ pub struct Fallback {
 /// Probes, once at start, whether the configured mode can run on this node, as older upstream
 /// releases did before choosing a proxier: `iptables` that cannot (the tools do not run, the
 /// kernel has no `nat` table, or no `route_localnet` sysctl, upstream's kernel check) falls
-/// back to `userspace`. Every other mode runs as configured (or fails at build).
+/// back to `userspace`; `ipvs` that cannot (no IPVS in the kernel, no `ipset` tool) falls
+/// back to `iptables`, or to `userspace` if iptables cannot run either. Every other mode runs
+/// as configured (or fails at build).
 pub fn fallback(ctx: &ModeContext<'_>) -> Option<Fallback> {
     match ctx.config.mode {
         ProxyMode::Iptables => iptables_unusable(ctx).map(|why| Fallback {
             from: ProxyMode::Iptables,
             to: ProxyMode::Userspace,
             why,
+        }),
+        ProxyMode::Ipvs => ipvs::unusable(ctx).map(|why| match iptables_unusable(ctx) {
+            None => Fallback {
+                from: ProxyMode::Ipvs,
+                to: ProxyMode::Iptables,
+                why,
+            },
+            Some(also) => Fallback {
+                from: ProxyMode::Ipvs,
+                to: ProxyMode::Userspace,
+                why: format!("{why}; and iptables mode cannot run either: {also}"),
+            },
         }),
         _ => None,
     }

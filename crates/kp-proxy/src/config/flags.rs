@@ -62,8 +62,10 @@ pub(crate) struct Flags {
     pub cleanup: Option<bool>,
 
     /// Which proxy mode to use: 'iptables' (the default, as upstream), 'ipvs', 'nftables',
-    /// 'userspace' or 'ebpf'. 'iptables', 'nftables' and 'userspace' are implemented so far;
-    /// 'iptables' runs 'userspace' instead, with a warning, where the node cannot run iptables.
+    /// 'userspace' or 'ebpf'. 'ipvs' runs 'iptables' instead, with a warning, where the
+    /// kernel has no IPVS; 'iptables' runs 'userspace' instead where the node cannot run
+    /// iptables. 'ebpf' balances connections made on the node and in its pods only (no
+    /// NodePort, external or LoadBalancer IP traffic from outside the node yet).
     #[arg(long, value_name = "MODE", value_parser = parse_proxy_mode)]
     pub proxy_mode: Option<String>,
 
