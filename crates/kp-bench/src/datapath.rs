@@ -423,11 +423,34 @@ pub struct Plan {
     pub bulk_repeats: usize,
     /// The connect runs perf samples, if any ([`PerfControl::from_env`]).
     pub perf: Option<PerfControl>,
+    /// The cgroup v2 directory every client joins before it runs (its own pid written into
+    /// `cgroup.procs` by the shell that then becomes the client), for a mode whose hooks act on
+    /// a cgroup ([`crate::mode::SyncTarget::client_cgroup`]); it must be reachable under
+    /// `ip netns exec`, which remounts `/sys`.
+    pub cgroup: Option<PathBuf>,
 }
 
-fn client(ns: &kp_test::Netns, bench: &Path, args: &[String]) -> anyhow::Result<String> {
+fn client(
+    ns: &kp_test::Netns,
+    bench: &Path,
+    cgroup: Option<&Path>,
+    args: &[String],
+) -> anyhow::Result<String> {
     let exe = bench.to_string_lossy().into_owned();
-    let mut all: Vec<&str> = vec![&exe, "datapath-client"];
+    let procs = cgroup.map(|c| c.join("cgroup.procs").to_string_lossy().into_owned());
+    let mut all: Vec<&str> = Vec::new();
+    if let Some(procs) = &procs {
+        // The shell moves itself into the cgroup, then becomes the client: the client is
+        // inside before its first socket exists.
+        all.extend([
+            "sh",
+            "-c",
+            "echo $$ > \"$1\" && shift && exec \"$@\"",
+            "sh",
+            procs,
+        ]);
+    }
+    all.extend([exe.as_str(), "datapath-client"]);
     all.extend(args.iter().map(String::as_str));
     let out = ns.exec(&all)?;
     if !out.status.success() {
@@ -443,6 +466,7 @@ fn client(ns: &kp_test::Netns, bench: &Path, args: &[String]) -> anyhow::Result<
 fn connect_in(
     ns: &kp_test::Netns,
     bench: &Path,
+    cgroup: Option<&Path>,
     target: SocketAddr,
     seconds: f64,
     threads: usize,
@@ -460,7 +484,7 @@ fn connect_in(
     if let Some(perf) = perf {
         args.extend(perf.args());
     }
-    let out = client(ns, bench, &args)?;
+    let out = client(ns, bench, cgroup, &args)?;
     Ok(serde_json::from_str(&out)?)
 }
 
@@ -468,6 +492,7 @@ fn connect_in(
 fn bulk_in(
     ns: &kp_test::Netns,
     bench: &Path,
+    cgroup: Option<&Path>,
     target: SocketAddr,
     bytes: u64,
     perf: Option<&PerfSwitch>,
@@ -478,6 +503,7 @@ fn bulk_in(
     let out = client(
         ns,
         bench,
+        cgroup,
         &[
             "bulk".into(),
             "--target".into(),
@@ -551,6 +577,7 @@ pub fn measure_unloaded(
         runs.push(connect_in(
             client_ns,
             bench,
+            plan.cgroup.as_deref(),
             plan.direct_connect,
             half,
             plan.threads,
@@ -588,6 +615,7 @@ pub fn measure(
                 vip.push(connect_in(
                     client_ns,
                     bench,
+                    plan.cgroup.as_deref(),
                     plan.vip_connect,
                     half,
                     plan.threads,
@@ -597,6 +625,7 @@ pub fn measure(
                 direct.push(connect_in(
                     client_ns,
                     bench,
+                    plan.cgroup.as_deref(),
                     plan.direct_connect,
                     half,
                     plan.threads,
@@ -616,7 +645,14 @@ pub fn measure(
                 true => (plan.vip_bulk, &mut bv),
                 false => (plan.direct_bulk, &mut bd),
             };
-            into.push(bulk_in(client_ns, bench, target, plan.bulk_bytes, perf)?);
+            into.push(bulk_in(
+                client_ns,
+                bench,
+                plan.cgroup.as_deref(),
+                target,
+                plan.bulk_bytes,
+                perf,
+            )?);
         }
     }
     let vip = summarise(&vip);

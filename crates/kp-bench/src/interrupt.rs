@@ -32,6 +32,11 @@ pub fn watch() -> anyhow::Result<()> {
             // namespace creation, so none of its namespaces can appear after the listing.
             let removed = kp_test::netns::remove_own();
             eprintln!("bench: removed {removed} network namespaces");
+            // The ebpf mode's cgroups and bpffs mounts, once their processes are gone.
+            let removed = crate::ebpf::remove_own();
+            if removed > 0 {
+                eprintln!("bench: removed {removed} cgroups and bpffs mounts of the ebpf mode");
+            }
             std::process::exit(code);
         })?;
     Ok(())

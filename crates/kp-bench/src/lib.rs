@@ -27,6 +27,7 @@ pub mod churn;
 pub mod cli;
 pub mod cluster;
 pub mod datapath;
+pub mod ebpf;
 pub mod interrupt;
 pub mod iptables;
 pub mod machine;

@@ -21,6 +21,13 @@ pub trait SyncTarget {
 
     /// Reads the kernel back and lists the differences from the plan.
     fn verify(&mut self) -> anyhow::Result<Vec<String>>;
+
+    /// The cgroup v2 directory the data-path clients must join before they connect, for a
+    /// dataplane whose hooks act on a cgroup rather than a namespace (ebpf); a path they can
+    /// reach from inside `ip netns exec` (which remounts `/sys`).
+    fn client_cgroup(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// Every dataplane is a sync target: the harness drives it as the binary does.
@@ -154,6 +161,13 @@ pub trait ModeUnderTest {
     /// cost.
     fn relays_in_process(&self) -> bool {
         false
+    }
+
+    /// What one run of the binary needs outside its namespace, made before it starts and
+    /// removed when the returned guard drops, after the binary has stopped (ebpf: the cgroup
+    /// and bpffs its [`ModeUnderTest::proxy_args`] name).
+    fn binary_scratch(&self) -> anyhow::Result<Option<Box<dyn std::any::Any>>> {
+        Ok(None)
     }
 
     /// Commands to run in the proxy's namespace before it starts, so that it picks this mode's

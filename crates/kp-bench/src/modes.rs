@@ -10,6 +10,7 @@ use kp_iptables::Backend;
 use kp_proxy::config::ProxyMode;
 use kp_proxy::modes::MODES;
 
+use crate::ebpf::Ebpf;
 use crate::iptables::Iptables;
 use crate::mode::ModeUnderTest;
 use crate::nftables::Nftables;
@@ -30,7 +31,8 @@ pub fn adapters(mode: ProxyMode) -> Vec<Box<dyn ModeUnderTest>> {
             }),
         ],
         ProxyMode::Userspace => vec![Box::new(Userspace)],
-        ProxyMode::Ipvs | ProxyMode::Ebpf => Vec::new(),
+        ProxyMode::Ebpf => vec![Box::new(Ebpf)],
+        ProxyMode::Ipvs => Vec::new(),
     }
 }
 
@@ -42,18 +44,11 @@ pub fn all() -> Vec<Box<dyn ModeUnderTest>> {
 
 /// Registry modes the harness cannot drive yet, each with why; asking for one says so. A mode
 /// here that gains an adapter fails this crate's tests until it leaves the list.
-pub const NOT_BENCHED: &[(ProxyMode, &str)] = &[
-    (
-        ProxyMode::Ipvs,
-        "IPVS runs only in the kp-vm guest on this machine (its kernel has no IP_VS) and the \
+pub const NOT_BENCHED: &[(ProxyMode, &str)] = &[(
+    ProxyMode::Ipvs,
+    "IPVS runs only in the kp-vm guest on this machine (its kernel has no IP_VS) and the \
          benchmark inside the guest is not built yet",
-    ),
-    (
-        ProxyMode::Ebpf,
-        "its data path needs the client inside the cgroup the programs are attached to, which \
-         the harness does not set up yet; kp-ebpf's ebpf-measure example gives its sync figures",
-    ),
-];
+)];
 
 /// Why the harness cannot drive registry mode `mode` yet, if it is in [`NOT_BENCHED`].
 pub fn not_benched(mode: ProxyMode) -> Option<&'static str> {

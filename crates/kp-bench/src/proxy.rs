@@ -353,6 +353,8 @@ pub fn run(
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         ns.run(&args)?;
     }
+    // Dropped after the binary (declared before it).
+    let _scratch = mode.binary_scratch()?;
     let mut probe: Box<dyn Probe> = mode.probe(ns.name())?;
     let spawned = Instant::now();
     let mut proxy = spawn(&ns, setup, mode, &feed)?;

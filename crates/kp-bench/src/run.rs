@@ -154,10 +154,18 @@ pub fn run_one(opts: &Options, p: &Progress, mode: &dyn ModeUnderTest, cluster: 
             None
         }
     };
-    if let Some(inputs) = inputs {
-        if let Err(e) = bare(p, &inputs, opts.repeats, &mut run) {
-            run.errors.push(format!("bare load: {e:#}"));
+    match inputs {
+        // A mode loaded by no kernel tool (ebpf: map writes) has no bare baseline.
+        Some(inputs) if inputs.is_empty() => p.say(format!(
+            "  no bare baseline: {} mode is loaded by no kernel tool",
+            mode.name()
+        )),
+        Some(inputs) => {
+            if let Err(e) = bare(p, &inputs, opts.repeats, &mut run) {
+                run.errors.push(format!("bare load: {e:#}"));
+            }
         }
+        None => {}
     }
     if !opts.skip_proxy {
         let setup = proxy::Setup {
@@ -325,7 +333,7 @@ fn in_process(
                         Err(e) => run.errors.push(format!("connections held open: {e:#}")),
                     }
                 }
-                match dl.loaded(opts, p, cluster, unloaded) {
+                match dl.loaded(opts, p, cluster, unloaded, dp.client_cgroup()) {
                     Ok(d) => run.datapath = Some(d),
                     Err(e) => run.errors.push(format!("data path: {e:#}")),
                 }
@@ -383,6 +391,7 @@ impl<'a> DatapathLab<'a> {
                 bulk_bytes: opts.bulk_bytes,
                 bulk_repeats: opts.bulk_repeats,
                 perf: opts.perf.clone(),
+                cgroup: None,
             },
             server_ip,
             _server: server,
@@ -482,7 +491,12 @@ impl<'a> DatapathLab<'a> {
         p: &Progress,
         cluster: &Cluster,
         unloaded: Option<crate::results::Connect>,
+        cgroup: Option<PathBuf>,
     ) -> anyhow::Result<crate::results::Datapath> {
+        let plan = datapath::Plan {
+            cgroup,
+            ..self.plan.clone()
+        };
         p.say(format!(
             "  data path: {:.0} s of new connections and {} × {} MB each way, pod → {} vs pod → {}",
             opts.connect_seconds * 2.0,
@@ -491,12 +505,7 @@ impl<'a> DatapathLab<'a> {
             cluster.datapath_ip(),
             self.server_ip
         ));
-        let mut d = datapath::measure(
-            self.lab.pod(1),
-            self.lab.node(),
-            &opts.bench_binary,
-            &self.plan,
-        )?;
+        let mut d = datapath::measure(self.lab.pod(1), self.lab.node(), &opts.bench_binary, &plan)?;
         if let Some(u) = unloaded {
             d.set_unloaded(u);
         }

@@ -683,6 +683,79 @@ fn a_tiny_userspace_run_measures_sync_the_relayed_data_path_memory_per_connectio
     assert!(report.contains("| userspace | 40 | 2,000 |"), "{report}");
 }
 
+/// The ebpf mode's scratch directories (under the temporary directory) and cgroups (under the
+/// cgroup v2 root) of process `pid` that exist now.
+fn ebpf_scratch_of(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("kp-bench-ebpf-{pid}-");
+    let root = kp_ebpf::cgroup::find_cgroup2_root().unwrap().unwrap();
+    [std::env::temp_dir(), root]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+#[test]
+fn a_tiny_ebpf_run_measures_sync_the_data_path_from_its_cgroup_and_the_binary_and_cleans_up() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let proxy = proxy_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = kp_bench::run::Options {
+        modes: vec!["ebpf".into()],
+        sizes: vec![40],
+        endpoints: 3,
+        changes: 5,
+        latency_changes: 3,
+        repeats: 2,
+        skip_datapath: false,
+        skip_proxy: proxy.is_none(),
+        connect_seconds: 0.4,
+        connect_threads: 1,
+        bulk_bytes: 10_000_000,
+        bulk_repeats: 1,
+        perf: None,
+        proxy_binary: proxy.clone().unwrap_or_default(),
+        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
+        root: dir.path().to_path_buf(),
+        command: "bench --modes ebpf --sizes 40".into(),
+    };
+    let results = kp_bench::run::run(&opts).unwrap();
+    let r = &results.runs[0];
+    assert_eq!(r.mode, "ebpf");
+    assert!(r.errors.is_empty(), "phases failed: {:#?}", r.errors);
+    let full = r.full_sync.as_ref().expect("full sync measured");
+    assert_eq!(full.samples_s.len(), 2);
+    assert!(full.total_s > 0.0 && full.render.operations > 0);
+    // The sync wrote what the render planned: the same map updates.
+    assert_eq!(full.operations, full.render.operations);
+    // No kernel tool loads the maps: no bare baseline.
+    assert!(r.bare.is_none());
+    assert_eq!(r.incremental_ms.expect("changes measured").n, 5);
+    assert_eq!(r.verify.as_ref().expect("read back").differences, 0);
+    let d = r.datapath.as_ref().expect("data path measured");
+    // The node holds no rule for the ClusterIP: only the hooks on the clients' cgroup make it
+    // answer.
+    assert!(d.vip.latency_us.n > 0 && d.vip.errors == 0, "{d:?}");
+    assert!(d.direct.latency_us.n > 0, "{d:?}");
+    assert!(d.bulk_vip_gbps > 0.0 && d.bulk_direct_gbps > 0.0);
+    if proxy.is_some() {
+        let sources: Vec<&str> = r.proxy.iter().map(|p| p.source.as_str()).collect();
+        assert_eq!(sources, ["manifests", "apiserver"]);
+        for p in &r.proxy {
+            assert_eq!(p.latency_ms.n, 3, "{}", p.source);
+            assert!(p.peak_rss_mib > 0.0 && p.startup_s > 0.0, "{}", p.source);
+        }
+    }
+    assert_eq!(
+        ebpf_scratch_of(std::process::id()),
+        Vec::<PathBuf>::new(),
+        "left behind"
+    );
+}
+
 /// The network namespaces `bench` process `pid` has now.
 fn namespaces_of(pid: u32) -> Vec<String> {
     let out = std::process::Command::new("ip")
@@ -776,4 +849,60 @@ fn an_interrupted_run_removes_its_namespaces_and_the_processes_in_them() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+#[test]
+fn an_interrupted_ebpf_run_removes_its_cgroups_and_bpffs_mounts() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args([
+            "--modes",
+            "ebpf",
+            "--sizes",
+            "40",
+            "--endpoints",
+            "3",
+            "--changes",
+            "5",
+            "--repeats",
+            "1",
+            "--skip-proxy",
+            "--connect-seconds",
+            "16",
+            "--root",
+        ])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait for the dataplane's cgroup and bpffs (made after the data path's 16 s without
+    // rules), then into the connect runs (a client inside the cgroup, most of the time).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while ebpf_scratch_of(pid).len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ebpf scratch of bench within 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert_eq!(exit.code(), Some(130), "{exit:?}");
+    assert_eq!(ebpf_scratch_of(pid), Vec::<PathBuf>::new(), "left behind");
+    assert!(namespaces_of(pid).is_empty(), "{:?}", namespaces_of(pid));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&format!("kp-bench-ebpf-{pid}-")),
+        "mounts left behind:\n{mounts}"
+    );
 }
