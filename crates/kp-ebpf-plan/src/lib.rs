@@ -336,9 +336,15 @@ pub struct Planner {
     backends: HashMap<u32, Backend>,
     next_backend: u32,
     free_backends: Vec<u32>,
+    /// Ids released by the batch being planned: a batch's deletes go last, so an id is free
+    /// for another backend only from the next batch on.
+    released_backends: Vec<u32>,
     rev_nat_used: BTreeSet<u16>,
     next_rev_nat: u16,
     free_rev_nat: Vec<u16>,
+    /// Reverse-NAT ids released by the batch being planned, free from the next batch on (as
+    /// `released_backends`).
+    released_rev_nat: Vec<u16>,
     /// Each Service's ClusterIPs, and how many Services hold each one.
     service_ips: HashMap<ServiceName, Vec<IpAddr>>,
     ip_refs: HashMap<IpAddr, usize>,
@@ -411,6 +417,8 @@ impl Planner {
         if !ips.is_empty() {
             self.service_ips.insert(service.clone(), ips);
         }
+        self.free_backends.append(&mut self.released_backends);
+        self.free_rev_nat.append(&mut self.released_rev_nat);
         ops.sort_by_key(Op::rank);
         Ok(ops)
     }
@@ -458,6 +466,11 @@ impl Planner {
         }
     }
 
+    /// Makes one frontend `spec`. Backend ids it releases are not handed out again within
+    /// the same batch (see `released_backends`): the batch is sorted with backend deletes
+    /// last, so an id freed by one frontend and taken by another (a multi-port Service whose
+    /// endpoint moves: `a:8080` goes on one port, `b:8443` comes on the next) would be
+    /// written, then deleted.
     fn set_frontend(&mut self, spec: &FrontendSpec, ops: &mut Vec<Op>) -> Result<(), Error> {
         if spec.backends.len() > usize::from(u16::MAX) {
             return Err(Error::TooManyBackends(spec.addr));
@@ -536,7 +549,8 @@ impl Planner {
             self.release_backend(*id, ops);
         }
         self.rev_nat_used.remove(&p.rev_nat);
-        self.free_rev_nat.push(p.rev_nat);
+        // Not reusable in this batch: its delete is sorted after every write.
+        self.released_rev_nat.push(p.rev_nat);
         ops.push(Op::DeleteRevNat(p.rev_nat));
     }
 
@@ -573,7 +587,7 @@ impl Planner {
         if gone {
             self.backend_ids.remove(&b);
             self.backends.remove(&id);
-            self.free_backends.push(id);
+            self.released_backends.push(id);
             // A backend written in this batch and released again cancels out.
             if let Some(pos) = ops
                 .iter()

@@ -1,6 +1,6 @@
 use super::*;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::model::{Endpoint, Protocol, ServicePort, ServicePortName};
 use kp_core::select::SelectedEndpoints;
@@ -512,4 +512,172 @@ fn frontend_specs_take_the_policies_selection_and_say_what_an_empty_one_does() {
     };
     let specs = frontend_specs(&Frontends::new(&local, &none, IpFamily::V4), &[]);
     assert!(specs[0].backends.is_empty() && !specs[0].drop_when_empty);
+}
+
+/// Applies ops as the kernel would: a delete of an entry the maps do not hold fails
+/// (`ENOENT`), and after each op every reachable slot still reaches a backend.
+fn apply_strict(maps: &mut Contents, ops: &[Op]) {
+    for op in ops {
+        let present = match op {
+            Op::DeleteBackend(id) => maps.backends.contains_key(id),
+            Op::DeleteRevNat(id) => maps.rev_nat.contains_key(id),
+            Op::DeleteService(k) => maps.services.contains_key(k),
+            Op::DeleteAddr(k) => maps.addrs.contains_key(k),
+            _ => true,
+        };
+        assert!(present, "{op:?} deletes an entry the maps do not hold");
+        apply(maps, std::slice::from_ref(op));
+    }
+}
+
+/// What each frontend resolves to, whatever the ids: its backends (by slot count and the set
+/// they reach), its reverse-NAT entry and its head's flags; checks that no backend entry is
+/// orphaned.
+fn resolved(maps: &Contents) -> BTreeMap<FrontendAddr, (u16, BTreeSet<Backend>, RevNat, u8)> {
+    let mut out = BTreeMap::new();
+    let mut used = BTreeSet::new();
+    for (k, head) in maps.services.iter().filter(|(k, _)| k.slot == 0) {
+        let mut set = BTreeSet::new();
+        for slot in 1..=head.count {
+            let entry = maps.services[&ServiceKey { slot, ..*k }];
+            assert_eq!(entry.rev_nat, head.rev_nat);
+            used.insert(entry.backend_id);
+            set.insert(maps.backends[&entry.backend_id]);
+        }
+        let rev = maps.rev_nat[&head.rev_nat];
+        out.insert(k.frontend, (head.count, set, rev, head.flags));
+    }
+    let slots = maps.services.keys().filter(|k| k.slot != 0).count();
+    let counted: usize = out.values().map(|v| usize::from(v.0)).sum();
+    assert_eq!(slots, counted, "a slot beyond its frontend's count");
+    let held: BTreeSet<u32> = maps.backends.keys().copied().collect();
+    assert_eq!(held, used, "backend entries orphaned or missing");
+    assert_eq!(
+        maps.rev_nat.len(),
+        out.len(),
+        "orphaned reverse-NAT entries"
+    );
+    out
+}
+
+/// The specs of a generated Service `i` (as kp-bench's cluster shapes them): port 80 → 8080,
+/// every fifth Service also 443 → 8443, every tenth also UDP 53 → 5353; each port on its
+/// ClusterIP, on a NodePort of the node's address for odd `i`, and on an external IP for
+/// every third.
+fn generated_specs(i: u16, endpoints: &[IpAddr]) -> Vec<FrontendSpec> {
+    let mut ports = vec![(Protocol::Tcp, 80, 8080)];
+    if i.is_multiple_of(5) {
+        ports.push((Protocol::Tcp, 443, 8443));
+    }
+    if i.is_multiple_of(10) {
+        ports.push((Protocol::Udp, 53, 5353));
+    }
+    let mut out = Vec::new();
+    for (k, (protocol, port, target)) in ports.into_iter().enumerate() {
+        let backends: Vec<Backend> = endpoints
+            .iter()
+            .map(|ip| Backend {
+                ip: *ip,
+                port: target,
+                protocol,
+            })
+            .collect();
+        let mut addrs = vec![(IpAddr::from([10, 96, 0, i as u8]), port, true)];
+        if i % 2 == 1 {
+            addrs.push((ip("192.0.2.1"), 30000 + i * 3 + k as u16, false));
+        }
+        if i.is_multiple_of(3) {
+            addrs.push((IpAddr::from([203, 0, 113, i as u8]), port, false));
+        }
+        for (a, p, cluster_ip) in addrs {
+            out.push(FrontendSpec {
+                addr: FrontendAddr {
+                    ip: a,
+                    port: p,
+                    protocol,
+                },
+                backends: backends.clone(),
+                drop_when_empty: false,
+                affinity: None,
+                cluster_ip,
+            });
+        }
+    }
+    out
+}
+
+#[test]
+fn one_endpoint_changes_on_multi_port_services_match_a_full_plan() {
+    for (services, per) in [(20u16, 10u8), (20, 2), (30, 1)] {
+        // Endpoint `j` of Service `i`; the last Service shares the first one's endpoints.
+        let mut endpoints: Vec<Vec<IpAddr>> = (0..services)
+            .map(|i| {
+                (0..per)
+                    .map(|j| IpAddr::from([10, 250, (i % (services - 1)) as u8, j]))
+                    .collect()
+            })
+            .collect();
+        let mut planner = Planner::new();
+        let mut maps = Contents::default();
+        for i in 0..services {
+            let ops = planner
+                .set_service(
+                    &svc(&i.to_string()),
+                    &generated_specs(i, &endpoints[usize::from(i)]),
+                )
+                .expect("plan");
+            apply_strict(&mut maps, &ops);
+        }
+        for change in 0..60u16 {
+            let i = (change * 7) % services;
+            let j = usize::from(change) % usize::from(per);
+            endpoints[usize::from(i)][j] =
+                IpAddr::from([10, 251, (change / 200) as u8, (change % 200) as u8]);
+            let ops = planner
+                .set_service(
+                    &svc(&i.to_string()),
+                    &generated_specs(i, &endpoints[usize::from(i)]),
+                )
+                .expect("plan");
+            apply_strict(&mut maps, &ops);
+            let mut fresh = Planner::new();
+            for s in 0..services {
+                fresh
+                    .set_service(
+                        &svc(&s.to_string()),
+                        &generated_specs(s, &endpoints[usize::from(s)]),
+                    )
+                    .expect("full plan");
+            }
+            assert_eq!(
+                resolved(&maps),
+                resolved(&fresh.contents()),
+                "{services} Services x {per}: after change {change} (Service {i})"
+            );
+            assert_eq!(maps, planner.contents(), "the planner's own record");
+        }
+    }
+}
+
+#[test]
+fn a_frontend_replaced_in_one_update_keeps_its_reverse_nat_entry() {
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    let with_external = |external: &str| {
+        let mut s = spec(external, &["10.244.1.1"]);
+        s.cluster_ip = false;
+        vec![spec("10.96.0.1", &["10.244.1.1"]), s]
+    };
+    for external in ["203.0.113.10", "203.0.113.11", "203.0.113.12"] {
+        let ops = planner
+            .set_service(&svc("a"), &with_external(external))
+            .expect("plan");
+        apply_strict(&mut maps, &ops);
+        assert_eq!(maps, planner.contents());
+        let mut fresh = Planner::new();
+        fresh
+            .set_service(&svc("a"), &with_external(external))
+            .expect("full plan");
+        assert_eq!(resolved(&maps), resolved(&fresh.contents()));
+    }
 }
