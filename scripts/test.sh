@@ -64,6 +64,9 @@ for crate in kp-core kp-nftables-plan kp-iptables-plan kp-userspace-plan kp-ipvs
     fi
 done
 
+# A one-shot build: incremental compilation state would only take disk (gigabytes) and time.
+export CARGO_INCREMENTAL=0
+
 say "checking formatting"
 cargo fmt --all -- --check
 
