@@ -11,6 +11,13 @@
 //! `--ipvs-exclude-cidrs` and the firewall-mark ones of the short-circuit marks
 //! (`kp_ipvs_plan::local`). Upstream flushes IPVS whole; the excluded ranges and other
 //! firewall-mark services are left to their owners.
+//!
+//! A mode switch removes these leftovers while another mode runs ([`Keep`]): the chains that
+//! mode fills by the same names (the iptables mode's `KUBE-SERVICES`, `KUBE-POSTROUTING`, ...)
+//! and its jumps to them stay, and virtual servers that still carry connections stay (with
+//! `kube-ipvs0`, whose addresses their packets are for) until those connections end: the new
+//! mode translates every new connection before IPVS sees it, and deleting a virtual server
+//! would drop the established ones (`expire_nodest_conn`).
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -45,6 +52,35 @@ pub struct Removed {
     pub chains: usize,
     /// Sets destroyed.
     pub sets: usize,
+    /// Virtual servers left in place because they still carry connections (only with
+    /// [`Keep::draining`]); `kube-ipvs0` stays with them.
+    pub draining: usize,
+}
+
+/// What a removal must leave because the mode now running uses it (empty for `--cleanup`
+/// and a start with nothing shared).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// Chains, as (table, chain), that the running mode fills: not flushed, not deleted.
+    pub chains: BTreeSet<(String, String)>,
+    /// Rules in built-in chains, as (table, chain, words), that the running mode makes too:
+    /// not deleted even where they are also this mode's jumps.
+    pub jumps: BTreeSet<(String, String, Vec<String>)>,
+    /// Whether virtual servers with connections stay until they have none (a mode switch);
+    /// without it every one of ours goes at once (`--cleanup`).
+    pub draining: bool,
+}
+
+impl Keep {
+    fn chain(&self, table: &str, chain: &str) -> bool {
+        self.chains.iter().any(|(t, c)| t == table && c == chain)
+    }
+
+    fn jump(&self, table: &str, chain: &str, words: &[String]) -> bool {
+        self.jumps
+            .iter()
+            .any(|(t, c, w)| t == table && c == chain && w == words)
+    }
 }
 
 impl Removed {
@@ -78,6 +114,67 @@ fn shared_chains(table: &str) -> &'static [&'static str] {
     }
 }
 
+/// Every chain the ipvs mode fills, as (table, chain): its own and the shared ones. What a
+/// removal of the iptables mode's leftovers must leave while this mode runs.
+pub fn ipvs_mode_chains() -> BTreeSet<(String, String)> {
+    ["nat", "filter", "mangle"]
+        .into_iter()
+        .flat_map(|t| {
+            own_chains(t)
+                .iter()
+                .chain(shared_chains(t))
+                .map(move |c| (t.to_string(), c.to_string()))
+        })
+        .collect()
+}
+
+/// The ipvs mode's jumps from the built-in chains, as (table, chain, words).
+pub fn ipvs_mode_jumps() -> BTreeSet<(String, String, Vec<String>)> {
+    jump_rules()
+        .into_iter()
+        .map(|j| {
+            (
+                j.table.to_string(),
+                j.chain.to_string(),
+                kp_iptables::split_args(&j.args),
+            )
+        })
+        .collect()
+}
+
+/// The iptables mode's jumps from the built-in chains (its planner's, with kubelet's
+/// `KUBE-FIREWALL` jumps where it owns that chain), as (table, chain, words): what a removal
+/// of this mode's leftovers must leave while the iptables mode runs.
+pub fn iptables_mode_jumps() -> BTreeSet<(String, String, Vec<String>)> {
+    let mut all = BTreeSet::new();
+    for localhost_node_ports in [false, true] {
+        let cfg = kp_iptables_plan::PlanConfig {
+            localhost_node_ports,
+            ..kp_iptables_plan::PlanConfig::new(IpFamily::V4)
+        };
+        for j in kp_iptables_plan::Planner::new(cfg).jump_rules() {
+            all.insert((
+                j.table.to_string(),
+                j.chain.to_string(),
+                kp_iptables::split_args(&j.args),
+            ));
+        }
+    }
+    all
+}
+
+/// The chains the ipvs mode shares by name with the iptables mode, as (table, chain).
+pub fn chains_shared_with_iptables_mode() -> BTreeSet<(String, String)> {
+    ["nat", "filter"]
+        .into_iter()
+        .flat_map(|t| {
+            shared_chains(t)
+                .iter()
+                .map(move |c| (t.to_string(), c.to_string()))
+        })
+        .collect()
+}
+
 /// The `iptables-restore --noflush` input that removes the ipvs mode's rules from one table,
 /// given its `iptables-save -t TABLE` text, or `None` when none of the chains only this mode
 /// makes is there (the table is the iptables mode's, or nobody's). The input deletes this
@@ -85,6 +182,12 @@ fn shared_chains(table: &str) -> &'static [&'static str] {
 /// sets, which cannot be destroyed while referenced) and deletes this mode's own chains.
 /// Also returns how many chains it deletes.
 pub fn table_removal(table: &str, saved: &str) -> Option<(String, usize)> {
+    table_removal_keeping(table, saved, &Keep::default())
+}
+
+/// [`table_removal`], leaving what `keep` names: a kept shared chain is not flushed, and a
+/// jump of this mode's that the running mode makes too (to a kept chain) is not deleted.
+pub fn table_removal_keeping(table: &str, saved: &str, keep: &Keep) -> Option<(String, usize)> {
     let mut chains: BTreeSet<&str> = BTreeSet::new();
     let mut rules: Vec<(&str, Vec<String>)> = Vec::new();
     for line in saved.lines() {
@@ -122,11 +225,15 @@ pub fn table_removal(table: &str, saved: &str) -> Option<(String, usize)> {
             .map(|w| w[1].as_str());
         let to_own = target.is_some_and(|t| own.contains(&t));
         let ours = jumps.iter().any(|(c, a)| c == chain && a == args);
-        if to_own || ours {
+        let kept = target.is_some_and(|t| keep.chain(table, t)) && keep.jump(table, chain, args);
+        if to_own || (ours && !kept) {
             out.push_str(&format!("-D {chain} {}\n", quote(args)));
         }
     }
-    for c in shared_chains(table).iter().filter(|c| chains.contains(*c)) {
+    for c in shared_chains(table)
+        .iter()
+        .filter(|c| chains.contains(*c) && !keep.chain(table, c))
+    {
         out.push_str(&format!(":{c} - [0:0]\n"));
     }
     for c in &own {
@@ -209,7 +316,7 @@ fn tables_with_own_chains(
 /// Removes the ipvs mode's chains from both backends and families. A backend whose tables
 /// cannot be read (the tool missing, a kernel without the legacy interface) has nothing to
 /// remove. Returns the chains deleted.
-fn remove_chains(iptables: &IptablesCommand) -> Result<usize> {
+fn remove_chains(iptables: &IptablesCommand, keep: &Keep) -> Result<usize> {
     let mut removed = 0;
     for backend in Backend::ALL {
         for family in IpFamily::ALL {
@@ -224,7 +331,7 @@ fn remove_chains(iptables: &IptablesCommand) -> Result<usize> {
                     tracing::debug!(error = %e, %backend, ?family, table, "nothing to read");
                     continue;
                 }
-                if let Some((input, n)) = table_removal(table, &saved) {
+                if let Some((input, n)) = table_removal_keeping(table, &saved, keep) {
                     iptables
                         .restore(backend, family, &input)
                         .map_err(tool("iptables-restore (ipvs cleanup)"))?;
@@ -303,6 +410,18 @@ pub fn remove_leftovers(
     iptables: &IptablesCommand,
     exclude: &[IpNet],
 ) -> Result<Removed> {
+    remove_leftovers_keeping(netns, iptables, exclude, &Keep::default())
+}
+
+/// [`remove_leftovers`] while another mode runs: what `keep` names stays (see [`Keep`]); with
+/// [`Keep::draining`], virtual servers that carry connections and `kube-ipvs0` stay too, and
+/// [`Removed::draining`] says how many (call again later to finish).
+pub fn remove_leftovers_keeping(
+    netns: Option<&str>,
+    iptables: &IptablesCommand,
+    exclude: &[IpNet],
+    keep: &Keep,
+) -> Result<Removed> {
     let mut removed = Removed::default();
     if let Some(dummy) = Dummy::find(netns, DUMMY_INTERFACE)? {
         match Client::open(netns) {
@@ -314,7 +433,9 @@ pub fn remove_leftovers(
                             kp_ipvs_plan::local::is_short_circuit_mark(mark)
                         }
                     };
-                    if ours {
+                    if ours && keep.draining && carries_connections(&mut ipvs, &svc.key)? {
+                        removed.draining += 1;
+                    } else if ours {
                         match ipvs.delete_service(&svc.key) {
                             Ok(()) => removed.services += 1,
                             Err(e) if e.is_not_found() => {}
@@ -327,12 +448,26 @@ pub fn remove_leftovers(
             Err(Error::Unavailable { .. }) => {}
             Err(e) => return Err(e),
         }
-        dummy.delete()?;
-        removed.interface = true;
+        if removed.draining == 0 {
+            dummy.delete()?;
+            removed.interface = true;
+        }
     }
-    removed.chains = remove_chains(iptables)?;
+    removed.chains = remove_chains(iptables, keep)?;
     removed.sets = remove_sets(netns)?;
     Ok(removed)
+}
+
+/// Whether a virtual server's real servers still count established connections. Closing ones
+/// (IPVS keeps `TIME_WAIT` for two minutes), UDP flows and persistence templates do not hold
+/// a removal: the new mode serves the next packets of a UDP flow, and a template only steers
+/// connections IPVS no longer sees.
+fn carries_connections(ipvs: &mut Client, key: &ServiceKey) -> Result<bool> {
+    match ipvs.destinations(key) {
+        Ok(dests) => Ok(dests.iter().any(|d| d.active_connections > 0)),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

@@ -156,7 +156,8 @@ async fn shutdown_signal() {
 }
 
 /// Runs the proxy until SIGTERM/SIGINT: `--write-config-to` and `--cleanup` end at once;
-/// otherwise the configured mode runs, after every other mode's leftovers are removed.
+/// otherwise the configured mode runs, and every other mode's leftovers are removed once its
+/// first sync has succeeded.
 pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
     let cfg = &loaded.config;
     if let Some(path) = &cfg.write_config_to {
@@ -194,18 +195,84 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
         }
         None => modes::require(cfg.mode)?,
     };
-    // Switching modes: another mode's rules would still catch Service traffic first.
-    for (name, e) in modes::remove_leftovers(&ctx, Some(mode.mode)) {
-        tracing::warn!(error = %e, mode = name, "cannot remove another mode's leftovers");
-    }
+    // Switching modes: the other modes' leftovers serve until this mode's first sync and are
+    // removed after it (see `remove_leftovers_after_first_sync`), so there is no instant
+    // without rules.
     let dataplane = (mode.build)(&ctx)?;
     let conntrack = mode.reconciles_conntrack.then(ConntrackCleanup::new);
-    run_mode(&loaded, metrics, dataplane, conntrack).await
+    let leftovers = tokio::spawn(remove_leftovers_after_first_sync(
+        cfg.clone(),
+        metrics.clone(),
+        mode.mode,
+    ));
+    let result = run_mode(&loaded, metrics, dataplane, conntrack).await;
+    leftovers.abort();
+    result
+}
+
+/// How often the removal of other modes' leftovers is retried while some of them still carry
+/// connections (ipvs virtual servers) or the removal failed.
+const LEFTOVER_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often the first successful sync is looked for.
+const FIRST_SYNC_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Waits for the running mode's first successful sync (the sync loop sets
+/// `kubeproxy_sync_proxy_rules_last_timestamp_seconds` after each one, and only then), then
+/// removes every other mode's leftovers, leaving what the running mode uses; retries while
+/// some stay (connections still use them) or the removal fails.
+async fn remove_leftovers_after_first_sync(
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    running: config::ProxyMode,
+) {
+    while metrics.last_sync_timestamp.get() <= 0.0 {
+        tokio::time::sleep(FIRST_SYNC_POLL).await;
+    }
+    let cfg = Arc::new(cfg);
+    let mut failures_logged = false;
+    loop {
+        let (c, m) = (cfg.clone(), metrics.clone());
+        let left = tokio::task::spawn_blocking(move || {
+            let ctx = ModeContext::new(&c, m);
+            modes::remove_leftovers(&ctx, Some(running))
+        })
+        .await;
+        let left = match left {
+            Ok(left) => left,
+            Err(e) => {
+                tracing::error!(error = %e, "removing other modes' leftovers panicked");
+                return;
+            }
+        };
+        if left.done() {
+            tracing::info!(
+                mode = running.as_str(),
+                "first sync done; no other mode's rules are left"
+            );
+            return;
+        }
+        for (name, e) in &left.failed {
+            if failures_logged {
+                tracing::debug!(error = %e, mode = name, "still cannot remove another mode's leftovers");
+            } else {
+                tracing::warn!(error = %e, mode = name, "cannot remove another mode's leftovers; retrying every {LEFTOVER_RETRY:?}");
+            }
+        }
+        failures_logged |= !left.failed.is_empty();
+        for (name, what) in &left.draining {
+            tracing::info!(
+                mode = name,
+                "{what}: kept until they end, rechecked every {LEFTOVER_RETRY:?}"
+            );
+        }
+        tokio::time::sleep(LEFTOVER_RETRY).await;
+    }
 }
 
 /// `--cleanup`: removes what every mode may have left behind, and nothing else.
 fn cleanup_all(ctx: &ModeContext<'_>) -> Result<(), Fatal> {
-    let failed = modes::remove_leftovers(ctx, None);
+    let failed = modes::remove_leftovers(ctx, None).failed;
     for m in modes::MODES {
         if !failed.iter().any(|(name, _)| *name == m.name()) {
             tracing::info!(mode = m.name(), "removed {}", m.leftovers);

@@ -1,9 +1,17 @@
 //! The mode registry: every dataplane mode kube-proxy-rs can run, in one list.
 //!
 //! Each entry names the mode, builds its dataplane from the configuration, removes what the
-//! mode leaves in the kernel, and says what the mode needs from the sync loop. `--cleanup`,
-//! the start-up removal of other modes' leftovers, the benchmark harness and the test
-//! runners all iterate [`MODES`]; a new mode is one entry here plus its crates.
+//! mode leaves in the kernel, says which kernel names it uses ([`Footprint`]), and says what
+//! the mode needs from the sync loop. `--cleanup`, the removal of other modes' leftovers after
+//! a switch, the benchmark harness and the test runners all iterate [`MODES`]; a new mode is
+//! one entry here plus its crates.
+//!
+//! A mode switch (a restart with another mode) drops no connection: the new mode installs its
+//! rules first, while the old mode's stay in force, and the old mode's leftovers are removed
+//! only after the new mode's first successful sync ([`remove_leftovers`] with the running
+//! mode), leaving whatever the running mode uses by the same names (the chains the iptables
+//! and ipvs modes share) and, for the ipvs mode, the virtual servers that still carry
+//! connections, until those end.
 
 use std::sync::Arc;
 
@@ -20,8 +28,10 @@ use crate::config::{Config, LocalMode, NodePortAddress, ProxyMode};
 use crate::Fatal;
 
 mod ebpf;
+pub mod footprint;
 mod ipvs;
 pub use ebpf::ebpf_settings;
+pub use footprint::Footprint;
 pub use ipvs::ipvs_settings;
 
 /// What building or cleaning up a mode works from.
@@ -50,18 +60,33 @@ impl<'a> ModeContext<'a> {
 pub struct Mode {
     /// The mode (`--proxy-mode`).
     pub mode: ProxyMode,
-    /// Builds a dataplane that has programmed nothing yet. Called after every other mode's
-    /// leftovers are gone, so a mode that reads the kernel ahead (to adopt a restart's state)
-    /// reads what will stay.
+    /// Builds a dataplane that has programmed nothing yet. Called while other modes'
+    /// leftovers are still in force (they go after its first sync); a mode that reads the
+    /// kernel ahead (to adopt a restart's state) reads only its own names.
     pub build: fn(&ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal>,
-    /// Removes everything the mode may have left in the kernel, and nothing else.
-    pub remove_leftovers: fn(&ModeContext<'_>) -> Result<(), DataplaneError>,
+    /// Removes everything the mode may have left in the kernel, and nothing else: with the
+    /// running mode's [`Footprint`] (a switch), nothing that mode uses either, and state that
+    /// still carries connections may stay ([`Removal::Draining`]); without one (`--cleanup`),
+    /// everything at once.
+    pub remove_leftovers:
+        fn(&ModeContext<'_>, Option<&Footprint>) -> Result<Removal, DataplaneError>,
+    /// The kernel names the mode uses that another mode's removal could also find.
+    pub footprint: fn() -> Footprint,
     /// What [`Mode::remove_leftovers`] removes, for logs.
     pub leftovers: &'static str,
     /// Whether stale UDP/SCTP conntrack entries towards gone endpoints are this mode's to
     /// delete after each sync. True for modes that translate in netfilter; a userspace proxy's
     /// REDIRECT entries point at the proxy itself and must not be taken for stale.
     pub reconciles_conntrack: bool,
+}
+
+/// What a removal of one mode's leftovers left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removal {
+    /// Nothing of the mode's is left.
+    Gone,
+    /// Some of it stays because connections still use it; call again later.
+    Draining(String),
 }
 
 impl Mode {
@@ -77,6 +102,7 @@ pub static MODES: &[Mode] = &[
         mode: ProxyMode::Nftables,
         build: build_nftables,
         remove_leftovers: remove_nftables,
+        footprint: footprint::nftables,
         leftovers: "the kube-proxy nftables tables",
         reconciles_conntrack: true,
     },
@@ -84,6 +110,7 @@ pub static MODES: &[Mode] = &[
         mode: ProxyMode::Iptables,
         build: build_iptables,
         remove_leftovers: remove_iptables,
+        footprint: footprint::iptables,
         leftovers: "the kube-proxy iptables chains (nft and legacy backends)",
         reconciles_conntrack: true,
     },
@@ -91,6 +118,7 @@ pub static MODES: &[Mode] = &[
         mode: ProxyMode::Userspace,
         build: build_userspace,
         remove_leftovers: remove_userspace,
+        footprint: footprint::userspace,
         leftovers: "the kube-proxy-userspace nftables table and its policy routing",
         // Its UDP entries are REDIRECTs to the proxy itself, never stale.
         reconciles_conntrack: false,
@@ -99,13 +127,15 @@ pub static MODES: &[Mode] = &[
         mode: ProxyMode::Ipvs,
         build: ipvs::build,
         remove_leftovers: ipvs::remove,
+        footprint: footprint::ipvs,
         leftovers: "the kube-proxy IPVS virtual servers, kube-ipvs0, the ipvs-mode ipsets and iptables chains",
         reconciles_conntrack: true,
     },
     Mode {
         mode: ProxyMode::Ebpf,
         build: ebpf::build_ebpf,
-        remove_leftovers: ebpf::remove_ebpf,
+        remove_leftovers: remove_ebpf,
+        footprint: footprint::ebpf,
         leftovers: "the ebpf mode's pinned programs and maps (--bpf-pin-dir)",
         // Socket load balancing translates no packet: no conntrack entry is its.
         reconciles_conntrack: false,
@@ -191,20 +221,37 @@ fn iptables_unusable(ctx: &ModeContext<'_>) -> Option<String> {
     None
 }
 
-/// Removes the leftovers of every mode except `keep` (all of them for `--cleanup`). Returns
-/// the failures, each with the mode's name; the caller decides whether they are fatal.
-pub fn remove_leftovers(
-    ctx: &ModeContext<'_>,
-    keep: Option<ProxyMode>,
-) -> Vec<(&'static str, DataplaneError)> {
-    let mut failed = Vec::new();
-    for m in MODES.iter().filter(|m| Some(m.mode) != keep) {
-        match (m.remove_leftovers)(ctx) {
-            Ok(()) => tracing::debug!(mode = m.name(), "removed {}", m.leftovers),
-            Err(e) => failed.push((m.name(), e)),
+/// What [`remove_leftovers`] did.
+#[derive(Debug, Default)]
+pub struct Leftovers {
+    /// Modes whose removal failed, with why.
+    pub failed: Vec<(&'static str, DataplaneError)>,
+    /// Modes with state left on purpose (connections still use it), with what.
+    pub draining: Vec<(&'static str, String)>,
+}
+
+impl Leftovers {
+    /// Whether every other mode's state is gone.
+    pub fn done(&self) -> bool {
+        self.failed.is_empty() && self.draining.is_empty()
+    }
+}
+
+/// Removes the leftovers of every mode except `running` (all of them, at once, for
+/// `--cleanup`). With a running mode, what it uses ([`Mode::footprint`]) stays, and state
+/// that still carries connections stays until they end. Call it only after the running mode's
+/// first successful sync: until then the other modes' rules are what serves.
+pub fn remove_leftovers(ctx: &ModeContext<'_>, running: Option<ProxyMode>) -> Leftovers {
+    let keep = running.and_then(find).map(|m| (m.footprint)());
+    let mut out = Leftovers::default();
+    for m in MODES.iter().filter(|m| Some(m.mode) != running) {
+        match (m.remove_leftovers)(ctx, keep.as_ref()) {
+            Ok(Removal::Gone) => tracing::debug!(mode = m.name(), "removed {}", m.leftovers),
+            Ok(Removal::Draining(what)) => out.draining.push((m.name(), what)),
+            Err(e) => out.failed.push((m.name(), e)),
         }
     }
-    failed
+    out
 }
 
 /// detect-local, as the kernel modes interpret it.
@@ -277,14 +324,18 @@ fn build_nftables(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> {
     Ok(Box::new(dataplane))
 }
 
-fn remove_nftables(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
+fn remove_nftables(
+    ctx: &ModeContext<'_>,
+    _running: Option<&Footprint>,
+) -> Result<Removal, DataplaneError> {
     // The table's settings do not matter for removing it.
     let mut nft = NftablesDataplane::new(
         NftablesConfig::default(),
         nft_command(ctx),
         ctx.metrics.clone(),
     );
-    nft.cleanup().map_err(kp_nftables::Error::into_dataplane)
+    nft.cleanup().map_err(kp_nftables::Error::into_dataplane)?;
+    Ok(Removal::Gone)
 }
 
 fn build_iptables(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> {
@@ -331,15 +382,43 @@ fn build_userspace(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> {
     )))
 }
 
-fn remove_userspace(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
+fn remove_userspace(
+    ctx: &ModeContext<'_>,
+    _running: Option<&Footprint>,
+) -> Result<Removal, DataplaneError> {
     // Its settings do not matter for removing what it installs.
     UserspaceDataplane::new(UserspaceConfig::default(), ctx.netns, ctx.metrics.clone())
         .cleanup()
-        .map_err(kp_userspace::Error::into_dataplane)
+        .map_err(kp_userspace::Error::into_dataplane)?;
+    Ok(Removal::Gone)
 }
 
-fn remove_iptables(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
-    kp_iptables::cleanup_all(ctx.netns).map_err(kp_iptables::Error::into_dataplane)
+/// The iptables mode's chains, on both backends; with a running mode that fills some of the
+/// same chains (ipvs), those and its jumps to them stay.
+fn remove_iptables(
+    ctx: &ModeContext<'_>,
+    running: Option<&Footprint>,
+) -> Result<Removal, DataplaneError> {
+    let cmd = ctx
+        .netns
+        .map_or_else(IptablesCommand::new, IptablesCommand::in_netns);
+    let result = match running {
+        Some(keep) if !keep.chains.is_empty() => kp_iptables::cleanup_with(
+            &footprint::KeepingRunner { inner: &cmd, keep },
+            kp_iptables::DEFAULT_STEP_CHAINS,
+        ),
+        _ => kp_iptables::cleanup_with(&cmd, kp_iptables::DEFAULT_STEP_CHAINS),
+    };
+    result.map_err(kp_iptables::Error::into_dataplane)?;
+    Ok(Removal::Gone)
+}
+
+fn remove_ebpf(
+    ctx: &ModeContext<'_>,
+    _running: Option<&Footprint>,
+) -> Result<Removal, DataplaneError> {
+    ebpf::remove_ebpf(ctx)?;
+    Ok(Removal::Gone)
 }
 
 #[cfg(test)]
@@ -356,6 +435,42 @@ mod tests {
                 m.name()
             );
             assert!(find(m.mode).is_some());
+        }
+    }
+
+    /// The firewall marks the modes set can meet on one packet during a switch (both modes'
+    /// rules in force): the masquerade mark of the default `masqueradeBit` (the iptables,
+    /// nftables and ipvs modes: `0x4000`), Kubernetes' drop mark (`0x8000`), the ipvs mode's
+    /// short-circuit marks (bit 20 with a 14-bit index) and the userspace mode's mark for its
+    /// transparent sockets. No bit of one is a bit of another, and no other mark is taken for
+    /// a short-circuit one (its firewall-mark virtual servers match the whole mark).
+    #[test]
+    fn the_modes_marks_do_not_collide() {
+        use kp_ipvs_plan::local::{is_short_circuit_mark, SHORT_CIRCUIT_MARK, SHORT_CIRCUIT_MARKS};
+        let cfg = crate::config::load(["kube-proxy"]).expect("config").config;
+        let masquerade = 1u32 << cfg.masquerade_bit;
+        assert_eq!(masquerade, 0x4000);
+        let drop = 0x8000u32;
+        let userspace = kp_userspace::routing::DEFAULT.mark;
+        let short_circuit_bits = SHORT_CIRCUIT_MARK | (SHORT_CIRCUIT_MARKS - 1);
+        let marks = [
+            ("masquerade", masquerade),
+            ("drop", drop),
+            ("userspace", userspace),
+            ("ipvs short-circuit", short_circuit_bits),
+        ];
+        for (i, (a, ma)) in marks.iter().enumerate() {
+            for (b, mb) in &marks[i + 1..] {
+                assert_eq!(ma & mb, 0, "{a} {ma:#x} and {b} {mb:#x} share bits");
+            }
+        }
+        for m in [masquerade, drop, userspace, masquerade | drop] {
+            assert!(!is_short_circuit_mark(m), "{m:#x}");
+        }
+        for index in [0, 1, SHORT_CIRCUIT_MARKS - 1] {
+            let m = SHORT_CIRCUIT_MARK | index;
+            assert!(is_short_circuit_mark(m));
+            assert_eq!(m & (masquerade | drop | userspace), 0, "{m:#x}");
         }
     }
 

@@ -78,3 +78,101 @@ fn a_filter_table_keeps_the_chains_it_did_not_have() {
     assert!(!input.contains("KUBE-FORWARD"), "{input}");
     assert!(!input.contains("KUBE-IPVS-OUT-FILTER"), "{input}");
 }
+
+/// The iptables mode runs now and fills `KUBE-SERVICES`, `KUBE-POSTROUTING` and
+/// `KUBE-MARK-MASQ` under the same names, with the same jumps from the built-in chains.
+fn iptables_mode_running() -> Keep {
+    let words = |s: &str| kp_iptables::split_args(s);
+    Keep {
+        chains: [
+            ("nat", "KUBE-SERVICES"),
+            ("nat", "KUBE-POSTROUTING"),
+            ("nat", "KUBE-MARK-MASQ"),
+        ]
+        .into_iter()
+        .map(|(t, c)| (t.to_string(), c.to_string()))
+        .collect(),
+        jumps: [
+            (
+                "PREROUTING",
+                "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+            ),
+            (
+                "OUTPUT",
+                "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+            ),
+        ]
+        .into_iter()
+        .map(|(c, a)| ("nat".to_string(), c.to_string(), words(a)))
+        .collect(),
+        draining: true,
+    }
+}
+
+#[test]
+fn while_another_mode_fills_the_shared_chains_they_and_its_jumps_stay() {
+    let keep = iptables_mode_running();
+    let (input, deleted) =
+        table_removal_keeping("nat", NAT, &keep).expect("the ipvs mode's own chains are there");
+    assert_eq!(deleted, 2);
+    let lines: Vec<&str> = input.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "*nat",
+            // Not a jump the running mode made (its POSTROUTING jump is not in `keep` here):
+            // this mode's, so it goes; the chain it jumps to stays, filled by the running mode.
+            "-D POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING",
+            "-D MY-CHAIN -j KUBE-NODE-PORT",
+            ":KUBE-NODE-PORT - [0:0]",
+            ":KUBE-LOAD-BALANCER - [0:0]",
+            "-X KUBE-NODE-PORT",
+            "-X KUBE-LOAD-BALANCER",
+            "COMMIT",
+        ]
+    );
+    // The shared chains are neither flushed nor deleted.
+    for c in ["KUBE-SERVICES", "KUBE-MARK-MASQ"] {
+        assert!(!input.contains(c), "{c}: {input}");
+    }
+    // The same removal with nothing kept flushes them (--cleanup, or a mode without them).
+    let (all, _) = table_removal("nat", NAT).unwrap();
+    assert!(all.contains(":KUBE-SERVICES - [0:0]"));
+    assert!(all.contains("-D OUTPUT -m comment"));
+}
+
+#[test]
+fn the_iptables_modes_own_jumps_and_chains_are_what_the_two_modes_share() {
+    let keep = Keep {
+        chains: chains_shared_with_iptables_mode(),
+        jumps: iptables_mode_jumps(),
+        draining: true,
+    };
+    // The nat jumps both modes make are the same rules: they stay with the running mode.
+    let (input, _) = table_removal_keeping("nat", NAT, &keep).unwrap();
+    assert!(!input.contains("-D PREROUTING"), "{input}");
+    assert!(!input.contains("-D OUTPUT"), "{input}");
+    assert!(!input.contains("-D POSTROUTING"), "{input}");
+    assert!(!input.contains(":KUBE-POSTROUTING"), "{input}");
+    // Every shared chain is one the ipvs mode fills.
+    let ipvs = ipvs_mode_chains();
+    for c in &keep.chains {
+        assert!(ipvs.contains(c), "{c:?}");
+    }
+    // The ipvs mode's jumps to its firewall chain are its own (the iptables mode's jump there
+    // matches new connections only): they go when the iptables mode takes over.
+    let filter = "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-IPVS-FILTER - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n\
+        -A INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL\n\
+        -A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\nCOMMIT\n";
+    let (input, _) = table_removal_keeping("filter", filter, &keep).unwrap();
+    assert!(
+        input.contains(
+            "-D INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL"
+        ),
+        "{input}"
+    );
+    assert!(!input.contains(":KUBE-PROXY-FIREWALL"), "{input}");
+    assert!(ipvs_mode_jumps()
+        .iter()
+        .any(|(t, c, _)| t == "filter" && c == "INPUT"));
+}

@@ -10,7 +10,7 @@ use kp_iptables::IptablesCommand;
 use kp_ipvs::dataplane::{IpvsDataplane, IpvsSettings, NodeResolve};
 use kp_ipvs_plan::local;
 
-use super::{detect_local, node_port_addresses, ModeContext};
+use super::{detect_local, node_port_addresses, Footprint, ModeContext, Removal};
 use crate::config::Config;
 use crate::Fatal;
 
@@ -85,11 +85,20 @@ pub(super) fn build(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> 
         })
 }
 
-pub(super) fn remove(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
-    let removed = kp_ipvs::cleanup::remove_leftovers(
+/// Removes the ipvs mode's leftovers. With a running mode (a switch): the chains and jumps it
+/// uses stay, and virtual servers that still carry connections stay with `kube-ipvs0` until
+/// those end ([`Removal::Draining`]; the new mode translates every new connection before IPVS
+/// sees it).
+pub(super) fn remove(
+    ctx: &ModeContext<'_>,
+    running: Option<&Footprint>,
+) -> Result<Removal, DataplaneError> {
+    let keep = running.map_or_else(Default::default, |f| f.ipvs_keep(true));
+    let removed = kp_ipvs::cleanup::remove_leftovers_keeping(
         ctx.netns,
         &iptables(ctx),
         &ctx.config.ipvs.exclude_cidrs,
+        &keep,
     )
     .map_err(kp_ipvs::Error::into_dataplane)?;
     if !removed.is_empty() {
@@ -98,10 +107,17 @@ pub(super) fn remove(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
             interface = removed.interface,
             chains = removed.chains,
             sets = removed.sets,
+            draining = removed.draining,
             "removed the ipvs mode's leftovers"
         );
     }
-    Ok(())
+    if removed.draining > 0 {
+        return Ok(Removal::Draining(format!(
+            "{} IPVS virtual servers and kube-ipvs0 still carry connections",
+            removed.draining
+        )));
+    }
+    Ok(Removal::Gone)
 }
 
 /// Why the ipvs mode cannot run here, if it cannot: the kernel has no IPVS generic netlink
@@ -219,7 +235,10 @@ mod tests {
         }
         // And removing the mode's leftovers where it never ran changes nothing and succeeds.
         let before = ns.run(&["ip", "-o", "link"]).expect("links");
-        remove(&ctx).expect("nothing to remove is no error");
+        assert_eq!(
+            remove(&ctx, None).expect("nothing to remove is no error"),
+            Removal::Gone
+        );
         assert_eq!(ns.run(&["ip", "-o", "link"]).expect("links"), before);
     }
 
