@@ -1,6 +1,8 @@
 //! The binary in each kernel mode, end to end: the whole flow table with real packets, in
 //! iptables mode on both backends, and switching modes back and forth on one node, where each
-//! start must remove what the other mode left and traffic must work after every start.
+//! start must remove what the other mode left (after its own first sync) and traffic must work
+//! after every start; and every ordered pair of modes switched under traffic, dropping no
+//! connection.
 
 use std::time::Duration;
 
@@ -8,6 +10,7 @@ use kp_test::lab::Lab;
 use kp_test::netns::ChildGuard;
 
 mod common;
+mod switching;
 use common::{assert_flows, eventually, metric_sum, temp_dir, write_atomically, PROGRAMMED};
 
 fn start(lab: &Lab, mode: &str, dir: &std::path::Path) -> ChildGuard {
@@ -187,6 +190,10 @@ fn switching_modes_leaves_no_leftovers_and_traffic_works_after_each_start() {
     for (i, mode) in order.iter().enumerate() {
         let mut proxy = start(&lab, mode, &dir.0);
         assert!(has_state(&lab, mode), "{mode} programmed nothing");
+        // The other modes' leftovers go after the first sync.
+        proxy
+            .wait_for_log(switching::LEFTOVERS_GONE, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{mode}: leftovers: {e}\n{}", proxy.log()));
         for other in names.iter().filter(|o| *o != mode) {
             // The first start finds nothing of anyone; later ones find the previous mode's.
             assert!(
@@ -213,4 +220,78 @@ fn switching_modes_leaves_no_leftovers_and_traffic_works_after_each_start() {
         "{nat}"
     );
     assert!(kube_chains(&lab, "nft").is_empty());
+}
+
+/// The modes the host can switch between under traffic: every registry mode but ebpf (its
+/// socket hooks act on a cgroup, not on the lab's namespaces) and ipvs where the kernel has no
+/// IPVS (its pairs run in the kp-vm guest, `ipvs_vm_e2e.rs`).
+fn host_switch_modes() -> Vec<&'static str> {
+    let ipvs_here = std::path::Path::new("/proc/net/ip_vs").exists();
+    kp_proxy::modes::MODES
+        .iter()
+        .map(|m| m.name())
+        .filter(|m| (*m != "ipvs" || ipvs_here) && *m != "ebpf")
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn switching_between_every_pair_of_modes_drops_no_connection() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let (lab, _echo) = common::serving_lab(false);
+    let dir = temp_dir("switch-traffic");
+    write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
+    let sw = switching::Switcher {
+        lab: &lab,
+        dir: &dir.0,
+        extra: &[],
+        first_sync: Duration::from_secs(60),
+    };
+    let modes = host_switch_modes();
+    assert!(modes.len() >= 2, "{modes:?}");
+    let order = switching::every_pair(&modes);
+    eprintln!("switching {}", order.join(" -> "));
+    let mut proxy = sw.start(order[0]);
+    proxy
+        .wait_for_log(switching::LEFTOVERS_GONE, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", order[0], proxy.log()));
+    let mut failed = Vec::new();
+    for w in order.windows(2) {
+        let (next, seen) = switching::switch(&sw, proxy, w[0], w[1], Duration::from_secs(5));
+        proxy = next;
+        // The userspace mode's connections are its process's own sockets: a stopping
+        // userspace proxy closes its listeners and drains the connections it relays (they
+        // survive, as long as they end within its drain), while its REDIRECT rules stay until
+        // the new mode's first sync, so new connections in between are refused. Only the
+        // long-lived connections are held to the bar for a switch away from it.
+        let problems = if w[0] == "userspace" {
+            let refused = seen.fresh_problems();
+            if !refused.is_empty() {
+                eprintln!(
+                    "  (expected, leaving userspace mode): {}",
+                    refused.join("; ")
+                );
+            }
+            seen.stream_problems()
+        } else {
+            seen.problems()
+        };
+        eprintln!(
+            "{} [{}]",
+            seen.summary(),
+            if problems.is_empty() { "ok" } else { "FAILED" }
+        );
+        // The old mode's state is gone once the new mode has taken over.
+        if has_state(&lab, w[0]) {
+            failed.push(format!(
+                "{} -> {}: {} mode's state is left",
+                w[0], w[1], w[0]
+            ));
+        }
+        failed.extend(problems.into_iter().map(|p| format!("{}: {p}", seen.pair)));
+    }
+    proxy.terminate(Duration::from_secs(5)).unwrap();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
