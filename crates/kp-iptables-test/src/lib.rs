@@ -9,11 +9,16 @@
 //!   `IptablesRunner`, its tables the tracer's, so the dataplane runs without root (upstream's
 //!   `iptablestest` fake).
 //!
-//! Used only by tests and the fuzzer: nothing in the proxy links it. What it leaves to others:
+//! - [`save`] reads `iptables-save` output (the live kernel's tables) down to kube-proxy's
+//!   chains, restore input the tracer replays: `kube-proxy explain` and `status` trace and
+//!   compare the live rules with it ([`IptablesTracer::differences`]).
+//!
+//! Used by tests, the fuzzer, and the binary's `explain`/`status`. What it leaves to others:
 //! rendering (`kp-iptables-plan`), running the real tools (`kp-iptables`), and the rows
 //! (`kp-flows`).
 
 pub mod fake;
+pub mod save;
 pub mod tracer;
 
 pub use fake::FakeIptables;

@@ -588,6 +588,25 @@ impl TableModel {
     }
 }
 
+/// Whether two parsed rules are the same rule to the kernel: the same target and the same
+/// matches in any order (`iptables-save` prints addresses and the protocol first, whatever order
+/// they were written in).
+fn same_rule(a: &Spec, b: &Spec) -> bool {
+    if a.target != b.target || a.matches.len() != b.matches.len() {
+        return false;
+    }
+    let mut left: Vec<&Match> = b.matches.iter().collect();
+    a.matches
+        .iter()
+        .all(|m| match left.iter().position(|o| *o == m) {
+            Some(i) => {
+                left.swap_remove(i);
+                true
+            }
+            None => false,
+        })
+}
+
 fn check_chain_name(name: &str) -> Result<(), Bad> {
     if name.is_empty() || name.starts_with('-') || name.starts_with('!') {
         return Err(invalid(format!("invalid chain name {name:?}")));
@@ -1853,6 +1872,96 @@ impl IptablesTracer {
                  {reject} rejected"
             ),
         })
+    }
+
+    /// How kube-proxy's chains in this tracer (the kernel's, read with
+    /// [`crate::save::kube_rules`]) differ from `planned`'s (what a planner renders), for
+    /// `family`: a `KUBE-*` chain missing on either side, or whose rules differ, and the jumps
+    /// from the built-in chains into `KUBE-*` chains. Rules are compared as parsed, so the
+    /// spellings `iptables-save` prints and the planner's spelling of the same rule are equal.
+    /// One line per difference, empty when they agree.
+    pub fn differences(&self, planned: &IptablesTracer, family: IpFamily) -> Vec<String> {
+        let mut out = Vec::new();
+        for table in [Table::Filter, Table::Nat] {
+            let (k, p) = (self.model(family, table), planned.model(family, table));
+            let mut names: Vec<&String> = k
+                .chains
+                .keys()
+                .chain(p.chains.keys())
+                .filter(|n| crate::save::is_kube_chain(n) || is_builtin(table, n))
+                .collect();
+            names.sort();
+            names.dedup();
+            for name in names {
+                let t = table.as_str();
+                let (kc, pc) = (k.chains.get(name.as_str()), p.chains.get(name.as_str()));
+                let (kc, pc) = match (kc, pc) {
+                    (Some(kc), Some(pc)) => (kc, pc),
+                    (None, Some(_)) => {
+                        out.push(format!("{t} chain {name} is missing from the kernel"));
+                        continue;
+                    }
+                    (Some(_), None) => {
+                        out.push(format!("{t} chain {name} is in the kernel but not planned"));
+                        continue;
+                    }
+                    (None, None) => continue,
+                };
+                let ours = |c: &Chain| -> Vec<(Spec, String)> {
+                    c.specs
+                        .iter()
+                        .zip(&c.texts)
+                        .filter(|(s, _)| {
+                            !c.builtin || s.chain_ref().is_some_and(crate::save::is_kube_chain)
+                        })
+                        .map(|(s, t)| (s.clone(), t.clone()))
+                        .collect()
+                };
+                let (kr, mut pr) = (ours(kc), ours(pc));
+                if kc.builtin {
+                    // The jumps into kube-proxy's chains, whatever their order among
+                    // themselves and other programs' rules.
+                    let mut extra = Vec::new();
+                    for (ks, kt) in kr {
+                        match pr.iter().position(|(ps, _)| same_rule(&ks, ps)) {
+                            Some(i) => {
+                                pr.remove(i);
+                            }
+                            None => extra.push(kt),
+                        }
+                    }
+                    for kt in extra {
+                        out.push(format!(
+                            "{t} chain {name}: `{kt}` is in the kernel but not planned"
+                        ));
+                    }
+                    for (_, pt) in pr {
+                        out.push(format!(
+                            "{t} chain {name}: `{pt}` is missing from the kernel"
+                        ));
+                    }
+                    continue;
+                }
+                if kr.len() != pr.len() {
+                    out.push(format!(
+                        "{t} chain {name}: the kernel has {} rules, the plan {}",
+                        kr.len(),
+                        pr.len()
+                    ));
+                    continue;
+                }
+                if let Some(((_, kt), (_, pt))) = kr
+                    .iter()
+                    .zip(&pr)
+                    .find(|((ks, _), (ps, _))| !same_rule(ks, ps))
+                {
+                    out.push(format!(
+                        "{t} chain {name}: the kernel has `{kt}` where the plan has `{pt}`"
+                    ));
+                }
+            }
+        }
+        out
     }
 
     fn model(&self, family: IpFamily, table: Table) -> &TableModel {

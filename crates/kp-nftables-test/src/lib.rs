@@ -9,12 +9,17 @@
 //!   batches decoded from their bytes and applied, the read-back answered from the tables, so
 //!   the dataplane runs without root (upstream's `knftables.Fake`).
 //!
-//! Used only by tests and the fuzzer: nothing in the proxy links it. What it leaves to others:
+//! - [`listing`] reads what the kernel prints for a table (`nft list table`) back into the
+//!   transaction text the tracers replay ([`NftTracer::apply_listing`]): `kube-proxy explain`
+//!   and `status` trace and compare the live rules with it ([`NftTracer::differences`]).
+//!
+//! Used by tests, the fuzzer, and the binary's `explain`/`status`. What it leaves to others:
 //! rendering (`kp-nftables-plan`), talking to the kernel (`kp-nftables`), and the rows
 //! (`kp-flows`). Mirrors the idea of upstream's `pkg/proxy/nftables/helpers_test.go` tracer.
 
 pub mod elements;
 pub mod fake;
+pub mod listing;
 pub mod tracer;
 pub mod transaction;
 

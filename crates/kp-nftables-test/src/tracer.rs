@@ -249,6 +249,99 @@ impl NftTracer {
         Some(self.table(family)?.sets.get(set)?.elements.clone())
     }
 
+    /// Replays what the kernel prints for a table (`nft list table FAMILY kube-proxy`), read
+    /// back into a transaction by [`crate::listing::transaction`]. An empty listing (no table)
+    /// changes nothing.
+    pub fn apply_listing(&mut self, listing: &str) -> Result<(), TraceError> {
+        let text = crate::listing::transaction(listing).map_err(|e| TraceError::Invalid {
+            line: 0,
+            reason: e.to_string(),
+        })?;
+        self.apply(&text)
+    }
+
+    /// How this tracer's `family` table (the kernel's, from [`NftTracer::apply_listing`])
+    /// differs from `planned`'s (what a planner renders): the table itself, each chain's rule
+    /// ids (in order, except in the chains whose order does not matter), the set and map names,
+    /// and the elements of every set and map but the dynamic ones (ClientIP affinity, which the
+    /// packet path fills). Endpoint maps are compared by the endpoints each frontend has, not
+    /// by slot: a table adopted after a restart keeps the kernel's slot assignment. One line per
+    /// difference, empty when they agree.
+    pub fn differences(&self, planned: &NftTracer, family: IpFamily) -> Vec<String> {
+        let fam = kp_nftables_plan::names::family(family);
+        let (k, p) = match (self.table(family), planned.table(family)) {
+            (None, None) => return Vec::new(),
+            (None, Some(_)) => return vec![format!("{fam}: the table is missing from the kernel")],
+            (Some(_), None) => {
+                return vec![format!("{fam}: the table is in the kernel but not planned")]
+            }
+            (Some(k), Some(p)) => (k, p),
+        };
+        let mut out = Vec::new();
+        let ids = |t: &NftTracer| {
+            let mut m = t.rule_ids(family);
+            for c in kp_nftables_plan::layout::UNORDERED_CHAINS {
+                if let Some(v) = m.get_mut(*c) {
+                    v.sort();
+                }
+            }
+            m
+        };
+        let (kc, pc) = (ids(self), ids(planned));
+        for name in kc.keys().chain(pc.keys()).collect::<BTreeSet<_>>() {
+            match (kc.get(name), pc.get(name)) {
+                (None, _) => out.push(format!("{fam}: chain {name} is missing from the kernel")),
+                (_, None) => out.push(format!(
+                    "{fam}: chain {name} is in the kernel but not planned"
+                )),
+                (Some(a), Some(b)) if a != b => out.push(format!(
+                    "{fam}: chain {name} has rules {a:?} where the plan has {b:?}"
+                )),
+                _ => {}
+            }
+        }
+        let names: BTreeSet<&String> = k.sets.keys().chain(p.sets.keys()).collect();
+        for name in names {
+            let (ks, ps) = match (k.sets.get(name), p.sets.get(name)) {
+                (None, _) => {
+                    out.push(format!("{fam}: set {name} is missing from the kernel"));
+                    continue;
+                }
+                (_, None) => {
+                    out.push(format!(
+                        "{fam}: set {name} is in the kernel but not planned"
+                    ));
+                    continue;
+                }
+                (Some(a), Some(b)) => (a, b),
+            };
+            if ks.timeout.is_some() || ps.timeout.is_some() || ks.elements == ps.elements {
+                continue;
+            }
+            if name.ends_with("-endpoints")
+                && by_frontend(&ks.elements) == by_frontend(&ps.elements)
+            {
+                continue;
+            }
+            let missing: Vec<String> = ps
+                .elements
+                .iter()
+                .filter(|(e, v)| ks.elements.get(*e) != Some(*v))
+                .map(|(e, v)| element_text(e, v.as_ref()))
+                .collect();
+            let extra: Vec<String> = ks
+                .elements
+                .iter()
+                .filter(|(e, v)| ps.elements.get(*e) != Some(*v))
+                .map(|(e, v)| element_text(e, v.as_ref()))
+                .collect();
+            out.push(format!(
+                "{fam}: set {name}: missing from the kernel {missing:?}, not planned {extra:?}"
+            ));
+        }
+        out
+    }
+
     fn set_mut(&mut self, family: IpFamily, set: &str) -> Result<&mut SetModel, ElementError> {
         self.tables
             .get_mut(kp_nftables_plan::names::family(family))
@@ -311,7 +404,7 @@ impl NftTracer {
                     continue;
                 }
                 let mut branches = Vec::new();
-                match self.run_chain(t, &chain, &mut walk, &mut branches, 0) {
+                match self.run_chain(t, chain, &mut walk, &mut branches, 0) {
                     Flow::Drop => verdicts.push(Verdict::Drop),
                     Flow::Reject => verdicts.push(Verdict::Reject),
                     _ => {
@@ -558,6 +651,39 @@ fn merge(walks: Vec<Walk>, verdicts: Vec<Verdict>) -> Verdict {
         endpoints,
         masquerade,
         affinity,
+    }
+}
+
+/// An endpoint map's content without its slots: each frontend's endpoints, sorted.
+fn by_frontend(e: &crate::elements::Elements) -> BTreeMap<Vec<String>, Vec<String>> {
+    let mut m: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
+    for (k, v) in e {
+        let atoms = k.atoms();
+        let front = atoms[..atoms.len().saturating_sub(1)]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let value = v.as_ref().map(element_value).unwrap_or_default();
+        m.entry(front).or_default().push(value);
+    }
+    for v in m.values_mut() {
+        v.sort();
+    }
+    m
+}
+
+fn element_value(t: &Tuple) -> String {
+    t.atoms()
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+fn element_text(k: &Tuple, v: Option<&Tuple>) -> String {
+    match v {
+        Some(v) => format!("{} : {}", element_value(k), element_value(v)),
+        None => element_value(k),
     }
 }
 

@@ -143,10 +143,15 @@ pub fn parse_base(body: &str) -> Option<Base> {
         "postrouting" => Hook::Postrouting,
         _ => return None,
     };
+    // The standard priority names nft prints for the `ip`/`ip6` families (a listing may name
+    // any of them, with an offset, for a numeric priority near it).
     let named = match w[5] {
+        "raw" => -300,
+        "mangle" => -150,
         "dstnat" => -100,
         "srcnat" => 100,
         "filter" => 0,
+        "security" => 50,
         n => n.parse().ok()?,
     };
     let priority = match (w.get(6), w.get(7), w.len()) {
@@ -343,6 +348,10 @@ mod tests {
         assert_eq!(
             p("type filter hook input priority filter + 10; policy accept;"),
             Some((false, Hook::Input, 10))
+        );
+        assert_eq!(
+            p("type filter hook prerouting priority mangle + 40; policy accept;"),
+            Some((false, Hook::Prerouting, -110))
         );
         assert_eq!(p("type filter hook input priority 0; policy drop;"), None);
         assert_eq!(p("type route hook output priority 0;"), None);
