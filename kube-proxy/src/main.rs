@@ -4,13 +4,23 @@
 //! and hands over to [`kp_proxy::run`], which removes other modes' leftovers and wires the
 //! sources, the dataplane and the HTTP servers together. Mirrors upstream
 //! `cmd/kube-proxy/app/server.go`.
+//!
+//! Two subcommands of ours come first when named: `kube-proxy status` and `kube-proxy explain`
+//! ([`inspect`]), which read the live rules instead of running the proxy.
 
+mod inspect;
 mod logging;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let loaded = match kp_proxy::config::load(std::env::args_os()) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(sub) = args.get(1).and_then(|a| a.to_str()) {
+        if inspect::is_subcommand(sub) {
+            return inspect::main(sub, &args[2..]);
+        }
+    }
+    let loaded = match kp_proxy::config::load(args) {
         Ok(l) => l,
         Err(e) => {
             e.print();

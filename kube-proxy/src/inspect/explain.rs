@@ -1,0 +1,556 @@
+//! `kube-proxy explain`: follows one packet through the live rules of the active mode, with
+//! that mode's tracer fed from the kernel's own listing, and says what happens to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use kp_core::flow::{Origin, Packet, Tracer, Verdict};
+use kp_core::model::{IpFamily, Protocol, ServicePort};
+use kp_core::track::ProxyState;
+use kp_iptables_test::tracer::Outcome;
+use kp_nftables_plan::element::{Atom, Tuple};
+use kp_nftables_test::elements::atom_matches;
+use kp_nftables_test::NftTracer;
+use serde_json::{json, Value};
+
+use super::live::Live;
+
+/// What `explain` found for one packet.
+pub struct Answer {
+    /// The packet.
+    pub packet: Packet,
+    /// What the rules do with it (`None`: the trace itself failed, see `error`).
+    pub verdict: Option<Verdict>,
+    /// Each endpoint with how likely the rules send a new connection there.
+    pub endpoints: Vec<((IpAddr, u16), f64)>,
+    /// The Service ports whose frontend the packet is addressed to (needs the objects).
+    pub services: Vec<String>,
+    /// Why it is dropped or rejected, in an operator's words.
+    pub reason: Option<String>,
+    /// The rules, set or map elements that decided, as the kernel holds them.
+    pub decided_by: Vec<String>,
+    /// A trace that failed (rules whose branches disagree, a limit reached).
+    pub error: Option<String>,
+}
+
+/// Traces `packet` through the live rules.
+pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer {
+    let mut a = Answer {
+        packet: packet.clone(),
+        verdict: None,
+        endpoints: Vec::new(),
+        services: Vec::new(),
+        reason: None,
+        decided_by: Vec::new(),
+        error: None,
+    };
+    match live {
+        Live::Nftables { tracer, .. } => {
+            let v = tracer.trace(packet);
+            if let Verdict::Dnat { endpoints, .. } = &v {
+                let p = 1.0 / endpoints.len().max(1) as f64;
+                a.endpoints = endpoints.iter().map(|e| (*e, p)).collect();
+            }
+            a.decided_by = nft_elements(tracer, packet);
+            a.reason = nft_reason(&v, &a.decided_by);
+            a.verdict = Some(v);
+        }
+        Live::Iptables { tracer, .. } => match tracer.branches(packet) {
+            Ok(branches) => {
+                let mut by_ep: BTreeMap<(IpAddr, u16), f64> = BTreeMap::new();
+                let mut rules: Vec<String> = Vec::new();
+                for b in &branches {
+                    if let Outcome::Dnat(ip, port) = b.outcome {
+                        *by_ep.entry((ip, port)).or_default() += b.probability;
+                    }
+                    for r in &b.rules {
+                        if !rules.contains(r) {
+                            rules.push(r.clone());
+                        }
+                    }
+                }
+                a.endpoints = by_ep.into_iter().collect();
+                a.decided_by = rules;
+                match tracer.trace_all(packet) {
+                    Ok(v) => {
+                        a.reason = ipt_reason(&v, &a.decided_by);
+                        a.verdict = Some(v);
+                    }
+                    Err(e) => a.error = Some(e.to_string()),
+                }
+            }
+            Err(e) => a.error = Some(e.to_string()),
+        },
+    }
+    if let Some(state) = state {
+        let local = match live {
+            Live::Nftables { .. } | Live::Iptables { .. } => super::live::local_addresses(),
+        };
+        let ports = matching_ports(state, packet, &local);
+        a.services = ports
+            .iter()
+            .map(|(p, kind)| format!("{} ({kind})", p.name))
+            .collect();
+        if matches!(a.verdict, Some(Verdict::Drop | Verdict::Reject)) {
+            if let Some(r) = state_reason(state, packet, &ports) {
+                a.reason = Some(r);
+            }
+        }
+    }
+    a
+}
+
+/// The Service ports `p` is addressed to, each with the kind of frontend it hit.
+pub fn matching_ports(
+    state: &ProxyState,
+    p: &Packet,
+    local: &[IpAddr],
+) -> Vec<(std::sync::Arc<ServicePort>, &'static str)> {
+    let mut out = Vec::new();
+    for key in state.service_keys() {
+        for sp in state.service_ports(key) {
+            if sp.name.protocol != p.protocol {
+                continue;
+            }
+            let kind = if sp.port == p.dport && sp.cluster_ips.contains(&p.dst) {
+                Some("ClusterIP")
+            } else if sp.port == p.dport && sp.external_ips.contains(&p.dst) {
+                Some("external IP")
+            } else if sp.port == p.dport && sp.load_balancer_ips.contains(&p.dst) {
+                Some("LoadBalancer IP")
+            } else if sp.node_port == Some(p.dport) && (local.contains(&p.dst)) {
+                Some("NodePort")
+            } else {
+                None
+            };
+            if let Some(k) = kind {
+                out.push((sp.clone(), k));
+            }
+        }
+    }
+    out
+}
+
+/// Why a packet to these ports is dropped or rejected, from the objects.
+fn state_reason(
+    state: &ProxyState,
+    p: &Packet,
+    ports: &[(std::sync::Arc<ServicePort>, &'static str)],
+) -> Option<String> {
+    let family = if p.dst.is_ipv4() {
+        IpFamily::V4
+    } else {
+        IpFamily::V6
+    };
+    if ports.is_empty() {
+        let cluster_ip = state.service_keys().any(|k| {
+            state
+                .service_ports(k)
+                .iter()
+                .any(|sp| sp.cluster_ips.contains(&p.dst))
+        });
+        if cluster_ip {
+            return Some(format!(
+                "no Service has port {}/{} on ClusterIP {} (unknown port)",
+                p.dport,
+                p.protocol.as_lower(),
+                p.dst
+            ));
+        }
+        if state.service_cidrs().iter().any(|c| c.contains(&p.dst)) {
+            return Some(format!(
+                "{} is in a Service CIDR but no Service holds it (unallocated ClusterIP)",
+                p.dst
+            ));
+        }
+        return None;
+    }
+    for (sp, kind) in ports {
+        let Some(st) = state
+            .service_state(&sp.name.service)
+            .into_iter()
+            .find(|s| s.port.name == sp.name)
+        else {
+            continue;
+        };
+        let external = *kind != "ClusterIP";
+        if !sp.load_balancer_source_ranges.is_empty()
+            && *kind == "LoadBalancer IP"
+            && !sp
+                .load_balancer_source_ranges
+                .iter()
+                .any(|r| r.contains(&p.src))
+        {
+            return Some(format!(
+                "{}: source {} is outside loadBalancerSourceRanges {:?}",
+                sp.name,
+                p.src,
+                sp.load_balancer_source_ranges
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+            ));
+        }
+        if !st.endpoints.has_any_for(family) {
+            return Some(format!("{}: the Service port has no endpoints", sp.name));
+        }
+        let local_policy = if external {
+            sp.external_traffic_local
+        } else {
+            sp.internal_traffic_local
+        };
+        if local_policy
+            && st
+                .endpoints
+                .local
+                .iter()
+                .all(|e| e.ip.is_ipv4() != p.dst.is_ipv4())
+        {
+            let which = if external { "external" } else { "internal" };
+            return Some(format!(
+                "{}: {which}TrafficPolicy is Local and no endpoint is on this node",
+                sp.name
+            ));
+        }
+    }
+    None
+}
+
+/// The atoms a set's element may be probed with for `p`: the key shapes our planner uses.
+fn probes(p: &Packet) -> Vec<Vec<Atom>> {
+    let (d, s, pr, port) = (
+        Atom::Ip(p.dst),
+        Atom::Ip(p.src),
+        Atom::Proto(p.protocol),
+        Atom::Port(p.dport),
+    );
+    vec![
+        vec![d],
+        vec![pr, port],
+        vec![d, pr, port],
+        vec![d, pr, port, s],
+        vec![s, d, pr, port],
+        vec![s, d],
+    ]
+}
+
+fn tuple_text(t: &Tuple) -> String {
+    t.atoms()
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+fn key_matches(key: &[Atom], probe: &[Atom]) -> bool {
+    key.len() == probe.len() && key.iter().zip(probe).all(|(a, b)| atom_matches(a, b))
+}
+
+/// The set and map elements of the live table that concern `p`, as `set NAME: ELEMENT`.
+fn nft_elements(tracer: &NftTracer, p: &Packet) -> Vec<String> {
+    let family = if p.dst.is_ipv4() {
+        IpFamily::V4
+    } else {
+        IpFamily::V6
+    };
+    let probes = probes(p);
+    let mut out = Vec::new();
+    for name in tracer.set_names(family) {
+        let Some(elements) = tracer.elements(family, &name) else {
+            continue;
+        };
+        for (k, v) in &elements {
+            let atoms = k.atoms();
+            let slotted = name.ends_with("-endpoints") && !atoms.is_empty();
+            let key = if slotted {
+                &atoms[..atoms.len() - 1]
+            } else {
+                atoms
+            };
+            if probes.iter().any(|pr| key_matches(key, pr)) {
+                let el = match v {
+                    Some(v) => format!("{} : {}", tuple_text(k), tuple_text(v)),
+                    None => tuple_text(k),
+                };
+                out.push(format!("set {name}: {el}"));
+            }
+        }
+    }
+    out
+}
+
+fn nft_reason(v: &Verdict, decided_by: &[String]) -> Option<String> {
+    let has = |set: &str| {
+        decided_by
+            .iter()
+            .find(|l| l.starts_with(&format!("set {set}: ")))
+    };
+    match v {
+        Verdict::Reject | Verdict::Drop => {}
+        _ => return None,
+    }
+    if let Some(l) = has("no-endpoint-vips").or_else(|| has("no-endpoint-nodeports")) {
+        return Some(if l.ends_with(": drop") {
+            format!("no endpoint this traffic may use (none serving, or a Local traffic policy with no endpoint on this node): {l}")
+        } else {
+            format!("the Service port has no endpoints: {l}")
+        });
+    }
+    if has("firewall-vips").is_some() && has("firewall-allow").is_none() {
+        return Some("the source is outside the Service's loadBalancerSourceRanges".into());
+    }
+    if has("cluster-ips").is_some() {
+        return Some("no Service has this port on this ClusterIP (unknown port)".into());
+    }
+    if has("service-cidrs").is_some() {
+        return Some(
+            "the address is in a Service CIDR but no Service holds it (unallocated ClusterIP)"
+                .into(),
+        );
+    }
+    None
+}
+
+fn ipt_reason(v: &Verdict, rules: &[String]) -> Option<String> {
+    if !matches!(v, Verdict::Reject | Verdict::Drop) {
+        return None;
+    }
+    let target = if *v == Verdict::Reject {
+        "-j REJECT"
+    } else {
+        "-j DROP"
+    };
+    let rule = rules.iter().rev().find(|r| r.contains(target))?;
+    let comment = rule
+        .split_once("--comment \"")
+        .and_then(|(_, c)| c.split_once('"'))
+        .map(|(c, _)| c.to_string());
+    Some(match comment {
+        Some(c) => format!("{c} ({rule})"),
+        None => rule.clone(),
+    })
+}
+
+fn verdict_word(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Dnat { .. } => "dnat",
+        Verdict::Untouched => "untouched",
+        Verdict::Drop => "drop",
+        Verdict::Reject => "reject",
+    }
+}
+
+fn origin_word(o: Origin) -> &'static str {
+    match o {
+        Origin::External => "external",
+        Origin::Pod => "pod",
+        Origin::Node => "node",
+    }
+}
+
+fn endpoint_text(ip: &IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(_) => format!("{ip}:{port}"),
+        IpAddr::V6(_) => format!("[{ip}]:{port}"),
+    }
+}
+
+/// The answer as JSON.
+pub fn to_json(a: &Answer) -> Value {
+    let (masquerade, affinity) = match &a.verdict {
+        Some(Verdict::Dnat {
+            masquerade,
+            affinity,
+            ..
+        }) => (Some(*masquerade), *affinity),
+        _ => (None, None),
+    };
+    json!({
+        "packet": {
+            "origin": origin_word(a.packet.origin),
+            "from": a.packet.src.to_string(),
+            "protocol": a.packet.protocol.as_lower(),
+            "to": a.packet.dst.to_string(),
+            "port": a.packet.dport,
+        },
+        "verdict": a.verdict.as_ref().map(verdict_word),
+        "endpoints": a.endpoints.iter().map(|((ip, port), p)| json!({
+            "ip": ip.to_string(), "port": port, "probability": p,
+        })).collect::<Vec<_>>(),
+        "masquerade": masquerade,
+        "affinitySeconds": affinity,
+        "services": a.services,
+        "reason": a.reason,
+        "decidedBy": a.decided_by,
+        "error": a.error,
+    })
+}
+
+/// The answer for an operator.
+pub fn to_text(a: &Answer) -> String {
+    let mut s = String::new();
+    let p = &a.packet;
+    let _ = writeln!(
+        s,
+        "packet:  {} {} -> {} (from {})",
+        p.protocol.as_lower(),
+        p.src,
+        endpoint_text(&p.dst, p.dport),
+        origin_word(p.origin)
+    );
+    if !a.services.is_empty() {
+        let _ = writeln!(s, "service: {}", a.services.join(", "));
+    }
+    match &a.verdict {
+        None => {
+            let _ = writeln!(
+                s,
+                "verdict: unknown: {}",
+                a.error.as_deref().unwrap_or("the trace failed")
+            );
+        }
+        Some(Verdict::Untouched) => {
+            let _ = writeln!(
+                s,
+                "verdict: not a Service packet: left alone by kube-proxy's rules"
+            );
+        }
+        Some(Verdict::Drop) => {
+            let _ = writeln!(s, "verdict: DROPPED");
+        }
+        Some(Verdict::Reject) => {
+            let _ = writeln!(s, "verdict: REJECTED (ICMP unreachable / TCP reset)");
+        }
+        Some(Verdict::Dnat {
+            endpoints,
+            masquerade,
+            affinity,
+        }) => {
+            let _ = writeln!(
+                s,
+                "verdict: DNAT to one of {} endpoint{}",
+                endpoints.len(),
+                if endpoints.len() == 1 { "" } else { "s" }
+            );
+            for ((ip, port), prob) in &a.endpoints {
+                let _ = writeln!(
+                    s,
+                    "  {:<28} {:>5.1}%",
+                    endpoint_text(ip, *port),
+                    prob * 100.0
+                );
+            }
+            let _ = writeln!(
+                s,
+                "masquerade: {}",
+                if *masquerade {
+                    "yes: the endpoint sees the node's address"
+                } else {
+                    "no: the endpoint sees the client's address"
+                }
+            );
+            if let Some(t) = affinity {
+                let _ = writeln!(s, "affinity: ClientIP, {t}s: later connections from this client go to the endpoint it got first");
+            }
+        }
+    }
+    if let Some(r) = &a.reason {
+        let _ = writeln!(s, "why:     {r}");
+    }
+    if !a.decided_by.is_empty() {
+        let _ = writeln!(s, "decided by (live rules):");
+        let mut seen = BTreeSet::new();
+        for d in a.decided_by.iter().filter(|d| seen.insert(*d)) {
+            let _ = writeln!(s, "  {d}");
+        }
+    }
+    s
+}
+
+/// Parses `PROTO` (`tcp`, `udp`, `sctp`).
+pub fn protocol(s: &str) -> Option<Protocol> {
+    Protocol::ALL
+        .into_iter()
+        .find(|p| p.as_lower().eq_ignore_ascii_case(s))
+}
+
+/// Parses `DEST:PORT` (`[V6]:PORT` for IPv6).
+pub fn destination(s: &str) -> Option<(IpAddr, u16)> {
+    let addr: std::net::SocketAddr = s.parse().ok()?;
+    Some((addr.ip(), addr.port()))
+}
+
+/// The origin a packet from `from` has: the node itself for one of its own addresses, a pod
+/// for an address in the cluster CIDRs, else an external client.
+pub fn infer_origin(from: IpAddr, local: &[IpAddr], cluster_cidrs: &[ipnet::IpNet]) -> Origin {
+    if local.contains(&from) || from.is_loopback() {
+        Origin::Node
+    } else if cluster_cidrs.iter().any(|c| c.contains(&from)) {
+        Origin::Pod
+    } else {
+        Origin::External
+    }
+}
+
+/// The source address a node process uses towards `dst`: the one the kernel's route to `dst`
+/// prefers (`ip route get`), else the first non-loopback address of its family (loopback when
+/// there is none).
+pub fn node_source(dst: IpAddr, local: &[IpAddr]) -> IpAddr {
+    super::live::route_source(dst).unwrap_or_else(|| first_address(dst, local))
+}
+
+/// The first non-loopback, non-link-local address of `dst`'s family (loopback when none).
+fn first_address(dst: IpAddr, local: &[IpAddr]) -> IpAddr {
+    local
+        .iter()
+        .copied()
+        .find(|a| {
+            a.is_ipv4() == dst.is_ipv4()
+                && !a.is_loopback()
+                && !matches!(a, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+        })
+        .unwrap_or(if dst.is_ipv4() {
+            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        } else {
+            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_and_protocols_parse_as_operators_write_them() {
+        assert_eq!(
+            destination("10.96.0.10:80"),
+            Some(("10.96.0.10".parse().unwrap(), 80))
+        );
+        assert_eq!(
+            destination("[fd00:10:96::10]:53"),
+            Some(("fd00:10:96::10".parse().unwrap(), 53))
+        );
+        assert_eq!(destination("10.96.0.10"), None);
+        assert_eq!(protocol("TCP"), Some(Protocol::Tcp));
+        assert_eq!(protocol("icmp"), None);
+    }
+
+    #[test]
+    fn the_origin_follows_the_source_address() {
+        let local: Vec<IpAddr> = vec!["192.0.2.1".parse().unwrap()];
+        let cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+        let o = |s: &str| infer_origin(s.parse().unwrap(), &local, &cidrs);
+        assert_eq!(o("192.0.2.1"), Origin::Node);
+        assert_eq!(o("10.244.1.14"), Origin::Pod);
+        assert_eq!(o("192.0.2.5"), Origin::External);
+        assert_eq!(
+            first_address("10.96.0.10".parse().unwrap(), &local),
+            "192.0.2.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            first_address("fd00::1".parse().unwrap(), &local),
+            "::1".parse::<IpAddr>().unwrap()
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! The live kernel state, read the way an operator would read it (`nft list table`,
+//! `iptables-save`), into the mode's tracer; which mode the node runs; the node's addresses;
+//! and the running proxy's HTTP answers.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use kp_core::model::IpFamily;
+use kp_iptables::{Backend, IptablesCommand};
+use kp_iptables_test::IptablesTracer;
+use kp_nftables_test::NftTracer;
+use kp_proxy::config::ProxyMode;
+
+/// What the kernel holds for one mode, read into that mode's tracer.
+pub enum Live {
+    /// The nftables mode's `kube-proxy` tables (`ip` and `ip6`).
+    Nftables {
+        /// The tables, replayed from their listings.
+        tracer: NftTracer,
+    },
+    /// The iptables mode's `KUBE-*` chains in the filter and nat tables of both families.
+    Iptables {
+        /// The chains, replayed from `iptables-save` (boxed: it holds four tables).
+        tracer: Box<IptablesTracer>,
+        /// The backend whose tools were read.
+        backend: Backend,
+        /// Other programs' rules in the filter and nat tables, left out of the trace.
+        foreign_rules: usize,
+    },
+}
+
+/// The modes `explain` and `status` read from the kernel, and why the others are not.
+pub fn unsupported_reason(mode: ProxyMode) -> Option<&'static str> {
+    match mode {
+        ProxyMode::Nftables | ProxyMode::Iptables => None,
+        ProxyMode::Ipvs => Some(
+            "ipvs mode is not covered yet: its virtual servers are read over IPVS netlink, and \
+             there is no tracer over them (use `ipvsadm -Ln` and `iptables-save`)",
+        ),
+        ProxyMode::Userspace => Some(
+            "userspace mode is not covered yet: where a redirected connection goes is decided \
+             by the running proxy's balancer, which the kernel does not hold",
+        ),
+        ProxyMode::Ebpf => Some(
+            "ebpf mode is not covered yet: its pinned maps are not read back into the tracer \
+             (use `bpftool map dump pinned …` under --bpf-pin-dir)",
+        ),
+    }
+}
+
+/// Reads `mode`'s rules from the kernel into its tracer; `local` are the node's addresses.
+pub fn read(mode: ProxyMode, local: Vec<IpAddr>) -> Result<Live, String> {
+    match mode {
+        ProxyMode::Nftables => {
+            let mut tracer = NftTracer::new(local);
+            for f in IpFamily::ALL {
+                let text = nft_listing(f)?;
+                tracer
+                    .apply_listing(&text)
+                    .map_err(|e| format!("reading nft list table {}: {e}", nft_family(f)))?;
+            }
+            Ok(Live::Nftables { tracer })
+        }
+        ProxyMode::Iptables => {
+            let backend = kp_iptables::detect_backend(None);
+            let cmd = IptablesCommand::new();
+            let mut tracer = IptablesTracer::new(local);
+            let mut foreign_rules = 0;
+            for f in IpFamily::ALL {
+                let save = match cmd.save(backend, f, None) {
+                    Ok(s) => s,
+                    // A node without IPv6 tables (no ip6tables module) holds nothing of ours.
+                    Err(_) if f == IpFamily::V6 => continue,
+                    Err(e) => return Err(format!("reading {} save: {e}", backend.as_str())),
+                };
+                let kept = kp_iptables_test::save::kube_rules(&save);
+                foreign_rules += kept.foreign_rules;
+                tracer
+                    .apply(f, &kept.restore)
+                    .map_err(|e| format!("reading {f:?} iptables-save: {e}"))?;
+            }
+            Ok(Live::Iptables {
+                tracer: Box::new(tracer),
+                backend,
+                foreign_rules,
+            })
+        }
+        other => Err(unsupported_reason(other)
+            .unwrap_or("not covered")
+            .to_string()),
+    }
+}
+
+fn nft_family(f: IpFamily) -> &'static str {
+    kp_nftables_plan::names::family(f)
+}
+
+/// `nft list table FAMILY kube-proxy`; empty when the table does not exist.
+fn nft_listing(f: IpFamily) -> Result<String, String> {
+    let out = Command::new("nft")
+        .args([
+            "list",
+            "table",
+            nft_family(f),
+            kp_nftables_plan::names::TABLE,
+        ])
+        .output()
+        .map_err(|e| format!("cannot run nft: {e}"))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("No such file or directory") {
+        return Ok(String::new());
+    }
+    Err(format!(
+        "nft list table {} {}: {}",
+        nft_family(f),
+        kp_nftables_plan::names::TABLE,
+        err.trim()
+    ))
+}
+
+/// Which mode's rules the kernel holds, in the order a mode switch leaves them (the new mode's
+/// rules are there before the old mode's are removed): nftables, ipvs, iptables, userspace.
+pub fn detect_mode() -> Option<ProxyMode> {
+    let tables = Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let has = |t: &str| tables.lines().any(|l| l.trim() == t);
+    if has("table ip kube-proxy") || has("table ip6 kube-proxy") {
+        return Some(ProxyMode::Nftables);
+    }
+    if std::path::Path::new("/sys/class/net/kube-ipvs0").exists() {
+        return Some(ProxyMode::Ipvs);
+    }
+    let backend = kp_iptables::detect_backend(None);
+    if let Ok(nat) = IptablesCommand::new().save(backend, IpFamily::V4, Some("nat")) {
+        if nat.lines().any(|l| l.starts_with(":KUBE-SERVICES ")) {
+            return Some(ProxyMode::Iptables);
+        }
+    }
+    if has("table inet kube-proxy-userspace") {
+        return Some(ProxyMode::Userspace);
+    }
+    None
+}
+
+/// The node's addresses (what `fib … type local` and `--dst-type LOCAL` match).
+pub fn local_addresses() -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = match nix::ifaddrs::getifaddrs() {
+        Ok(addrs) => addrs
+            .filter_map(|a| {
+                let s = a.address?;
+                if let Some(v4) = s.as_sockaddr_in() {
+                    return Some(IpAddr::V4(v4.ip()));
+                }
+                s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The source address the kernel's route to `dst` prefers (`ip route get DST`: its `src`).
+pub fn route_source(dst: IpAddr) -> Option<IpAddr> {
+    let out = Command::new("ip")
+        .args(["route", "get", &dst.to_string()])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(2)
+        .find(|w| w[0] == "src")
+        .and_then(|w| w[1].parse().ok())
+}
+
+/// The address a client on this node reaches a server bound to `addr` at.
+pub fn reachable(addr: SocketAddr) -> SocketAddr {
+    let ip = match addr.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, addr.port())
+}
+
+/// `GET path` from the proxy's server at `addr`: the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let addr = reachable(addr);
+    let t = Duration::from_secs(2);
+    let mut s = TcpStream::connect_timeout(&addr, t).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(t)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(t)).map_err(|e| e.to_string())?;
+    let host = match addr {
+        SocketAddr::V4(a) => a.to_string(),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    };
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: kube-proxy-status\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer from {addr}"))?;
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((code, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
