@@ -50,6 +50,15 @@ pub enum Error {
     /// ([`crate::netns::remove_own`]). Not retryable.
     #[error("no new network namespaces: this process is stopping")]
     Stopping,
+    /// A request to a real API server ([`crate::kube_apiserver`]) failed, after retries when
+    /// the server was only busy. Not retryable.
+    #[error("{what}: {detail}")]
+    Api {
+        /// The request.
+        what: String,
+        /// The server's or the client's error.
+        detail: String,
+    },
     /// A local file (a process log) could not be created or read. Not retryable.
     #[error("{what}: {source}")]
     Io {

@@ -12,6 +12,10 @@
 //! - [`write_executable`]: a stand-in program (a failing or wrapping kernel tool) as a script.
 //! - [`apiserver`]: a scripted fake Kubernetes API server (list, watch, bookmarks, outages,
 //!   410 Gone) that can listen inside a lab namespace, for driving the real binary.
+//! - [`kube_apiserver`]: a real etcd + kube-apiserver v1.28.7 on loopback (`../shared/k8s`), its
+//!   bulk loader and a bridge into a namespace.
+//! - [`cluster`]: the benchmark's cluster of N Services × E endpoints, the one object generator
+//!   (kp-bench measures with it, [`kube_apiserver`] loads it).
 //!
 //! What it leaves to others: starting kube-proxy and writing its manifests (each test does, in
 //! [`Lab::node`]), and the flow table that says what each request should do (`kp-flows`). It mirrors the
@@ -24,8 +28,10 @@
 mod error;
 
 pub mod apiserver;
+pub mod cluster;
 pub mod echo;
 pub mod flows;
+pub mod kube_apiserver;
 pub mod lab;
 pub mod netns;
 
