@@ -112,6 +112,9 @@ pub fn ebpf() -> Footprint {
     Footprint::default()
 }
 
+/// The built-in chains of the tables a removal touches.
+const BUILTIN_CHAINS: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
+
 /// The chain a rule's words jump or go to.
 fn target(words: &[String]) -> Option<&str> {
     words
@@ -121,8 +124,9 @@ fn target(words: &[String]) -> Option<&str> {
 }
 
 /// One restore input of the iptables mode's removal with what `keep` names left out: no
-/// flush (`:CHAIN`) or deletion (`-X CHAIN`) of a kept chain, no deletion (`-D`) of a kept
-/// jump to a kept chain. The rules a kept chain still holds that jump to a chain this input
+/// flush (`:CHAIN`) or deletion (`-X CHAIN`) of a kept chain, and no deletion (`-D`) of a rule
+/// that jumps to a kept chain unless it is in a built-in chain and not one of the running
+/// mode's jumps. The rules a kept chain still holds that jump to a chain this input
 /// deletes or flushes (`rules_of(table, chain)` lists them, in `-S` form without `-A CHAIN`)
 /// are deleted first instead, so the deletion is not refused.
 pub fn filter_removal(
@@ -178,8 +182,12 @@ pub fn filter_removal(
         } else if let Some(rest) = line.strip_prefix("-D ") {
             if let Some((chain, args)) = rest.split_once(' ') {
                 let words = kp_iptables::split_args(args);
+                // A rule that jumps to a kept chain need not go for that chain's sake; it goes
+                // only if it is this mode's own jump from a built-in chain. The running mode's
+                // rules in its own chains, and anyone's in theirs, stay.
                 let to_kept = target(&words).is_some_and(|t| keep.has_chain(&table, t));
-                if to_kept && keep.has_jump(&table, chain, &words) {
+                let builtin = BUILTIN_CHAINS.contains(&chain);
+                if to_kept && (!builtin || keep.has_jump(&table, chain, &words)) {
                     continue;
                 }
             }
@@ -268,6 +276,7 @@ mod tests {
 -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
 -D OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
 -D POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING
+-D KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
 :KUBE-SERVICES - [0:0]
 :KUBE-POSTROUTING - [0:0]
 :KUBE-MARK-MASQ - [0:0]
