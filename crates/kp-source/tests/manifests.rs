@@ -377,3 +377,80 @@ fn write_atomic_bytes(dir: &Path, name: &str, bytes: &[u8]) {
     fs::write(&tmp, bytes).expect("write temp file");
     fs::rename(&tmp, dir.join(name)).expect("rename into place");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_written_in_several_steps_is_read_once_the_writer_is_done() {
+    use std::io::Write;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    let both = |port| format!("{}---\n{}", service("a", port), service("b", port));
+    fs::write(path.join("ab.yaml"), both(80)).expect("write");
+    let (tx, mut rx) = mpsc::channel(64);
+    let _source = tokio::spawn(run_manifests(path.clone(), tx, Arc::new(Metrics::new())));
+    assert_eq!(
+        next_n(&mut rx, 5, "the first read").await,
+        [
+            "synced EndpointSlice",
+            "synced Node",
+            "synced Service",
+            "upsert Service ns/a",
+            "upsert Service ns/b"
+        ]
+    );
+
+    // Rewritten in place, in steps with pauses longer than the quiet period: after the first
+    // step the file holds only `a`, a state that would delete `b` if it were read.
+    let mut file = fs::File::create(path.join("ab.yaml")).expect("truncate");
+    file.write_all(service("a", 81).as_bytes()).expect("write");
+    file.flush().expect("flush");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    file.write_all(b"---\n").expect("write");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    file.write_all(service("b", 81).as_bytes()).expect("write");
+    drop(file);
+    // One consistent read: both changed, nothing deleted in between.
+    assert_eq!(
+        next_n(&mut rx, 2, "the rewritten file").await,
+        ["upsert Service ns/a", "upsert Service ns/b"]
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(rx.try_recv().is_err(), "nothing else is reported");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_is_reported_quickly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    // Other files, to read around the one that changes.
+    for i in 0..20 {
+        let text: Vec<String> = (0..20).map(|k| service(&format!("s{i}-{k}"), 80)).collect();
+        fs::write(path.join(format!("f{i:02}.yaml")), text.join("---\n")).expect("write");
+    }
+    let (tx, mut rx) = mpsc::channel(1024);
+    let _source = tokio::spawn(run_manifests(path.clone(), tx, Arc::new(Metrics::new())));
+    let mut synced = 0;
+    while synced < 3 {
+        if let SourceEvent::Synced(_) = next(&mut rx, "the first read").await {
+            synced += 1;
+        }
+    }
+    let mut took = Vec::new();
+    for round in 1..=10u16 {
+        let start = std::time::Instant::now();
+        write_atomic(&path, "web.yaml", &service("web", 8000 + round));
+        assert_eq!(
+            show(&next(&mut rx, "the change").await),
+            "upsert Service ns/web"
+        );
+        took.push(start.elapsed());
+    }
+    took.sort();
+    println!("change to event: median {:?}, max {:?}", took[5], took[9]);
+    // Generous: a loaded machine may stall any one change, but not most of them.
+    assert!(
+        took[5] < Duration::from_millis(500),
+        "median change took {:?}",
+        took[5]
+    );
+}

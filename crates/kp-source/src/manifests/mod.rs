@@ -4,12 +4,17 @@
 //! (tests, appliances). It keeps the same contract as the API source: `Synced` after the first
 //! read of the directory, and afterwards only changes.
 //!
-//! Every change under the directory (inotify, via `notify`) wakes the source; after a short
-//! debounce it lists the directory again, re-parses only the files whose text changed, and
-//! reports the difference ([`parse::ManifestSet`]). A file that fails to read or parse keeps its
-//! last good content in force, so a half-written or broken file never removes anything; write
-//! files atomically (write elsewhere, then rename into the directory) to avoid reading one
-//! half-written. Mounted ConfigMaps, which swap a `..data` symlink, work as they are.
+//! Every change under the directory (inotify, via `notify`) wakes the source; once the directory
+//! has been quiet for a moment ([`QUIET`]) and no file written to is still open for writing
+//! (waiting at most [`MAX_WAIT`]), it lists the directory again, re-parses only the files whose
+//! text changed, and reports the difference ([`parse::ManifestSet`]). A file whose metadata has
+//! not changed since a look long enough after its last change is not even read again.
+//! Changed files are parsed in parallel, on as many threads as the process may use.
+//!
+//! A file that fails to read or parse keeps its last good content in force, so a half-written
+//! or broken file never removes anything; write files atomically (write elsewhere, then rename
+//! into the directory) to avoid reading one half-written. Mounted ConfigMaps, which swap a
+//! `..data` symlink, work as they are.
 //!
 //! A file's failure is reported (logged and counted) once per change of the file, not once per
 //! rescan: every rescan sees every file, and one busy file would otherwise repeat another's
@@ -18,17 +23,18 @@
 
 pub mod parse;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kp_core::track::{Kind, Object, SourceEvent};
 use kp_metrics::Metrics;
-use notify::event::{AccessKind, AccessMode};
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
@@ -39,9 +45,15 @@ use parse::{digest, for_each_object, text_digest, Digest, ManifestSet, Wanted};
 /// The `source` label of this source's error metric.
 const SOURCE: &str = "manifests";
 
-/// How long to wait after a change for more changes before reading: editors and `kubectl`
-/// often write a file in several steps.
-const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How long the directory must stay quiet after a change before it is read: tools that change
+/// several files, or replace one in several steps (a ConfigMap's symlink swap, a delete and a
+/// create), are read once they are done.
+const QUIET: Duration = Duration::from_millis(4);
+
+/// The longest a change waits for the directory to become quiet and for files written to be
+/// closed: a writer that keeps a file open (an editor writing in several steps, `kubectl get
+/// -o yaml > file` streaming) is waited for this long before the file is read anyway.
+const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// Files larger than this are refused rather than read into memory.
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
@@ -52,9 +64,13 @@ const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 /// metadata as the look saw it; until then a failed file is read again at every rescan.
 const SETTLE_SECS: i64 = 2;
 
-/// A file with at most this many objects is parsed once; a larger one is parsed again to
-/// report its objects, rather than holding them all while the rest of the file is checked.
-const KEEP_PARSED: usize = 256;
+/// A file of at most this many bytes is parsed once, its objects held until the whole file has
+/// parsed; a larger one is parsed again to report its objects, rather than holding them all.
+const KEEP_BYTES: usize = 512 * 1024;
+
+/// Changed files are read and parsed in batches of about this many bytes, the files of a batch
+/// in parallel: this bounds the text and parsed objects held at once.
+const BATCH_BYTES: usize = 512 * 1024;
 
 /// Reads the manifests in `dir` and follows changes to them, sending what it sees to `tx`.
 /// Runs until `tx`'s receiver is dropped.
@@ -67,8 +83,10 @@ const KEEP_PARSED: usize = 256;
 /// leave the file's last good content in force; each is reported once per change of the file
 /// (see the module's documentation).
 ///
-/// Files are read one at a time and their objects sent as they are decoded (waiting while the
-/// channel is full), so memory holds one file's text and a few objects, not the directory.
+/// Changed files are read in batches of about [`BATCH_BYTES`] and parsed in parallel (YAML
+/// files in pieces of whole documents), then their objects sent file by file (waiting while
+/// the channel is full); a file larger than [`KEEP_BYTES`] is parsed again to send its objects.
+/// So memory holds a batch's text and the objects of its small files, never the directory.
 ///
 /// Fails only at start-up: when inotify cannot watch `dir`, or `dir` cannot be listed.
 pub async fn run_manifests(
@@ -78,6 +96,8 @@ pub async fn run_manifests(
 ) -> Result<(), SourceError> {
     // One pending wake-up is enough: every wake-up re-lists the whole directory.
     let (wake_tx, mut wake_rx) = mpsc::channel::<()>(1);
+    let activity = Arc::new(Mutex::new(Activity::default()));
+    let watch_activity = activity.clone();
     let notify_metrics = metrics.clone();
     let notify_err = |source| SourceError::Notify {
         path: dir.clone(),
@@ -87,8 +107,9 @@ pub async fn run_manifests(
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         match res {
             Ok(event) if !wakes(&event.kind) => return,
-            Ok(_) => {}
+            Ok(event) => lock(&watch_activity).observe(&event),
             Err(err) => {
+                lock(&watch_activity).events += 1;
                 // Typically the inotify queue overflowed; re-reading everything recovers.
                 warn!(error = %err, "manifest directory watch error; re-reading the directory");
                 notify_metrics.source_error(SOURCE, "watch");
@@ -129,8 +150,7 @@ pub async fn run_manifests(
                 }
             }
         }
-        tokio::time::sleep(DEBOUNCE).await;
-        while wake_rx.try_recv().is_ok() {}
+        settle_down(&activity, &mut wake_rx).await;
         let (next, result) = rescan(state, tx.clone()).await?;
         state = next;
         match result {
@@ -170,6 +190,61 @@ fn wakes(kind: &EventKind) -> bool {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
         EventKind::Access(_) => false,
         _ => true,
+    }
+}
+
+/// What the watcher saw: how many changes, and which files are being written.
+#[derive(Debug, Default)]
+struct Activity {
+    /// Changes seen so far (only compared, to tell whether more came).
+    events: u64,
+    /// Files written to and not closed since: their writer is probably not done.
+    writing: HashSet<PathBuf>,
+}
+
+impl Activity {
+    /// Records a change (one that [`wakes`] the source).
+    fn observe(&mut self, event: &notify::Event) {
+        self.events += 1;
+        match event.kind {
+            EventKind::Modify(ModifyKind::Data(_)) => {
+                self.writing.extend(event.paths.iter().cloned());
+            }
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) | EventKind::Remove(_) => {
+                for path in &event.paths {
+                    self.writing.remove(path);
+                }
+            }
+            // A file renamed away is no longer written under its old name.
+            EventKind::Modify(ModifyKind::Name(RenameMode::From | RenameMode::Both)) => {
+                if let Some(path) = event.paths.first() {
+                    self.writing.remove(path);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn lock(activity: &Mutex<Activity>) -> std::sync::MutexGuard<'_, Activity> {
+    activity.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits, after a wake-up, until the directory is quiet ([`QUIET`] without a change) and no
+/// file written to is still open, or [`MAX_WAIT`] has passed; drops the wake-ups meanwhile.
+async fn settle_down(activity: &Mutex<Activity>, wake_rx: &mut mpsc::Receiver<()>) {
+    let start = Instant::now();
+    loop {
+        let before = lock(activity).events;
+        tokio::time::sleep(QUIET).await;
+        while wake_rx.try_recv().is_ok() {}
+        let (after, writing) = {
+            let a = lock(activity);
+            (a.events, !a.writing.is_empty())
+        };
+        if (after == before && !writing) || start.elapsed() >= MAX_WAIT {
+            return;
+        }
     }
 }
 
@@ -286,8 +361,10 @@ struct DirState {
     metrics: Arc<Metrics>,
     set: ManifestSet,
     /// What the last look at every file present saw, parsed or not, so that unchanged files
-    /// are not parsed (or complained about) again, nor failed ones even read again.
+    /// are not parsed (or complained about) again, nor even read again once settled.
     seen: HashMap<PathBuf, Seen>,
+    /// [`KEEP_BYTES`], smaller in tests.
+    keep_bytes: usize,
 }
 
 impl DirState {
@@ -297,6 +374,7 @@ impl DirState {
             metrics,
             set: ManifestSet::new(),
             seen: HashMap::new(),
+            keep_bytes: KEEP_BYTES,
         }
     }
 
@@ -329,6 +407,9 @@ impl DirState {
     ) -> Result<usize, Closed> {
         let mut sent = 0;
         let mut present = BTreeSet::new();
+        // Files read and changed, to parse together.
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0;
         for path in listing {
             let stamp = match files.stamp(&path) {
                 Ok(Some(stamp)) => Some(stamp),
@@ -353,10 +434,10 @@ impl DirState {
             if self
                 .seen
                 .get(&path)
-                .is_some_and(|seen| seen.failed && seen.settled && seen.look.stamp == stamp)
+                .is_some_and(|seen| seen.settled && seen.look.stamp == stamp)
             {
-                // Unchanged since it failed: reading it again would fail again (or, for a
-                // broken file, read the same text).
+                // Unchanged since a look that is sure to have seen its last change: reading it
+                // again would read the same text (or fail again).
                 continue;
             }
             let text = match files.read(&path) {
@@ -394,8 +475,19 @@ impl DirState {
                     continue;
                 }
             }
-            sent += self.read_file(&path, look, settled, &text, emit)?;
+            batch_bytes += text.len();
+            batch.push(Job {
+                path,
+                look,
+                settled,
+                text,
+            });
+            if batch_bytes >= BATCH_BYTES {
+                sent += self.read_files(std::mem::take(&mut batch), emit)?;
+                batch_bytes = 0;
+            }
         }
+        sent += self.read_files(batch, emit)?;
 
         let gone: Vec<PathBuf> = self
             .set
@@ -477,41 +569,41 @@ impl DirState {
         self.metrics.source_error(SOURCE, reason);
     }
 
-    /// Parses a new or changed file, seen at `look`, and sends what changed in it. A file that
-    /// fails to parse keeps its last good content.
-    fn read_file(
+    /// Parses new or changed files (in parallel) and sends what changed in them, file by file
+    /// in order. A file that fails to parse keeps its last good content.
+    fn read_files(
         &mut self,
-        path: &Path,
-        look: Look,
-        settled: bool,
-        text: &str,
+        jobs: Vec<Job>,
         emit: &mut dyn FnMut(SourceEvent) -> bool,
     ) -> Result<usize, Closed> {
-        // The whole file must parse before any of it counts, so the first pass keeps only keys
-        // and digests (and the objects themselves while there are few).
-        let mut objects = Vec::new();
-        let mut kept: Option<Vec<Object>> = Some(Vec::new());
-        let parsed = for_each_object(path, text, &mut |_| true, &mut |_, obj| {
-            objects.push(((obj.kind(), obj.key()), digest(&obj)));
-            match &mut kept {
-                Some(k) if k.len() < KEEP_PARSED => k.push(obj),
-                _ => kept = None,
-            }
-        });
-        if let Err(err) = parsed {
-            self.failed(path, look, settled, "parse", err);
-            return Ok(0);
-        }
-        self.seen.insert(
-            path.to_path_buf(),
-            Seen {
+        let parsed = parse_all(&jobs, parse_threads(), self.keep_bytes);
+        let mut sent = 0;
+        for (job, parsed) in jobs.into_iter().zip(parsed) {
+            let Job {
+                path,
                 look,
                 settled,
-                failed: false,
-            },
-        );
-        let wanted = self.set.update_file(path, objects);
-        self.send_wanted(path, text, kept, &wanted, emit)
+                text,
+            } = job;
+            let Parsed { objects, kept } = match parsed {
+                Ok(parsed) => parsed,
+                Err(err) => {
+                    self.failed(&path, look, settled, "parse", err);
+                    continue;
+                }
+            };
+            self.seen.insert(
+                path.clone(),
+                Seen {
+                    look,
+                    settled,
+                    failed: false,
+                },
+            );
+            let wanted = self.set.update_file(&path, objects);
+            sent += self.send_wanted(&path, &text, kept, &wanted, emit)?;
+        }
+        Ok(sent)
     }
 
     /// Sends the `wanted` objects of a file: from `kept` (every object of the file, in order)
@@ -577,6 +669,131 @@ impl DirState {
         }
         Ok(sent)
     }
+}
+
+/// A new or changed file to parse.
+struct Job {
+    path: PathBuf,
+    /// The look that read it.
+    look: Look,
+    settled: bool,
+    text: String,
+}
+
+/// A file that parsed: every object's key and digest, in file order, and the objects
+/// themselves if the file is small ([`KEEP_BYTES`]).
+struct Parsed {
+    objects: Vec<(parse::Key, Digest)>,
+    kept: Option<Vec<Object>>,
+}
+
+/// Parses one file, or a piece of whole documents of it. The whole file must parse before any
+/// of it counts, so a large file keeps only keys and digests (see [`Parsed`]).
+fn parse_piece(path: &Path, text: &str, keep: bool) -> Result<Parsed, SourceError> {
+    let mut objects = Vec::new();
+    let mut kept = keep.then(Vec::new);
+    for_each_object(path, text, &mut |_| true, &mut |_, obj| {
+        objects.push(((obj.kind(), obj.key()), digest(&obj)));
+        if let Some(kept) = &mut kept {
+            kept.push(obj);
+        }
+    })?;
+    Ok(Parsed { objects, kept })
+}
+
+/// How many threads parse files: as many as the process may run on.
+fn parse_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// A YAML file is parsed in pieces of about this many bytes, in parallel, when there is more
+/// than one thread to parse on: a large file, or a file that changed alone, is not left to one.
+const PIECE_BYTES: usize = 64 * 1024;
+
+/// Parses `jobs` on up to `threads` threads (YAML files in pieces, see [`PIECE_BYTES`]); the
+/// results in the order of `jobs`. A file that fails in some piece is parsed again whole, for
+/// the error as it reads for the whole file (its document and line).
+fn parse_all(jobs: &[Job], threads: usize, keep_bytes: usize) -> Vec<Result<Parsed, SourceError>> {
+    let mut pieces: Vec<(usize, &str)> = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let json = job.path.extension().is_some_and(|ext| ext == "json");
+        if threads > 1 && !json {
+            pieces.extend(
+                parse::split_yaml(&job.text, PIECE_BYTES)
+                    .into_iter()
+                    .map(|piece| (i, piece)),
+            );
+        } else {
+            pieces.push((i, &job.text));
+        }
+    }
+    let keep = |i: usize| jobs[i].text.len() <= keep_bytes;
+    let mut parsed = parallel_map(&pieces, threads, |&(i, piece)| {
+        parse_piece(&jobs[i].path, piece, keep(i))
+    })
+    .into_iter()
+    .zip(&pieces)
+    .peekable();
+    let mut out = Vec::with_capacity(jobs.len());
+    for (i, job) in jobs.iter().enumerate() {
+        let mut whole: Result<Parsed, SourceError> = Ok(Parsed {
+            objects: Vec::new(),
+            kept: keep(i).then(Vec::new),
+        });
+        let mut count = 0;
+        while let Some((piece, _)) = parsed.next_if(|(_, (j, _))| *j == i) {
+            count += 1;
+            match (&mut whole, piece) {
+                (Ok(whole), Ok(piece)) => {
+                    whole.objects.extend(piece.objects);
+                    if let (Some(all), Some(some)) = (&mut whole.kept, piece.kept) {
+                        all.extend(some);
+                    }
+                }
+                (Ok(_), Err(err)) => whole = Err(err),
+                (Err(_), _) => {}
+            }
+        }
+        if whole.is_err() && count > 1 {
+            whole = parse_piece(&job.path, &job.text, keep(i));
+        }
+        out.push(whole);
+    }
+    out
+}
+
+/// `f` over `items` on up to `threads` threads; the results in the order of `items`.
+fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = f(item);
+                *results[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+            });
+        }
+    });
+    // `scope` joined every thread, and together they took every index.
+    results
+        .into_iter()
+        .zip(items)
+        .map(|(slot, item)| {
+            slot.into_inner()
+                .unwrap_or_else(PoisonError::into_inner)
+                .unwrap_or_else(|| f(item))
+        })
+        .collect()
 }
 
 /// The manifest files directly in `dir`, by name.

@@ -14,9 +14,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service, ServiceSpec, ServiceStatus};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
+use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec, ServiceCIDRStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_core::track::{Kind, Object, ObjectKey};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
@@ -48,9 +49,11 @@ pub fn parse_file(path: &Path, text: &str) -> Result<Vec<Object>, SourceError> {
 ///
 /// The first document that fails (bad syntax, an unsupported kind, a field of the wrong type, no
 /// `metadata.name`) fails the whole file, with an error naming the file and the document; `f`
-/// may have been called for the objects before it. No document is held as a whole tree: each
-/// one is read twice (once for its type, once for its objects), and a list's items are decoded
-/// one at a time.
+/// may have been called for the objects before it (once each). No document is held as a whole
+/// tree: each is read once, field by field, when its `apiVersion` and `kind` come before the
+/// fields that depend on them (as people and `kubectl` write them); otherwise, or when it fails,
+/// twice (once for its type, once for its objects, with the error worded from that read). A
+/// list's items are decoded one at a time.
 pub fn for_each_object(
     path: &Path,
     text: &str,
@@ -64,6 +67,7 @@ pub fn for_each_object(
     };
     let mut sink = Sink {
         next: 0,
+        skip_below: 0,
         want,
         f,
         failure: None,
@@ -86,6 +90,8 @@ pub fn for_each_object(
 /// Where decoded objects go: counts ordinals and asks whether each one is wanted.
 struct Sink<'a> {
     next: usize,
+    /// Ordinals below this were passed on already (by a one-pass try that then gave up).
+    skip_below: usize,
     want: &'a mut dyn FnMut(usize) -> bool,
     f: &'a mut dyn FnMut(usize, Object),
     /// Why decoding stopped inside a list, when it was not the syntax.
@@ -97,7 +103,7 @@ impl Sink<'_> {
     fn take(&mut self) -> (usize, bool) {
         let n = self.next;
         self.next += 1;
-        (n, (self.want)(n))
+        (n, n >= self.skip_below && (self.want)(n))
     }
 }
 
@@ -245,6 +251,25 @@ fn split_documents(text: &str) -> Vec<Document<'_>> {
     docs
 }
 
+/// Splits a YAML file's text into pieces of whole documents, each about `piece_bytes` long or
+/// less, each but the first starting at a `---` line (see [`split_documents`]). Decoding the
+/// pieces one after another finds the documents that decoding the whole text finds, in the
+/// same order (numbering each piece's documents and lines from its own start, though).
+pub fn split_yaml(text: &str, piece_bytes: usize) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let (mut start, mut offset) = (0, 0);
+    for line in text.split_inclusive('\n') {
+        let content = line.trim_end_matches(['\n', '\r']);
+        if offset - start >= piece_bytes && marker_rest(content, "---").is_some() {
+            pieces.push(&text[start..offset]);
+            start = offset;
+        }
+        offset += line.len();
+    }
+    pieces.push(&text[start..]);
+    pieces
+}
+
 /// If `line` is the document marker `marker`, what follows it on the line.
 fn marker_rest<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
     let rest = line.strip_prefix(marker)?;
@@ -260,20 +285,35 @@ fn is_blank(text: &str) -> bool {
 }
 
 /// Decodes one document (an object or a list of objects) into `sink`.
+///
+/// Tries the one-pass decoder first ([`FastDoc`]); if it gives up (an error anywhere, or a
+/// list whose type comes after its items), the document is decoded again by the two passes
+/// below, which give the canonical result and error. Objects the first try already passed on
+/// are not passed on again.
 fn decode_document(doc: &impl Syntax, sink: &mut Sink<'_>) -> Result<(), String> {
+    let start = sink.next;
+    if doc.run(FastDoc { sink: &mut *sink }).is_ok() {
+        return Ok(());
+    }
+    let passed_on = sink.next;
+    sink.next = start;
+    let skip = std::mem::replace(&mut sink.skip_below, passed_on);
+    let result = decode_document_slowly(doc, sink);
+    sink.skip_below = skip;
+    result
+}
+
+/// Decodes one document in two passes: its type first, then its objects.
+fn decode_document_slowly(doc: &impl Syntax, sink: &mut Sink<'_>) -> Result<(), String> {
     // First pass: the document's type, skipping everything else (this also checks the syntax).
     let (api_version, kind) = match doc.run(ProbeSeed).map_err(|e| doc.syntax_error(e))? {
         Probe::Null => return Ok(()),
         Probe::NotMapping => return Err("not a mapping".into()),
         Probe::Mapping { api_version, kind } => type_of(api_version, kind, None)?,
     };
-    let item_type = match (api_version.as_str(), kind.as_str()) {
-        (CORE_V1, "List") => None,
-        (CORE_V1, "ServiceList") => Some((CORE_V1, "Service")),
-        (DISCOVERY_V1, "EndpointSliceList") => Some((DISCOVERY_V1, "EndpointSlice")),
-        (CORE_V1, "NodeList") => Some((CORE_V1, "Node")),
-        (NETWORKING_V1, "ServiceCIDRList") => Some((NETWORKING_V1, "ServiceCIDR")),
-        _ => {
+    let item_type = match list_item_type(&api_version, &kind) {
+        Some(item_type) => item_type,
+        None => {
             let (n, wanted) = sink.take();
             if wanted {
                 let obj = decode_typed(doc, &api_version, &kind)?;
@@ -293,6 +333,19 @@ fn decode_document(doc: &impl Syntax, sink: &mut Sink<'_>) -> Result<(), String>
         Ok(()) => Ok(()),
         Err(err) => Err(sink.failure.take().unwrap_or_else(|| doc.syntax_error(err))),
     }
+}
+
+/// If `kind` (of `api_version`) is a list, the type its items default to: `Some(None)` for a
+/// v1 `List`, whose items name their own.
+fn list_item_type(api_version: &str, kind: &str) -> Option<Option<(&'static str, &'static str)>> {
+    Some(match (api_version, kind) {
+        (CORE_V1, "List") => None,
+        (CORE_V1, "ServiceList") => Some((CORE_V1, "Service")),
+        (DISCOVERY_V1, "EndpointSliceList") => Some((DISCOVERY_V1, "EndpointSlice")),
+        (CORE_V1, "NodeList") => Some((CORE_V1, "Node")),
+        (NETWORKING_V1, "ServiceCIDRList") => Some((NETWORKING_V1, "ServiceCIDR")),
+        _ => return None,
+    })
 }
 
 /// Checks `apiVersion` and `kind` (falling back to `default`, for the items of a typed list).
@@ -405,6 +458,12 @@ enum Field {
     ApiVersion,
     Kind,
     Items,
+    Metadata,
+    Spec,
+    Status,
+    AddressType,
+    Endpoints,
+    Ports,
     Other,
 }
 
@@ -430,6 +489,12 @@ impl<'de> Visitor<'de> for FieldSeed {
             "apiVersion" => Field::ApiVersion,
             "kind" => Field::Kind,
             "items" => Field::Items,
+            "metadata" => Field::Metadata,
+            "spec" => Field::Spec,
+            "status" => Field::Status,
+            "addressType" => Field::AddressType,
+            "endpoints" => Field::Endpoints,
+            "ports" => Field::Ports,
             _ => Field::Other,
         })
     }
@@ -479,7 +544,7 @@ impl<'de> Visitor<'de> for ProbeSeed {
             match field {
                 Field::ApiVersion => api_version = Some(map.next_value::<Value>()?),
                 Field::Kind => kind = Some(map.next_value::<Value>()?),
-                Field::Items | Field::Other => {
+                _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
@@ -563,6 +628,7 @@ impl<'de> Visitor<'de> for ListSeed<'_, '_> {
                     kind,
                     item_type,
                     sink: &mut *sink,
+                    fast: false,
                 })?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -578,6 +644,9 @@ struct ItemsSeed<'s, 'a> {
     kind: &'s str,
     item_type: Option<(&'static str, &'static str)>,
     sink: &'s mut Sink<'a>,
+    /// Decode each item in one pass ([`FastObject`]), failing without a reason at the first
+    /// problem, rather than through a tree with the reason recorded.
+    fast: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for ItemsSeed<'_, '_> {
@@ -611,6 +680,29 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
                 if seq.next_element::<IgnoredAny>()?.is_none() {
                     self.sink.next -= 1;
                     return Ok(());
+                }
+                continue;
+            }
+            if self.fast {
+                let seed = FastObject {
+                    default: self.item_type.and_then(|(a, k)| ObjType::of(a, k)),
+                    items: None,
+                };
+                match seq.next_element_seed(seed) {
+                    Ok(Some(Decoded::Object(obj))) => (self.sink.f)(n, obj),
+                    Ok(None) => {
+                        self.sink.next -= 1;
+                        return Ok(());
+                    }
+                    // Not passed on: the two passes that take over decode it again.
+                    Ok(Some(_)) => {
+                        self.sink.next = n;
+                        return Err(give_up());
+                    }
+                    Err(err) => {
+                        self.sink.next = n;
+                        return Err(err);
+                    }
                 }
                 continue;
             }
@@ -663,6 +755,353 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
 
     fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
         self.not_a_sequence()
+    }
+}
+
+/// The object types a manifest may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ObjType {
+    Service,
+    EndpointSlice,
+    Node,
+    ServiceCidr,
+}
+
+impl ObjType {
+    fn of(api_version: &str, kind: &str) -> Option<ObjType> {
+        Some(match (api_version, kind) {
+            (CORE_V1, "Service") => ObjType::Service,
+            (DISCOVERY_V1, "EndpointSlice") => ObjType::EndpointSlice,
+            (CORE_V1, "Node") => ObjType::Node,
+            (NETWORKING_V1, "ServiceCIDR") => ObjType::ServiceCidr,
+            _ => return None,
+        })
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            ObjType::Service => "Service",
+            ObjType::EndpointSlice => "EndpointSlice",
+            ObjType::Node => "Node",
+            ObjType::ServiceCidr => "ServiceCIDR",
+        }
+    }
+}
+
+/// The one-pass decoder of a whole document: an object, decoded field by field as the
+/// k8s-openapi types decode themselves, or a list whose items are decoded the same way and
+/// passed on as they are read.
+///
+/// It gives up (fails, with no useful reason) rather than decide anything the two-pass decoder
+/// would decide differently: at any error, and at a list's `items` met before the list's type.
+/// So whatever it accepts, the two passes would have accepted with the same objects, and what
+/// it rejects goes to them for the verdict and its wording.
+struct FastDoc<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for FastDoc<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        let decoded = FastObject {
+            default: None,
+            items: Some(self.sink),
+        }
+        .deserialize(d)?;
+        match decoded {
+            Decoded::Empty | Decoded::List => Ok(()),
+            Decoded::Object(obj) => {
+                let (n, wanted) = self.sink.take();
+                if wanted {
+                    (self.sink.f)(n, obj);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What [`FastObject`] decoded.
+enum Decoded {
+    /// An empty document.
+    Empty,
+    /// A list, whose items went to the sink.
+    List,
+    Object(Object),
+}
+
+/// Decodes one mapping in one pass: a document (with `items` set: a list's items go there) or
+/// a list item (`default`: its list's item type, if the list has one).
+///
+/// The type is taken from `apiVersion` and `kind` when both come before the fields that depend
+/// on it, as they do in what people and `kubectl` write; the fields only EndpointSlices have
+/// are decoded as such whenever they come; `spec` or `status` before the type is held as a tree
+/// until the type is known.
+struct FastObject<'s, 'a> {
+    default: Option<ObjType>,
+    items: Option<&'s mut Sink<'a>>,
+}
+
+impl<'de> DeserializeSeed<'de> for FastObject<'_, '_> {
+    type Value = Decoded;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Decoded, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// The typed `spec` and `status` of an object being decoded. One at a time lives on the stack
+/// while its object is decoded, so its variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Body {
+    Service(Option<ServiceSpec>, Option<ServiceStatus>),
+    Node(Option<NodeSpec>, Option<NodeStatus>),
+    ServiceCidr(Option<ServiceCIDRSpec>, Option<ServiceCIDRStatus>),
+    /// EndpointSlices have neither.
+    None,
+}
+
+impl Body {
+    fn new(ty: ObjType) -> Body {
+        match ty {
+            ObjType::Service => Body::Service(None, None),
+            ObjType::Node => Body::Node(None, None),
+            ObjType::ServiceCidr => Body::ServiceCidr(None, None),
+            ObjType::EndpointSlice => Body::None,
+        }
+    }
+
+    /// Decodes the next value as the `spec` (or `status`) of this type.
+    fn next<'de, A: MapAccess<'de>>(&mut self, map: &mut A, spec: bool) -> Result<(), A::Error> {
+        match (self, spec) {
+            (Body::Service(s, _), true) => *s = map.next_value()?,
+            (Body::Service(_, s), false) => *s = map.next_value()?,
+            (Body::Node(s, _), true) => *s = map.next_value()?,
+            (Body::Node(_, s), false) => *s = map.next_value()?,
+            (Body::ServiceCidr(s, _), true) => *s = map.next_value()?,
+            (Body::ServiceCidr(_, s), false) => *s = map.next_value()?,
+            (Body::None, _) => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the `spec` (or `status`) of this type from a tree.
+    fn set<E: de::Error>(&mut self, value: Value, spec: bool) -> Result<(), E> {
+        fn from<T: de::DeserializeOwned, E: de::Error>(v: Value) -> Result<T, E> {
+            serde_json::from_value(v).map_err(E::custom)
+        }
+        match (self, spec) {
+            (Body::Service(s, _), true) => *s = from(value)?,
+            (Body::Service(_, s), false) => *s = from(value)?,
+            (Body::Node(s, _), true) => *s = from(value)?,
+            (Body::Node(_, s), false) => *s = from(value)?,
+            (Body::ServiceCidr(s, _), true) => *s = from(value)?,
+            (Body::ServiceCidr(_, s), false) => *s = from(value)?,
+            (Body::None, _) => {}
+        }
+        Ok(())
+    }
+}
+
+/// Gives up the one-pass decoding.
+fn give_up<E: de::Error>() -> E {
+    E::custom("left to the two-pass decoder")
+}
+
+impl<'de> Visitor<'de> for FastObject<'_, '_> {
+    type Value = Decoded;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a manifest")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Decoded, E> {
+        match self.items {
+            Some(_) => Ok(Decoded::Empty),
+            None => Err(give_up()),
+        }
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Decoded, E> {
+        self.visit_unit()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Decoded, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Decoded, A::Error> {
+        let FastObject { default, mut items } = self;
+        let (mut api_version, mut kind) = (None::<Value>, None::<Value>);
+        // The type, once known (or assumed from `default`), and whether the document is a list.
+        let mut ty: Option<ObjType> = None;
+        let mut list = false;
+        let mut body = Body::None;
+        let mut metadata: Option<ObjectMeta> = None;
+        let mut address_type: Option<String> = None;
+        let mut endpoints: Option<Vec<Endpoint>> = None;
+        let mut ports: Option<Vec<EndpointPort>> = None;
+        // `spec` and `status` met before the type.
+        let (mut early_spec, mut early_status) = (None::<Value>, None::<Value>);
+        // Settles the type from `apiVersion` and `kind` (or the default) when both are known.
+        let settle = |api_version: &Option<Value>,
+                      kind: &Option<Value>|
+         -> Result<Option<(Option<ObjType>, bool)>, ()> {
+            let as_str = |v: &Option<Value>| match v {
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                None => Ok(None),
+                Some(_) => Err(()),
+            };
+            match (as_str(api_version)?, as_str(kind)?) {
+                (Some(a), Some(k)) => match ObjType::of(&a, &k) {
+                    Some(t) => Ok(Some((Some(t), false))),
+                    None if list_item_type(&a, &k).is_some() => Ok(Some((None, true))),
+                    None => Err(()),
+                },
+                _ => Ok(None),
+            }
+        };
+        while let Some(field) = map.next_key_seed(FieldSeed)? {
+            match field {
+                Field::ApiVersion => api_version = Some(map.next_value()?),
+                Field::Kind => kind = Some(map.next_value()?),
+                Field::Metadata if !list => metadata = map.next_value()?,
+                Field::AddressType if ty.is_none_or(|t| t == ObjType::EndpointSlice) && !list => {
+                    address_type = map.next_value()?
+                }
+                Field::Endpoints if ty.is_none_or(|t| t == ObjType::EndpointSlice) && !list => {
+                    endpoints = map.next_value()?
+                }
+                Field::Ports if ty.is_none_or(|t| t == ObjType::EndpointSlice) && !list => {
+                    ports = map.next_value()?
+                }
+                Field::Spec | Field::Status | Field::Items => {
+                    if ty.is_none() && !list {
+                        match settle(&api_version, &kind).map_err(|()| give_up())? {
+                            Some((t, l)) => (ty, list) = (t, l),
+                            None => {
+                                if let (Some(t), Field::Spec | Field::Status) = (default, &field) {
+                                    ty = Some(t);
+                                }
+                            }
+                        }
+                        if let Some(t) = ty {
+                            body = Body::new(t);
+                            for (early, spec) in
+                                [(early_spec.take(), true), (early_status.take(), false)]
+                            {
+                                if let Some(v) = early {
+                                    body.set(v, spec)?;
+                                }
+                            }
+                        }
+                    }
+                    match field {
+                        Field::Items if list => {
+                            let Some(sink) = items.as_deref_mut() else {
+                                return Err(give_up());
+                            };
+                            let (a, k) = match (&api_version, &kind) {
+                                (Some(Value::String(a)), Some(Value::String(k))) => (a, k),
+                                _ => return Err(give_up()),
+                            };
+                            let item_type = list_item_type(a, k).ok_or_else(give_up)?;
+                            map.next_value_seed(ItemsSeed {
+                                kind: k,
+                                item_type,
+                                sink,
+                                fast: true,
+                            })?;
+                        }
+                        // Items before the type: only a second pass can tell what they are.
+                        Field::Items if ty.is_none() && items.is_some() => return Err(give_up()),
+                        Field::Spec | Field::Status if ty.is_some() => {
+                            body.next(&mut map, matches!(field, Field::Spec))?
+                        }
+                        Field::Spec if !list => early_spec = Some(map.next_value()?),
+                        Field::Status if !list => early_status = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        // The type, as the two passes decide it (which also fail a type field that is there
+        // but not a string).
+        let non_string = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_string());
+        if non_string(&api_version) || non_string(&kind) {
+            return Err(give_up());
+        }
+        let (a, k) = type_of(
+            api_version,
+            kind,
+            default.map(|t| match t {
+                ObjType::Service => (CORE_V1, "Service"),
+                ObjType::EndpointSlice => (DISCOVERY_V1, "EndpointSlice"),
+                ObjType::Node => (CORE_V1, "Node"),
+                ObjType::ServiceCidr => (NETWORKING_V1, "ServiceCIDR"),
+            }),
+        )
+        .map_err(|_| give_up())?;
+        if items.is_some() && list_item_type(&a, &k).is_some() {
+            // A list (perhaps without items): its items, if any, went to the sink.
+            return if list || ty.is_none() {
+                Ok(Decoded::List)
+            } else {
+                Err(give_up())
+            };
+        }
+        let final_ty = ObjType::of(&a, &k).ok_or_else(give_up)?;
+        if list || ty.is_some_and(|t| t != final_ty) {
+            return Err(give_up());
+        }
+        if ty.is_none() {
+            body = Body::new(final_ty);
+            for (early, spec) in [(early_spec, true), (early_status, false)] {
+                if let Some(v) = early {
+                    body.set(v, spec)?;
+                }
+            }
+        }
+        let metadata = metadata.unwrap_or_default();
+        let obj = match (final_ty, body) {
+            (ObjType::Service, Body::Service(spec, status)) => Object::Service(Box::new(Service {
+                metadata,
+                spec,
+                status,
+            })),
+            (ObjType::Node, Body::Node(spec, status)) => Object::Node(Box::new(Node {
+                metadata,
+                spec,
+                status,
+            })),
+            (ObjType::ServiceCidr, Body::ServiceCidr(spec, status)) => {
+                Object::ServiceCidr(Box::new(ServiceCIDR {
+                    metadata,
+                    spec,
+                    status,
+                }))
+            }
+            (ObjType::EndpointSlice, Body::None) => {
+                Object::EndpointSlice(Box::new(EndpointSlice {
+                    metadata,
+                    address_type: address_type.unwrap_or_default(),
+                    endpoints,
+                    ports,
+                }))
+            }
+            _ => return Err(give_up()),
+        };
+        Ok(Decoded::Object(
+            named(obj, final_ty.kind()).map_err(|_| give_up())?,
+        ))
     }
 }
 

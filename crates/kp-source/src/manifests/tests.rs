@@ -6,11 +6,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kp_core::track::SourceEvent;
 use kp_metrics::Metrics;
-use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
+use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind, RenameMode};
 use notify::EventKind;
 
 use super::parse::text_digest;
-use super::{is_manifest_name, wakes, DirState, Files, Stamp};
+use super::{
+    is_manifest_name, parse_all, parse_piece, wakes, Activity, DirState, Files, Job, Look, Stamp,
+};
 
 /// A directory of fake files, counting how often each is read.
 #[derive(Default)]
@@ -294,8 +296,9 @@ fn port_of(ev: &SourceEvent) -> i32 {
 
 #[test]
 fn a_file_with_many_objects_reports_each_once_then_only_changes() {
-    // More objects than are kept from the first pass, so they are parsed again to be sent.
-    let n = super::KEEP_PARSED + 50;
+    // A file larger than is kept from the first pass, so its objects are parsed again to be
+    // sent.
+    let n = 300;
     let text = |changed: usize| -> String {
         (0..n)
             .map(|i| service(&format!("s{i}"), if i == changed { 81 } else { 80 }))
@@ -303,6 +306,8 @@ fn a_file_with_many_objects_reports_each_once_then_only_changes() {
             .join("---\n")
     };
     let (mut dir, _) = state();
+    dir.keep_bytes = 1024;
+    assert!(text(n).len() > dir.keep_bytes);
     let out = dir.apply_read(read(&[("big.yaml", Some(&text(n)))]));
     assert_eq!(out.len(), n);
     let mut names = show(&out);
@@ -509,4 +514,138 @@ fn a_stamp_settles_some_seconds_after_the_file_changed() {
         ..s
     };
     assert!(!ctime_later.settled(at(1_003)));
+}
+
+#[test]
+fn a_good_file_unchanged_since_a_settled_look_is_not_read_again() {
+    let (mut dir, _) = state();
+    let mut fake = Fake::default();
+    fake.set("x.yaml", Ok(stamp(1, 10, LONG_AGO)), Ok(service("a", 80)));
+    assert_eq!(show(&dir.scan_fake(&mut fake)), ["upsert Service ns/a"]);
+    rescan_n(&mut dir, &mut fake, 5);
+    assert_eq!(fake.reads("x.yaml"), 1);
+    // Its metadata changes: read again, and the change reported.
+    fake.set(
+        "x.yaml",
+        Ok(stamp(1, 10, LONG_AGO + 1)),
+        Ok(service("a", 81)),
+    );
+    assert_eq!(show(&dir.scan_fake(&mut fake)), ["upsert Service ns/a"]);
+    assert_eq!(fake.reads("x.yaml"), 2);
+    // Changed just now: read at every rescan until it settles, in case a write in the same
+    // clock tick left the metadata as it was.
+    fake.set("x.yaml", Ok(stamp(1, 10, now_secs())), Ok(service("a", 81)));
+    rescan_n(&mut dir, &mut fake, 3);
+    assert_eq!(fake.reads("x.yaml"), 5);
+    fake.set("x.yaml", Ok(stamp(1, 10, now_secs())), Ok(service("a", 82)));
+    assert_eq!(show(&dir.scan_fake(&mut fake)), ["upsert Service ns/a"]);
+}
+
+fn event(kind: EventKind, paths: &[&str]) -> notify::Event {
+    let mut ev = notify::Event::new(kind);
+    for p in paths {
+        ev = ev.add_path(path(p));
+    }
+    ev
+}
+
+#[test]
+fn a_file_written_to_counts_as_being_written_until_closed_removed_or_renamed_away() {
+    let mut a = Activity::default();
+    let modify = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+    a.observe(&event(EventKind::Create(CreateKind::File), &["x.yaml"]));
+    assert!(a.writing.is_empty(), "created, not yet written");
+    a.observe(&event(modify, &["x.yaml"]));
+    a.observe(&event(modify, &["y.yaml"]));
+    a.observe(&event(modify, &[".z.yaml.tmp"]));
+    assert_eq!(a.writing.len(), 3);
+    a.observe(&event(
+        EventKind::Access(AccessKind::Close(AccessMode::Write)),
+        &["x.yaml"],
+    ));
+    a.observe(&event(
+        EventKind::Remove(notify::event::RemoveKind::File),
+        &["y.yaml"],
+    ));
+    a.observe(&event(
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+        &[".z.yaml.tmp", "z.yaml"],
+    ));
+    assert!(a.writing.is_empty(), "{:?}", a.writing);
+    assert_eq!(a.events, 7);
+}
+
+#[test]
+fn files_parsed_in_parallel_come_back_in_order_each_with_its_own_result() {
+    let jobs: Vec<Job> = (0..9)
+        .map(|i| {
+            let text = if i == 4 {
+                "kind: [".to_string()
+            } else {
+                (0..i + 1)
+                    .map(|k| service(&format!("f{i}-s{k}"), 80))
+                    .collect::<Vec<_>>()
+                    .join("---\n")
+            };
+            Job {
+                path: path(&format!("f{i}.yaml")),
+                look: Look {
+                    stamp: None,
+                    text: None,
+                },
+                settled: false,
+                text,
+            }
+        })
+        .collect();
+    let parallel = parse_all(&jobs, 3, 1 << 20);
+    assert_eq!(parallel.len(), jobs.len());
+    for (job, got) in jobs.iter().zip(parallel) {
+        let want = parse_piece(&job.path, &job.text, true);
+        match (got, want) {
+            (Ok(got), Ok(want)) => {
+                assert_eq!(got.objects, want.objects, "{}", job.path.display());
+                assert_eq!(got.kept.map(|k| k.len()), Some(want.objects.len()));
+            }
+            (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string()),
+            (got, _) => panic!("{}: {:?}", job.path.display(), got.is_ok()),
+        }
+    }
+}
+
+#[test]
+fn a_file_parsed_in_pieces_gives_what_it_gives_whole() {
+    let text = (0..1400)
+        .map(|k| service(&format!("s{k}"), 80))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    assert!(text.len() > 2 * super::PIECE_BYTES);
+    let job = |text: &str| Job {
+        path: path("big.yaml"),
+        look: Look {
+            stamp: None,
+            text: None,
+        },
+        settled: false,
+        text: text.to_string(),
+    };
+    let got = parse_all(&[job(&text)], 2, usize::MAX)
+        .remove(0)
+        .expect("parses");
+    let want = parse_piece(&path("big.yaml"), &text, true).expect("parses");
+    assert_eq!(got.objects.len(), 1400);
+    assert_eq!(got.objects, want.objects);
+    assert_eq!(got.kept.map(|k| k.len()), Some(1400));
+
+    // Broken near the end: the error is the one for the whole file, its document counted from
+    // the top.
+    let broken = format!("{text}---\nkind: [\n");
+    let Err(got) = parse_all(&[job(&broken)], 2, usize::MAX).remove(0) else {
+        panic!("parsed")
+    };
+    let Err(want) = parse_piece(&path("big.yaml"), &broken, true) else {
+        panic!("parsed")
+    };
+    assert_eq!(got.to_string(), want.to_string());
+    assert!(got.to_string().contains("document 1401"), "{got}");
 }

@@ -3,7 +3,8 @@ use std::path::Path;
 use kp_core::track::{Kind, Object, ObjectKey};
 
 use super::{
-    digest, for_each_object, parse_file, split_documents, Digest, Key, ManifestSet, Settled, Wanted,
+    decode_document_slowly, digest, for_each_object, is_blank, parse_file, split_documents, Digest,
+    FastDoc, Json, Key, ManifestSet, Settled, Sink, Syntax, Wanted, Yaml,
 };
 use crate::SourceError;
 
@@ -509,4 +510,169 @@ fn a_json_list_is_decoded_whatever_the_order_of_its_fields() {
     assert!(reason.contains("items is not a sequence"), "{reason}");
     let (_, reason) = parse_err("x.json", r#"{"apiVersion":"v1","kind":"List"} trailing"#);
     assert!(reason.contains("invalid JSON"), "{reason}");
+}
+
+/// Every object of a file, in full, decoded by the two passes alone.
+fn slowly(name: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut want = |_| true;
+    let mut f = |_, obj: Object| out.push(format!("{obj:?}"));
+    let mut sink = Sink {
+        next: 0,
+        skip_below: 0,
+        want: &mut want,
+        f: &mut f,
+        failure: None,
+    };
+    if name.ends_with(".json") {
+        decode_document_slowly(&Json(text), &mut sink).expect("parses");
+    } else {
+        for doc in split_documents(text) {
+            if !is_blank(doc.text) {
+                decode_document_slowly(&Yaml(&doc), &mut sink).expect("parses");
+            }
+        }
+    }
+    out
+}
+
+/// Whether the one-pass decoder takes every document of a YAML file by itself.
+fn one_pass_takes(text: &str) -> bool {
+    let mut want = |_| true;
+    let mut f = |_, _: Object| {};
+    let mut sink = Sink {
+        next: 0,
+        skip_below: 0,
+        want: &mut want,
+        f: &mut f,
+        failure: None,
+    };
+    split_documents(text)
+        .iter()
+        .filter(|doc| !is_blank(doc.text))
+        .all(|doc| Yaml(doc).run(FastDoc { sink: &mut sink }).is_ok())
+}
+
+/// An EndpointSlice as `kubectl get -o yaml` writes it: keys sorted, so the fields only
+/// slices have come before `kind`.
+const SORTED_SLICE: &str = "\
+addressType: IPv4
+apiVersion: discovery.k8s.io/v1
+endpoints:
+- addresses: [10.0.0.2]
+  conditions: {ready: false, serving: true}
+  nodeName: node-1
+  zone: zone-a
+kind: EndpointSlice
+metadata:
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: '2026-01-01T00:00:00Z'}
+  labels: {kubernetes.io/service-name: web}
+  name: web-def
+  namespace: ns
+ports:
+- {name: http, port: 8080, protocol: TCP}
+";
+
+#[test]
+fn the_one_pass_decoder_takes_common_documents_and_agrees_with_the_two_passes() {
+    let late_type = "spec:\n  clusterIP: 10.96.0.11\n  ports: [{port: 81}]\n\
+                     status: {loadBalancer: {ingress: [{ip: 192.0.2.9}]}}\n\
+                     metadata: {name: late, namespace: ns}\nkind: Service\napiVersion: v1\n";
+    let node = "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {a: b}}\n\
+                spec: {podCIDRs: [10.244.0.0/24], taints: [{key: k, effect: NoSchedule}]}\n\
+                status: {addresses: [{type: InternalIP, address: 192.0.2.1}]}\n";
+    let cidr = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: c}\n\
+                spec: {cidrs: [10.96.0.0/16]}\n";
+    let typed_list = "apiVersion: v1\nkind: ServiceList\nmetadata: {resourceVersion: '7'}\n\
+                      items:\n- metadata: {name: s1, namespace: ns}\n  spec: {ports: [{port: 1}]}\n\
+                      - apiVersion: v1\n  kind: Service\n  metadata: {name: s2}\n";
+    let mut v1_list = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    for doc in [service("s3", 83).as_str(), SORTED_SLICE, NODE] {
+        for (i, line) in doc.lines().enumerate() {
+            v1_list.push_str(if i == 0 { "- " } else { "  " });
+            v1_list.push_str(line);
+            v1_list.push('\n');
+        }
+    }
+    for (what, text) in [
+        ("a Service", service("a", 80)),
+        ("a slice", SLICE.to_string()),
+        ("a slice with sorted keys", SORTED_SLICE.to_string()),
+        ("spec and status before the type", late_type.to_string()),
+        ("a Node", node.to_string()),
+        ("a ServiceCIDR", cidr.to_string()),
+        ("a typed list", typed_list.to_string()),
+        ("a v1 List", v1_list.clone()),
+        (
+            "all of them",
+            [service("a", 80), SLICE.into(), late_type.into(), v1_list].join("---\n"),
+        ),
+    ] {
+        assert!(one_pass_takes(&text), "{what}: left to the two passes");
+        let fast: Vec<String> = parse("x.yaml", &text)
+            .iter()
+            .map(|o| format!("{o:?}"))
+            .collect();
+        assert!(!fast.is_empty(), "{what}");
+        assert_eq!(fast, slowly("x.yaml", &text), "{what}");
+    }
+}
+
+#[test]
+fn documents_the_one_pass_decoder_leaves_get_the_two_passes_result() {
+    // Items before the list's type (as serializers that sort keys write JSON).
+    let json_list = r#"{"apiVersion":"v1","items":[{"apiVersion":"v1","kind":"Service",
+        "metadata":{"name":"s1","namespace":"ns"}}],"kind":"List"}"#;
+    // The same field twice in JSON: the last one counts, as k8s-openapi decodes it.
+    let twice = r#"{"apiVersion":"v1","spec":{"ports":[{"port":1}]},"kind":"Service",
+        "metadata":{"name":"a"},"spec":{"ports":[{"port":2}]}}"#;
+    // A list item that names its own type in a typed list.
+    let own_type = "apiVersion: v1\nkind: ServiceList\nitems:\n\
+                    - {apiVersion: v1, kind: Node, metadata: {name: n9}}\n";
+    for (name, text) in [
+        ("l.json", json_list),
+        ("t.json", twice),
+        ("o.yaml", own_type),
+    ] {
+        let fast: Vec<String> = parse(name, text).iter().map(|o| format!("{o:?}")).collect();
+        assert_eq!(fast, slowly(name, text), "{name}");
+    }
+    assert!(format!("{:?}", parse("t.json", twice)).contains("port: 2"));
+    assert_eq!(names(&parse("o.yaml", own_type)), ["Node n9"]);
+}
+
+#[test]
+fn a_list_that_fails_part_way_passes_each_good_item_on_once() {
+    let text = "apiVersion: v1\nkind: List\nitems:\n\
+                - {apiVersion: v1, kind: Service, metadata: {name: a}}\n\
+                - {apiVersion: v1, kind: Service, metadata: {name: b}}\n\
+                - {apiVersion: v1, kind: Service, metadata: {name: c}, spec: {ports: [{port: x}]}}\n";
+    let mut seen = Vec::new();
+    let err = for_each_object(Path::new("x.yaml"), text, &mut |_| true, &mut |n, _| {
+        seen.push(n)
+    })
+    .expect_err("item 3 is bad");
+    assert_eq!(seen, [0, 1]);
+    let SourceError::ManifestParse { reason, .. } = err else {
+        panic!("{err}")
+    };
+    assert!(reason.starts_with("item 3: Service:"), "{reason}");
+}
+
+#[test]
+fn yaml_splits_into_pieces_of_whole_documents() {
+    let text = format!(
+        "# head\n{}",
+        ["a: 1\n", "b: |\n  ---x\n", "c: 3\n"].join("---\n")
+    );
+    let pieces = super::split_yaml(&text, 4);
+    assert_eq!(pieces.concat(), text);
+    assert_eq!(pieces.len(), 3, "{pieces:?}");
+    assert!(
+        pieces[1..].iter().all(|p| p.starts_with("---\n")),
+        "{pieces:?}"
+    );
+    let docs: usize = pieces.iter().map(|p| split_documents(p).len()).sum();
+    assert_eq!(docs, split_documents(&text).len());
+    assert_eq!(super::split_yaml(&text, 1 << 20), [text.as_str()]);
 }
