@@ -4,9 +4,10 @@
 //! `tokio::sync::mpsc` channel:
 //!
 //! - [`run_kubernetes`] watches Services, EndpointSlices, this node's Node and the
-//!   ServiceCIDRs (where the API server serves them) on the API server (one kube-runtime
-//!   `watcher` each, with the label and field selectors upstream uses, all on a thread of their
-//!   own that keeps their list pages' memory apart);
+//!   ServiceCIDRs (where the API server serves them) on the API server (one list-then-watch
+//!   loop each, as client-go's reflector runs it, with the label and field selectors upstream
+//!   uses, reading lists item by item and decoding only what the proxy reads, all on a thread of
+//!   their own);
 //! - [`run_manifests`] reads Service, EndpointSlice, Node and ServiceCIDR manifests from a
 //!   directory and follows changes to it with inotify (standalone mode, no API server).
 //!

@@ -1,46 +1,53 @@
-//! The Kubernetes API source: one kube-runtime `watcher` per kind (Services, EndpointSlices,
-//! this node's Node, ServiceCIDRs).
+//! The Kubernetes API source: one list-then-watch loop per kind (Services, EndpointSlices,
+//! this node's Node, ServiceCIDRs), see the `watch` module.
 //!
 //! Mirrors upstream `pkg/proxy/config/config.go` (`ServiceConfig`, `EndpointSliceConfig`,
 //! `NodeConfig`, `ServiceCIDRConfig`) and the informer selectors in
 //! `cmd/kube-proxy/app/server.go`. Where upstream's informers keep a cache and diff it on
 //! re-list, `RelistTracker` keeps only each object's key and resourceVersion, which is enough to
-//! report what vanished. Lists are read in pages of [`LIST_PAGE_SIZE`], and the watchers run on
-//! a thread of their own (see [`run_kubernetes_with`]): both keep the peak memory of a large
-//! initial list down.
+//! report what vanished.
+//!
+//! What keeps a large initial list fast and small (measured against kube-apiserver v1.28.7 at
+//! 10k Services x 10 endpoints, see the commit that introduced it): the first list is served from
+//! the API server's watch cache (`resourceVersion=0`, as client-go's informers ask) in one
+//! response instead of 40 quorum-read pages per kind; each response is split into its items
+//! while it is read and each item decoded and handed over before the next is read (`list`
+//! module), never the whole page at once; and only what the proxy reads of each object is
+//! decoded (`slim` module: no `managedFields`, no unread labels or annotations, no endpoint
+//! `targetRef`, no Node images). The watchers run on a thread of their own (see
+//! [`run_kubernetes_with`]).
 //!
 //! ServiceCIDRs (`networking.k8s.io/v1`, GA in Kubernetes 1.33) are optional: an API server
 //! that does not serve them, or a role that may not list them, is not an error but a state,
 //! said once in the log and asked about again every [`SERVICE_CIDR_RECHECK`] (see
 //! [`run_kubernetes_with`]); meanwhile only the configured Service CIDRs are known.
 
+mod list;
+mod slim;
 mod tracker;
+mod watch;
 
-use std::fmt::Debug;
 use std::path::Path;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kp_core::convert::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
-use kp_core::track::{Kind, Object, SourceEvent};
+use kp_core::track::{Kind, SourceEvent};
 use kp_metrics::Metrics;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::Status;
-use kube::runtime::utils::{Backoff, WatchStreamExt};
-use kube::runtime::watcher::{self, watcher, DefaultBackoff};
-use serde::de::DeserializeOwned;
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, DefaultBackoff};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::SourceError;
 
+use slim::{SlimEndpointSlice, SlimNode, SlimService, SlimServiceCidr, Watched};
 pub(crate) use tracker::RelistTracker;
+use watch::{watch_until, Selectors, Stopped};
 
 /// The `source` label of this source's error metric.
 const SOURCE: &str = "kubernetes";
@@ -174,14 +181,11 @@ where
         })
 }
 
-/// Objects per page of the initial lists (and re-lists).
-///
-/// kube-runtime lists a page, decodes all of it, then hands its objects over one by one; a page
-/// of EndpointSlices is the biggest short-lived allocation of the whole start-up, and the
-/// allocator keeps that memory in the decoding thread's arena after the page is gone. Measured against kp-test's fake API server at 10k Services ×
-/// 10 endpoints: client-go's 500 costs about 6 MiB more peak RSS than 250, and lists no faster;
-/// 100 saves 2 MiB more but adds about 0.2 s of round trips to the initial list.
-pub const LIST_PAGE_SIZE: u32 = 250;
+/// Objects per page of a re-list (a quorum read from etcd, after 410 Gone), client-go's
+/// default. The first list asks the API server's watch cache, which kube-apiserver (up to at
+/// least 1.28) answers in one response whatever the limit. Either way the response is read
+/// item by item, so the page size does not change this proxy's memory, only the API server's.
+pub const LIST_PAGE_SIZE: u32 = 500;
 
 /// Label selector for Services: upstream skips those another proxy owns and headless ones.
 fn service_selector() -> String {
@@ -213,7 +217,8 @@ pub async fn run_kubernetes(
 /// re-list. Objects that vanished while the watch was broken are reported as `Delete` when the
 /// re-list that proves it completes; errors alone (an outage, a dropped watch, a 410) never
 /// produce a `Delete`. Errors are logged and counted (`source="kubernetes"`, `reason` one of
-/// `list`, `watch` or `relist`), then retried.
+/// `list`, `watch` or `relist`), then retried. A listed object that does not decode is skipped,
+/// logged and counted (`reason="decode"`); its last good version, if any, stays in force.
 ///
 /// ServiceCIDRs are the exception to "errors are retried": when listing or watching them is
 /// answered 404 (an API server older than 1.33 does not serve them) or 403 (kube-proxy's role
@@ -228,11 +233,10 @@ pub async fn run_kubernetes(
 ///
 /// The watchers run on a thread of their own (`kp-source-api`, with a single-threaded tokio
 /// runtime), which also drives their HTTP connections; this future only waits for it. Decoding
-/// list pages is the source's one big churn of short-lived memory, and glibc's malloc serves
-/// each thread from an arena of its own and keeps freed memory in the arena it came from: on
-/// one thread, the watchers' pages reuse one arena, instead of leaving a high-water mark
-/// in the arena of every runtime worker they happened to run on (at 10k Services × 10
-/// endpoints, about 3 MiB of the process's peak RSS, besides what [`LIST_PAGE_SIZE`] saves).
+/// lists is the source's one big churn of short-lived memory, and glibc's malloc serves each
+/// thread from an arena of its own and keeps freed memory in the arena it came from: on one
+/// thread, the watchers' decoding reuses one arena, instead of leaving a high-water mark in the
+/// arena of every runtime worker it happened to run on.
 /// The thread ends, like this future, once `tx`'s receiver is dropped; dropping this future
 /// alone does not stop it.
 pub async fn run_kubernetes_with(
@@ -282,34 +286,31 @@ async fn watch_all(
         tx: &tx,
         metrics: &metrics,
     };
-    let services = watch_kind(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default()
-            .page_size(LIST_PAGE_SIZE)
-            .labels(&service_selector()),
-        Kind::Service,
-        |svc| Object::Service(Box::new(svc)),
+    let services = watch_kind::<SlimService>(
+        &client,
+        Selectors {
+            labels: Some(service_selector()),
+            fields: None,
+        },
         ctx,
     );
-    let slices = watch_kind(
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default()
-            .page_size(LIST_PAGE_SIZE)
-            .labels(&endpoint_slice_selector()),
-        Kind::EndpointSlice,
-        |slice| Object::EndpointSlice(Box::new(slice)),
+    let slices = watch_kind::<SlimEndpointSlice>(
+        &client,
+        Selectors {
+            labels: Some(endpoint_slice_selector()),
+            fields: None,
+        },
         ctx,
     );
-    let nodes = watch_kind(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default()
-            .page_size(LIST_PAGE_SIZE)
-            .fields(&format!("metadata.name={node_name}")),
-        Kind::Node,
-        |node| Object::Node(Box::new(node)),
+    let nodes = watch_kind::<SlimNode>(
+        &client,
+        Selectors {
+            labels: None,
+            fields: Some(format!("metadata.name={node_name}")),
+        },
         ctx,
     );
-    let service_cidrs = watch_service_cidrs(Api::<ServiceCIDR>::all(client), ctx);
+    let service_cidrs = watch_service_cidrs(&client, ctx);
     tokio::join!(services, slices, nodes, service_cidrs);
 }
 
@@ -322,26 +323,9 @@ struct Ctx<'a> {
 }
 
 /// Runs one watcher of a kind every API server serves until `tx`'s receiver is dropped.
-async fn watch_kind<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    kind: Kind,
-    wrap: fn(K) -> Object,
-    ctx: Ctx<'_>,
-) where
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    let mut tracker = RelistTracker::new(kind);
-    watch_until(api, config, wrap, &mut tracker, None, ctx).await;
-}
-
-/// Why [`watch_until`] returned.
-#[derive(Debug, PartialEq, Eq)]
-enum Stopped {
-    /// `tx`'s receiver is gone (or the watcher ended, which kube-runtime's never does).
-    Closed,
-    /// The kind is optional and the API server will not serve it to us.
-    Unavailable(Unavailable),
+async fn watch_kind<K: Watched>(client: &kube::Client, selectors: Selectors, ctx: Ctx<'_>) {
+    let mut tracker = RelistTracker::new(K::KIND);
+    watch_until::<K>(client, &selectors, &mut tracker, None, ctx).await;
 }
 
 /// Why the API server will not serve an optional kind to us.
@@ -411,9 +395,10 @@ impl Unavailable {
 /// (`GET /apis/networking.k8s.io/v1`): discovery cannot tell that the role forbids the
 /// resource, so the 403 would need handling anyway, and the answers that matter come for
 /// free with the requests the watcher makes in any case.
-async fn watch_service_cidrs(api: Api<ServiceCIDR>, ctx: Ctx<'_>) {
+async fn watch_service_cidrs(client: &kube::Client, ctx: Ctx<'_>) {
     let kind = Kind::ServiceCidr;
-    let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+    let api = Api::<ServiceCIDR>::all(client.clone());
+    let selectors = Selectors::default();
     let recheck = ctx.retry.recheck();
     // One tracker for every run of the watcher, so that the list after a pause reports what
     // vanished meanwhile.
@@ -422,10 +407,9 @@ async fn watch_service_cidrs(api: Api<ServiceCIDR>, ctx: Ctx<'_>) {
     // once it is listed.
     let mut said: Option<Unavailable> = None;
     loop {
-        let why = match watch_until(
-            api.clone(),
-            config.clone(),
-            |cidr| Object::ServiceCidr(Box::new(cidr)),
+        let why = match watch_until::<SlimServiceCidr>(
+            client,
+            &selectors,
             &mut tracker,
             Some(&mut said),
             ctx,
@@ -443,8 +427,8 @@ async fn watch_service_cidrs(api: Api<ServiceCIDR>, ctx: Ctx<'_>) {
         if ctx.tx.send(SourceEvent::Synced(kind)).await.is_err() {
             return;
         }
-        // Asked quietly: a list of at most one object, not the watcher, whose own log lines
-        // (kube-runtime warns of every 403) would repeat what was said.
+        // Asked quietly: a list of at most one object, not the watcher, whose error reports
+        // would repeat what was said.
         loop {
             tokio::select! {
                 _ = ctx.tx.closed() => return,
@@ -470,80 +454,18 @@ async fn watch_service_cidrs(api: Api<ServiceCIDR>, ctx: Ctx<'_>) {
     }
 }
 
-/// Runs a watcher, reporting through `tracker`, until `tx`'s receiver is dropped, or, for an
-/// optional kind (`optional` holds what the log last said about its API), until the API
-/// server refuses it as [`Unavailable`].
-async fn watch_until<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    wrap: fn(K) -> Object,
-    tracker: &mut RelistTracker,
-    mut optional: Option<&mut Option<Unavailable>>,
-    ctx: Ctx<'_>,
-) -> Stopped
-where
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    let kind = tracker.kind();
-    let mut stream = pin!(watcher(api, config).backoff(ctx.retry.backoff()));
-    loop {
-        let next = tokio::select! {
-            _ = ctx.tx.closed() => return Stopped::Closed,
-            next = stream.next() => next,
-        };
-        let event = match next {
-            Some(Ok(event)) => event,
-            Some(Err(source)) => {
-                if optional.is_some() {
-                    if let Some(why) = Unavailable::of_error(&source) {
-                        debug!(%kind, error = %source, "optional API not available");
-                        return Stopped::Unavailable(why);
-                    }
-                }
-                let reason = error_reason(&source);
-                let err = SourceError::Watch { kind, source };
-                warn!(%kind, reason, error = %err, "Kubernetes API error; retrying with backoff");
-                ctx.metrics.source_error(SOURCE, reason);
-                continue;
-            }
-            // kube-runtime's watcher never ends; if it ever did there would be nothing to do.
-            None => return Stopped::Closed,
-        };
-        let listed = matches!(event, watcher::Event::InitDone);
-        for out in tracker.handle(map_event(event, wrap)) {
-            if ctx.tx.send(out).await.is_err() {
-                return Stopped::Closed;
-            }
-        }
-        if listed {
-            if let Some(said) = optional.as_deref_mut() {
-                if said.take().is_some() {
-                    info!(%kind, "the API server serves this kind now; watching it");
-                }
-            }
-        }
-    }
-}
-
 /// The `reason` label for a watcher error.
 fn error_reason(err: &watcher::Error) -> &'static str {
     match err {
         watcher::Error::InitialListFailed(_) | watcher::Error::NoResourceVersion => "list",
-        // 410 Gone: the resourceVersion left the API server's window; kube-runtime re-lists.
+        // 410 Gone: the resourceVersion left the API server's window; the watcher re-lists.
         watcher::Error::WatchError(status) if status.code == 410 => "relist",
+        watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410 => {
+            "relist"
+        }
         watcher::Error::WatchError(_)
         | watcher::Error::WatchStartFailed(_)
         | watcher::Error::WatchFailed(_) => "watch",
-    }
-}
-
-fn map_event<K>(event: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Object> {
-    match event {
-        watcher::Event::Apply(obj) => watcher::Event::Apply(wrap(obj)),
-        watcher::Event::Delete(obj) => watcher::Event::Delete(wrap(obj)),
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(obj) => watcher::Event::InitApply(wrap(obj)),
-        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 

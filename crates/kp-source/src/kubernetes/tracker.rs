@@ -118,6 +118,17 @@ impl RelistTracker {
     }
 }
 
+impl RelistTracker {
+    /// Counts `key` as listed by the list in progress without reporting anything: an object
+    /// that is there but does not decode. Its last good version, if any, stays in force; a
+    /// re-list must not take it for deleted.
+    pub(crate) fn keep(&mut self, key: ObjectKey) {
+        if let Listing::Relist(listed) = &mut self.listing {
+            listed.insert(key);
+        }
+    }
+}
+
 fn resource_version(obj: &Object) -> &str {
     obj.metadata().resource_version.as_deref().unwrap_or("")
 }
