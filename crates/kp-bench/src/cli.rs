@@ -63,6 +63,28 @@ pub struct RunArgs {
     /// Skip the kube-proxy binary runs (programming latency and memory).
     #[arg(long)]
     pub skip_proxy: bool,
+    /// Skip the in-process sync measurements and the bare baseline (to measure the binary
+    /// alone; `bench report` merges such a run into earlier results without losing theirs).
+    #[arg(long)]
+    pub skip_sync: bool,
+    /// The binary's sources, comma-separated: manifests, apiserver (the fake API server),
+    /// kube-apiserver (a real one, etcd + kube-apiserver v1.28.7 from ../shared/k8s, loaded once
+    /// per size) [default: all three; kube-apiserver only where this machine can start it].
+    #[arg(long, value_delimiter = ',')]
+    pub sources: Option<Vec<String>>,
+    /// No upstream kube-proxy v1.28.7 baseline row (it runs by default with the kube-apiserver
+    /// source, on the same objects).
+    #[arg(long)]
+    pub skip_upstream: bool,
+    /// Which iptables backend upstream's `iptables` reaches: legacy (a PATH of links to
+    /// iptables-legacy*) or nft (the machine's iptables; its first sync at 10k takes over an
+    /// hour).
+    #[arg(long, default_value = "legacy")]
+    pub upstream_backend: String,
+    /// Upstream's kube-proxy [default: unpacked from ../shared/k8s/kube-proxy-v1.28.7.xz and
+    /// checked against its digest].
+    #[arg(long)]
+    pub upstream_binary: Option<PathBuf>,
     /// A small smoke run: sizes 100 and 1000, 20 changes, one full sync, 1 s connection runs,
     /// 100 MB bulk.
     #[arg(long)]
@@ -95,7 +117,8 @@ pub enum Command {
     /// latest.json).
     Report {
         /// A results file [default: ROOT/bench/results/latest.json]. Given several times, the
-        /// runs are merged in order: a later run of a mode and size replaces an earlier one.
+        /// runs are merged in order: what a later run of a mode and size measured replaces the
+        /// earlier one's (phases it skipped keep the earlier numbers).
         #[arg(long)]
         results: Vec<PathBuf>,
         /// Where bench/ and BENCHMARKS.md are written.
@@ -321,9 +344,32 @@ impl RunArgs {
                 .map(|d| d.join("kube-proxy"))
                 .unwrap_or_else(|| PathBuf::from("kube-proxy"))
         });
+        let sources = match &self.sources {
+            Some(names) => names
+                .iter()
+                .map(|n| crate::proxy::Source::parse(n))
+                .collect::<anyhow::Result<Vec<_>>>()?,
+            None => {
+                let mut all = crate::proxy::Source::ALL.to_vec();
+                if let Some(why) = kp_test::kube_apiserver::unavailable() {
+                    eprintln!("bench: no kube-apiserver source (and no upstream baseline): {why}");
+                    all.retain(|s| *s != crate::proxy::Source::KubeApiServer);
+                }
+                all
+            }
+        };
+        let upstream_backend = crate::upstream::UpstreamBackend::parse(&self.upstream_backend)?;
+        let upstream = (!self.skip_upstream
+            && !self.skip_proxy
+            && sources.contains(&crate::proxy::Source::KubeApiServer))
+        .then_some(upstream_backend);
         Ok(Options {
             modes,
             sizes,
+            sources,
+            upstream,
+            upstream_binary: self.upstream_binary.clone(),
+            skip_sync: self.skip_sync,
             endpoints: self.endpoints,
             changes: self.changes.unwrap_or(if q { 20 } else { 100 }),
             latency_changes: self.latency_changes.or(self.changes).unwrap_or(if q {

@@ -32,6 +32,11 @@ pub fn watch() -> anyhow::Result<()> {
             // namespace creation, so none of its namespaces can appear after the listing.
             let removed = kp_test::netns::remove_own();
             eprintln!("bench: removed {removed} network namespaces");
+            // The real API servers (etcd, kube-apiserver) run outside the namespaces.
+            let stopped = kp_test::kube_apiserver::stop_all();
+            if stopped > 0 {
+                eprintln!("bench: stopped {stopped} real API servers");
+            }
             // The ebpf mode's cgroups and bpffs mounts, once their processes are gone.
             let removed = crate::ebpf::remove_own();
             if removed > 0 {

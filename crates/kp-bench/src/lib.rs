@@ -10,6 +10,9 @@
 //! through the API source, with memory over time, programming latency, and the kernel compared
 //! with the plan at quiescence.
 //!
+//! With a real API server ([`kp_test::kube_apiserver`]) as a source, upstream's kube-proxy
+//! v1.28.7 runs on the same objects as a baseline row ([`upstream`]).
+//!
 //! It is a measurement harness, not a test: nothing here asserts a timing. It is a binary crate
 //! with a library for its own tests, so errors are `anyhow` throughout.
 //!
@@ -41,4 +44,5 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod stats;
+pub mod upstream;
 pub mod userspace;

@@ -22,6 +22,8 @@ const FONT_PATHS: &[&str] = &[
 
 /// The plots, relative to the repository root.
 pub const SYNC_TIME: &str = "bench/sync_time.png";
+/// The real-API-server plot: our binary and upstream's on the same API server.
+pub const REAL_APISERVER: &str = "bench/real_apiserver.png";
 /// The connect-latency plot.
 pub const CONNECT_LATENCY: &str = "bench/connect_latency.png";
 /// The churn soak's plot (`bench churn`).
@@ -233,7 +235,9 @@ fn points(
 
 /// The sync-time plot: full sync (with the bare load dashed) and the one-endpoint change p99.
 pub fn sync_time(results: &Results, path: &Path) -> Result<(), String> {
-    let modes = results.modes();
+    // Upstream's rows have no in-process phases: they are in the real-API-server plot.
+    let mut modes = results.modes();
+    modes.retain(|m| !crate::upstream::is_upstream(m));
     let mut full = Vec::new();
     let mut partial = Vec::new();
     for (i, mode) in modes.iter().enumerate() {
@@ -269,6 +273,57 @@ pub fn sync_time(results: &Results, path: &Path) -> Result<(), String> {
                 title: "One-endpoint change, p99".into(),
                 y_label: "milliseconds".into(),
                 lines: partial,
+            },
+        ],
+    )
+}
+
+/// The real-API-server plot: startup (first full sync after start, list included) and the
+/// programming latency p99 of our binary and upstream's against N, both fed by the same real
+/// API server (the `kube-apiserver` source).
+pub fn real_apiserver(results: &Results, path: &Path) -> Result<(), String> {
+    let source = crate::proxy::Source::KubeApiServer.name();
+    let mut startup = Vec::new();
+    let mut p99 = Vec::new();
+    for (i, mode) in results.modes().iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let pick = |f: fn(&crate::results::ProxyRun) -> f64| {
+            points(results, mode, move |r| {
+                r.proxy.iter().find(|p| p.source == source).map(f)
+            })
+        };
+        let start = pick(|p| p.startup_s);
+        if start.is_empty() {
+            continue;
+        }
+        startup.push(Line {
+            label: mode.clone(),
+            color,
+            dashed: crate::upstream::is_upstream(mode),
+            points: start,
+        });
+        p99.push(Line {
+            label: mode.clone(),
+            color,
+            dashed: crate::upstream::is_upstream(mode),
+            points: pick(|p| p.latency_ms.p99),
+        });
+    }
+    if startup.is_empty() {
+        return Err("no run with the kube-apiserver source".into());
+    }
+    draw(
+        path,
+        &[
+            Panel {
+                title: "Real API server: start to cluster live".into(),
+                y_label: "seconds".into(),
+                lines: startup,
+            },
+            Panel {
+                title: "Real API server: programming latency p99".into(),
+                y_label: "milliseconds".into(),
+                lines: p99,
             },
         ],
     )

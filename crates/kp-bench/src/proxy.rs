@@ -1,5 +1,6 @@
 //! The real `kube-proxy` binary in a network namespace, fed through each of its sources: the
-//! standalone manifest directory and a (fake) Kubernetes API server. Measures how long it takes
+//! standalone manifest directory, a fake Kubernetes API server, and a real one (etcd +
+//! kube-apiserver v1.28.7 on loopback, bridged into the namespace; [`kp_test::kube_apiserver`]). Measures how long it takes
 //! to program the whole cluster, the network programming latency of single-endpoint changes
 //! (from the change at the source to the new endpoint read back from the kernel), and its peak
 //! memory.
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use kp_core::track::Kind;
 use kp_test::apiserver::FakeApiServer;
+use kp_test::kube_apiserver::{Bridge, KubeApiServer};
 use kp_test::netns::{ChildGuard, Netns};
 use serde_json::{json, Value};
 
@@ -30,18 +32,33 @@ pub enum Source {
     Manifests,
     /// `--master URL` of a fake API server in the node namespace.
     ApiServer,
+    /// `--kubeconfig` (user `system:kube-proxy`) of a real API server on loopback, bridged into
+    /// the node namespace; one per size, loaded once and shared by every mode and upstream's
+    /// baseline.
+    KubeApiServer,
 }
 
 impl Source {
-    /// Both, in report order.
-    pub const ALL: [Source; 2] = [Source::Manifests, Source::ApiServer];
+    /// All, in report order.
+    pub const ALL: [Source; 3] = [Source::Manifests, Source::ApiServer, Source::KubeApiServer];
 
-    /// The name in results.
+    /// The name in results and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Source::Manifests => "manifests",
             Source::ApiServer => "apiserver",
+            Source::KubeApiServer => "kube-apiserver",
         }
+    }
+
+    /// The source called `name`.
+    pub fn parse(name: &str) -> anyhow::Result<Source> {
+        Source::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| {
+                anyhow::anyhow!("unknown source {name:?}: manifests, apiserver or kube-apiserver")
+            })
     }
 }
 
@@ -55,15 +72,23 @@ pub struct Setup<'a> {
     pub changes: usize,
     /// Progress lines.
     pub progress: &'a Progress,
+    /// The real API server holding `cluster`, for the `kube-apiserver` source.
+    pub kube: Option<&'a KubeApiServer>,
 }
 
 /// Where the changes go.
-enum Feed {
-    Dir { dir: PathBuf },
+enum Feed<'a> {
+    Dir {
+        dir: PathBuf,
+    },
     Server(FakeApiServer),
+    Real {
+        server: &'a KubeApiServer,
+        _bridge: Bridge,
+    },
 }
 
-impl Drop for Feed {
+impl Drop for Feed<'_> {
     fn drop(&mut self) {
         if let Feed::Dir { dir } = self {
             let _ = std::fs::remove_dir_all(dir);
@@ -118,8 +143,27 @@ pub fn write_manifests(dir: &Path, cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl Feed {
-    fn new(source: Source, ns: &Netns, cluster: &Cluster) -> anyhow::Result<Feed> {
+/// Puts back the generated EndpointSlices of the Services the first `changes` changes of a
+/// [`ChangeStream`] touched, so the next run on `server` starts from the same objects.
+pub fn restore(server: &KubeApiServer, cluster: &Cluster, changes: usize) -> anyhow::Result<()> {
+    let mut touched: Vec<usize> = (0..changes)
+        .map(|k| (k * 7919) % cluster.services.max(1))
+        .collect();
+    touched.sort_unstable();
+    touched.dedup();
+    for i in touched {
+        server.replace(&cluster.slice_json(i, &cluster.initial_endpoints(i)))?;
+    }
+    Ok(())
+}
+
+impl<'a> Feed<'a> {
+    fn new(
+        source: Source,
+        ns: &Netns,
+        cluster: &Cluster,
+        kube: Option<&'a KubeApiServer>,
+    ) -> anyhow::Result<Feed<'a>> {
         match source {
             Source::Manifests => {
                 let dir = std::env::temp_dir().join(format!(
@@ -142,6 +186,13 @@ impl Feed {
                 }
                 Ok(Feed::Server(server))
             }
+            Source::KubeApiServer => {
+                let server = kube.ok_or_else(|| anyhow::anyhow!("no real API server started"))?;
+                Ok(Feed::Real {
+                    server,
+                    _bridge: server.bridge_into(ns)?,
+                })
+            }
         }
     }
 
@@ -149,6 +200,10 @@ impl Feed {
         match self {
             Feed::Dir { dir } => vec!["--manifests".into(), dir.display().to_string()],
             Feed::Server(s) => vec!["--master".into(), s.url().to_string()],
+            Feed::Real { server, .. } => vec![
+                "--kubeconfig".into(),
+                server.kube_proxy_kubeconfig().display().to_string(),
+            ],
         }
     }
 
@@ -168,6 +223,11 @@ impl Feed {
             Feed::Server(s) => {
                 let t0 = Instant::now();
                 s.upsert(Kind::EndpointSlice, change.slice.clone())?;
+                Ok(t0)
+            }
+            Feed::Real { server, .. } => {
+                let t0 = Instant::now();
+                server.replace(&change.slice)?;
                 Ok(t0)
             }
         }
@@ -193,7 +253,7 @@ fn spawn(
     ns: &Netns,
     setup: &Setup<'_>,
     mode: &dyn ModeUnderTest,
-    feed: &Feed,
+    feed: &Feed<'_>,
 ) -> anyhow::Result<ChildGuard> {
     spawn_binary(ns, setup.binary, mode, &feed.source_args())
 }
@@ -348,7 +408,7 @@ pub fn run(
         source.name(),
         cluster.services * 2 + 1
     ));
-    let feed = Feed::new(source, &ns, cluster)?;
+    let feed = Feed::new(source, &ns, cluster, setup.kube)?;
     for cmd in mode.proxy_setup() {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         ns.run(&args)?;
@@ -367,7 +427,6 @@ pub fn run(
 
     let mut stream = ChangeStream::new(cluster);
     let mut latencies = Vec::with_capacity(setup.changes);
-    let mut reported = Instant::now();
     // A mode whose endpoints live in the proxy process has no kernel state to time a change by.
     let changes = if mode.probe_sees_endpoints() {
         setup.changes
@@ -379,32 +438,24 @@ pub fn run(
         ));
         0
     };
-    for n in 0..changes {
-        p.every(&mut reported, || {
-            format!(
-                "  {} source: {n} of {} changes live",
-                source.name(),
-                changes
-            )
-        });
-        let change = stream.next_change();
-        let t0 = feed.publish(cluster, &stream, &change)?;
-        let interval = probe.interval();
-        let t1 = wait_live(
-            probe.as_mut(),
-            &target(cluster, change.service, change.new),
-            interval,
-            Duration::from_secs(30),
-        )
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "change {n}: {e}; log ends with:\n{}",
-                tail(&proxy.log(), 10)
-            )
-        })?;
-        latencies.push(t1.duration_since(t0).as_secs_f64() * 1000.0);
-        std::thread::sleep(GAP);
+    let result = change_loop(
+        setup,
+        &feed,
+        &mut stream,
+        probe.as_mut(),
+        &proxy,
+        changes,
+        source,
+        &mut latencies,
+    );
+    if let Feed::Real { server, .. } = &feed {
+        // The next run on this server starts from the generated cluster again.
+        restore(server, cluster, latencies.len() + 1)?;
     }
+    result?;
+    let metrics = crate::churn::scrape(ns.name())
+        .map(|t| crate::upstream::proxy_metrics(&t))
+        .unwrap_or_default();
     let (peak_rss_mib, rss_mib) = memory_mib(proxy.id())?;
     if let Ok(Some(status)) = proxy.try_wait() {
         anyhow::bail!("kube-proxy exited during the run ({status})");
@@ -426,7 +477,51 @@ pub fn run(
         latency_ms,
         peak_rss_mib,
         rss_mib,
+        metrics,
     })
+}
+
+/// Publishes `changes` changes one at a time and times each until the kernel has it.
+#[allow(clippy::too_many_arguments)]
+fn change_loop(
+    setup: &Setup<'_>,
+    feed: &Feed<'_>,
+    stream: &mut ChangeStream<'_>,
+    probe: &mut dyn Probe,
+    proxy: &ChildGuard,
+    changes: usize,
+    source: Source,
+    latencies: &mut Vec<f64>,
+) -> anyhow::Result<()> {
+    let (cluster, p) = (setup.cluster, setup.progress);
+    let mut reported = Instant::now();
+    for n in 0..changes {
+        p.every(&mut reported, || {
+            format!(
+                "  {} source: {n} of {} changes live",
+                source.name(),
+                changes
+            )
+        });
+        let change = stream.next_change();
+        let t0 = feed.publish(cluster, stream, &change)?;
+        let interval = probe.interval();
+        let t1 = wait_live(
+            probe,
+            &target(cluster, change.service, change.new),
+            interval,
+            Duration::from_secs(30),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "change {n}: {e}; log ends with:\n{}",
+                tail(&proxy.log(), 10)
+            )
+        })?;
+        latencies.push(t1.duration_since(t0).as_secs_f64() * 1000.0);
+        std::thread::sleep(GAP);
+    }
+    Ok(())
 }
 
 /// The last `lines` lines of `text`.

@@ -73,6 +73,13 @@ pub struct Settings {
     pub bulk_bytes: u64,
     /// The kube-proxy binary used.
     pub proxy_binary: String,
+    /// The binary's sources, in order (empty in older files: manifests and apiserver).
+    pub sources: Vec<String>,
+    /// Upstream's kube-proxy, when it ran as a baseline row.
+    pub upstream_binary: String,
+    /// The 1-minute load average when the run started (`/proc/loadavg`): above the CPU count,
+    /// the machine was shared.
+    pub load_average: f64,
 }
 
 /// One mode at one size.
@@ -103,6 +110,8 @@ pub struct Run {
     pub held: Option<Held>,
     /// Phases that failed, with why.
     pub errors: Vec<String>,
+    /// The 1-minute load average when this mode's run at this size started.
+    pub load_average: f64,
 }
 
 /// The first full sync through the library.
@@ -165,6 +174,9 @@ pub struct ProxyRun {
     pub peak_rss_mib: f64,
     /// Resident memory at the end (VmRSS), MiB.
     pub rss_mib: f64,
+    /// The proxy's own unlabelled `kubeproxy_*` metrics at the end of the run (histogram sums
+    /// and counts, gauges), by name; empty when they could not be read.
+    pub metrics: std::collections::BTreeMap<String, f64>,
 }
 
 /// Connections held open through the ClusterIP by an in-process proxy (userspace mode), and
@@ -234,19 +246,63 @@ pub struct Connect {
     pub errors: usize,
 }
 
+impl Run {
+    /// Takes what `later` (a later run of the same mode and size) measured: each phase it has
+    /// replaces this one's, each binary run replaces the one of the same source, and its errors
+    /// replace this one's; a phase it skipped keeps this one's numbers.
+    pub fn take_measured(&mut self, later: Run) {
+        let measured_in_process = later.full_sync.is_some() || later.incremental_ms.is_some();
+        if measured_in_process {
+            self.full_sync = later.full_sync;
+            self.bare = later.bare;
+            self.incremental_ms = later.incremental_ms;
+            self.verify = later.verify;
+        }
+        if later.datapath.is_some() {
+            self.datapath = later.datapath;
+        }
+        if later.held.is_some() {
+            self.held = later.held;
+        }
+        for p in later.proxy {
+            match self.proxy.iter_mut().find(|q| q.source == p.source) {
+                Some(q) => *q = p,
+                None => self.proxy.push(p),
+            }
+        }
+        self.errors = later.errors;
+        self.load_average = later.load_average;
+        self.mix = later.mix;
+    }
+}
+
 impl Results {
     /// Several results as one report, in the order given: a later run of the same mode and size
-    /// replaces an earlier one; settings lists are joined; the commands are listed one per line;
+    /// replaces what it measured of an earlier one ([`Run::take_measured`]); settings lists are joined; the commands are listed one per line;
     /// the machine is the last one's. `None` for no results.
     pub fn merge(parts: Vec<Results>) -> Option<Results> {
         let mut parts = parts.into_iter();
         let mut out = parts.next()?;
         for p in parts {
             for run in p.runs {
-                out.runs
-                    .retain(|r| !(r.mode == run.mode && r.services == run.services));
-                out.runs.push(run);
+                match out
+                    .runs
+                    .iter_mut()
+                    .find(|r| r.mode == run.mode && r.services == run.services)
+                {
+                    Some(earlier) => earlier.take_measured(run),
+                    None => out.runs.push(run),
+                }
             }
+            for s in p.settings.sources {
+                if !out.settings.sources.contains(&s) {
+                    out.settings.sources.push(s);
+                }
+            }
+            if !p.settings.upstream_binary.is_empty() {
+                out.settings.upstream_binary = p.settings.upstream_binary;
+            }
+            out.settings.load_average = out.settings.load_average.max(p.settings.load_average);
             for m in p.settings.modes {
                 if !out.settings.modes.contains(&m) {
                     out.settings.modes.push(m);

@@ -9,13 +9,15 @@ use kp_core::track::SourceEvent;
 use kp_test::lab::Lab;
 use kp_test::netns::Netns;
 
-use crate::cluster::{self, ChangeStream, Cluster};
+use crate::cluster::{self, ChangeStream, Cluster, MixOf};
 use crate::datapath;
 use crate::mode::{bare_load, KernelInput, ModeUnderTest, Rendered};
 use crate::progress::Progress;
 use crate::proxy::{self, Source};
 use crate::results::{Bare, FullSync, Results, Run, Settings, Verify, FORMAT};
 use crate::stats::{median, Summary};
+use crate::upstream::UpstreamBackend;
+use kp_test::kube_apiserver::KubeApiServer;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -36,6 +38,14 @@ pub struct Options {
     pub skip_datapath: bool,
     /// Skip the binary runs (programming latency, memory).
     pub skip_proxy: bool,
+    /// Skip the in-process sync measurements and the bare baseline.
+    pub skip_sync: bool,
+    /// The binary's sources, in order.
+    pub sources: Vec<Source>,
+    /// Upstream's kube-proxy as a baseline row on the real API server, on this backend.
+    pub upstream: Option<UpstreamBackend>,
+    /// Upstream's binary [default: unpacked from the shared directory].
+    pub upstream_binary: Option<PathBuf>,
     /// Seconds of connection-rate measurement per target.
     pub connect_seconds: f64,
     /// Client threads for the connection rate.
@@ -93,6 +103,9 @@ pub fn run(opts: &Options) -> anyhow::Result<Results> {
             } else {
                 opts.proxy_binary.display().to_string()
             },
+            sources: opts.sources.iter().map(|s| s.name().to_string()).collect(),
+            upstream_binary: String::new(),
+            load_average: load_average(),
         },
         ..Results::default()
     };
@@ -106,21 +119,86 @@ pub fn run(opts: &Options) -> anyhow::Result<Results> {
         results.machine.cpus,
         results.machine.cpu_model
     ));
+    let upstream_binary = match (&opts.upstream, &opts.upstream_binary) {
+        (None, _) => None,
+        (Some(_), Some(b)) => Some(b.clone()),
+        (Some(_), None) => Some(kp_test::kube_apiserver::upstream_kube_proxy()?),
+    };
+    if let Some(b) = &upstream_binary {
+        results.settings.upstream_binary = format!(
+            "{} (kube-proxy {})",
+            b.display(),
+            kp_test::kube_apiserver::UPSTREAM_VERSION
+        );
+    }
     for &n in &opts.sizes {
         let cluster = Cluster::new(n, opts.endpoints);
+        let needs_kube = !opts.skip_proxy
+            && (opts.sources.contains(&Source::KubeApiServer) || opts.upstream.is_some());
+        let kube = if needs_kube {
+            match start_kube(&p, &cluster) {
+                Ok(k) => Ok(Some(k)),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        } else {
+            Ok(None)
+        };
+        let kube_ref = kube.as_ref().ok().and_then(Option::as_ref);
         for mode in &modes {
             p.say(format!(
                 "{} at {n} Services × {}",
                 mode.name(),
                 opts.endpoints
             ));
-            let run = run_one(opts, &p, mode.as_ref(), &cluster);
+            let mut run = run_one(opts, &p, mode.as_ref(), &cluster, kube_ref);
+            if let Err(e) = &kube {
+                run.errors.push(format!("real API server: {e}"));
+            }
             for e in &run.errors {
                 p.say(format!("  FAILED: {e}"));
             }
             results.runs.push(run);
             results.duration_s = p.elapsed();
             // Keep what is done on disk, in case a later size fails badly.
+            crate::report::write_results(&opts.root, &results)?;
+        }
+        if let (Some(backend), Some(binary)) = (opts.upstream, &upstream_binary) {
+            p.say(format!(
+                "{} (kube-proxy {}) at {n} Services × {}",
+                backend.mode_name(),
+                kp_test::kube_apiserver::UPSTREAM_VERSION,
+                opts.endpoints
+            ));
+            let mut run = Run {
+                mode: backend.mode_name().into(),
+                services: cluster.services,
+                endpoints_per_service: cluster.per,
+                mix: cluster.mix(),
+                load_average: load_average(),
+                ..Run::default()
+            };
+            match &kube {
+                Ok(Some(server)) => {
+                    let setup = proxy::Setup {
+                        binary,
+                        cluster: &cluster,
+                        changes: opts.latency_changes,
+                        progress: &p,
+                        kube: Some(server),
+                    };
+                    match crate::upstream::run(&setup, server, binary, backend) {
+                        Ok(r) => run.proxy.push(r),
+                        Err(e) => run.errors.push(format!("upstream kube-proxy: {e:#}")),
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => run.errors.push(format!("real API server: {e}")),
+            }
+            for e in &run.errors {
+                p.say(format!("  FAILED: {e}"));
+            }
+            results.runs.push(run);
+            results.duration_s = p.elapsed();
             crate::report::write_results(&opts.root, &results)?;
         }
     }
@@ -138,20 +216,57 @@ pub fn run(opts: &Options) -> anyhow::Result<Results> {
     Ok(results)
 }
 
+/// The 1-minute load average (`/proc/loadavg`), 0 when unreadable.
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A real API server holding `cluster` (before any change), loaded over HTTP.
+fn start_kube(p: &Progress, cluster: &Cluster) -> anyhow::Result<KubeApiServer> {
+    let t = Instant::now();
+    let server = KubeApiServer::start()?;
+    p.say(format!(
+        "real API server {} up in {:.1} s; loading {} objects",
+        server.url(),
+        t.elapsed().as_secs_f64(),
+        cluster.services * 2 + 2
+    ));
+    let loaded = server.load_cluster(cluster)?;
+    p.say(format!(
+        "  loaded {} objects ({} statuses) in {:.1} s",
+        loaded.objects, loaded.statuses, loaded.seconds
+    ));
+    Ok(server)
+}
+
 /// One mode at one size. A failing phase is recorded in `errors` and the next one runs.
-pub fn run_one(opts: &Options, p: &Progress, mode: &dyn ModeUnderTest, cluster: &Cluster) -> Run {
+pub fn run_one(
+    opts: &Options,
+    p: &Progress,
+    mode: &dyn ModeUnderTest,
+    cluster: &Cluster,
+    kube: Option<&KubeApiServer>,
+) -> Run {
     let mut run = Run {
         mode: mode.name().into(),
         services: cluster.services,
         endpoints_per_service: cluster.per,
         mix: cluster.mix(),
+        load_average: load_average(),
         ..Run::default()
     };
-    let inputs = match in_process(opts, p, mode, cluster, &mut run) {
-        Ok(inputs) => Some(inputs),
-        Err(e) => {
-            run.errors.push(format!("in-process sync: {e:#}"));
-            None
+    let inputs = if opts.skip_sync {
+        None
+    } else {
+        match in_process(opts, p, mode, cluster, &mut run) {
+            Ok(inputs) => Some(inputs),
+            Err(e) => {
+                run.errors.push(format!("in-process sync: {e:#}"));
+                None
+            }
         }
     };
     match inputs {
@@ -173,8 +288,9 @@ pub fn run_one(opts: &Options, p: &Progress, mode: &dyn ModeUnderTest, cluster: 
             cluster,
             changes: opts.latency_changes,
             progress: p,
+            kube,
         };
-        for source in Source::ALL {
+        for &source in &opts.sources {
             match proxy::run(&setup, mode, source) {
                 Ok(r) => run.proxy.push(r),
                 Err(e) => run

@@ -4,8 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kp_bench::cluster::Cluster;
+use kp_bench::cluster::{Cluster, MixOf};
 use kp_bench::mode::Rendered;
+use kp_bench::proxy::Source;
 use kp_bench::report;
 use kp_bench::results::{
     Bare, Connect, Datapath, FullSync, Machine, ProxyRun, Results, Run, Settings, Verify, FORMAT,
@@ -66,6 +67,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
                 latency_ms: summary(60.0, 90.0, 100),
                 peak_rss_mib: services as f64 / 200.0,
                 rss_mib: services as f64 / 250.0,
+                metrics: Default::default(),
             },
             ProxyRun {
                 source: "apiserver".into(),
@@ -73,6 +75,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
                 latency_ms: summary(5.0, 30.0, 100),
                 peak_rss_mib: services as f64 / 150.0,
                 rss_mib: services as f64 / 200.0,
+                metrics: Default::default(),
             },
         ],
         datapath: Some(Datapath {
@@ -90,6 +93,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
         }),
         held: None,
         errors: Vec::new(),
+        load_average: 1.0,
     }
 }
 
@@ -118,6 +122,9 @@ fn synthetic() -> Results {
             connect_seconds: 5.0,
             bulk_bytes: 1_000_000_000,
             proxy_binary: "target/release/kube-proxy".into(),
+            sources: vec!["manifests".into(), "apiserver".into()],
+            upstream_binary: String::new(),
+            load_average: 1.0,
         },
         runs: vec![
             run("nftables", 1000, 0.2, 10.0),
@@ -517,6 +524,10 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
         repeats: 2,
         skip_datapath: false,
         skip_proxy: proxy.is_none(),
+        skip_sync: false,
+        sources: vec![Source::Manifests, Source::ApiServer],
+        upstream: None,
+        upstream_binary: None,
         connect_seconds: 0.4,
         connect_threads: 1,
         bulk_bytes: 10_000_000,
@@ -588,6 +599,10 @@ fn a_tiny_run_of_both_iptables_backends_measures_sync_bare_load_and_the_binary()
         repeats: 1,
         skip_datapath: true,
         skip_proxy: proxy.is_none(),
+        skip_sync: false,
+        sources: vec![Source::Manifests, Source::ApiServer],
+        upstream: None,
+        upstream_binary: None,
         connect_seconds: 0.0,
         connect_threads: 1,
         bulk_bytes: 0,
@@ -645,6 +660,10 @@ fn a_tiny_userspace_run_measures_sync_the_relayed_data_path_memory_per_connectio
         repeats: 1,
         skip_datapath: false,
         skip_proxy: proxy.is_none(),
+        skip_sync: false,
+        sources: vec![Source::Manifests, Source::ApiServer],
+        upstream: None,
+        upstream_binary: None,
         connect_seconds: 0.4,
         connect_threads: 1,
         bulk_bytes: 10_000_000,
@@ -712,6 +731,10 @@ fn a_tiny_ebpf_run_measures_sync_the_data_path_from_its_cgroup_and_the_binary_an
         repeats: 2,
         skip_datapath: false,
         skip_proxy: proxy.is_none(),
+        skip_sync: false,
+        sources: vec![Source::Manifests, Source::ApiServer],
+        upstream: None,
+        upstream_binary: None,
         connect_seconds: 0.4,
         connect_threads: 1,
         bulk_bytes: 10_000_000,
@@ -905,4 +928,73 @@ fn an_interrupted_ebpf_run_removes_its_cgroups_and_bpffs_mounts() {
         !mounts.contains(&format!("kp-bench-ebpf-{pid}-")),
         "mounts left behind:\n{mounts}"
     );
+}
+
+#[test]
+fn a_tiny_run_against_a_real_api_server_measures_our_binary_and_upstreams_side_by_side() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    if let Some(why) = kp_test::kube_apiserver::unavailable() {
+        eprintln!("SKIPPED: no real API server here: {why}");
+        return;
+    }
+    let Some(proxy) = proxy_binary() else {
+        eprintln!("SKIPPED: no kube-proxy binary built next to bench");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let opts = kp_bench::run::Options {
+        modes: vec!["nftables".into()],
+        sizes: vec![20],
+        endpoints: 2,
+        changes: 3,
+        latency_changes: 3,
+        repeats: 1,
+        skip_datapath: true,
+        skip_proxy: false,
+        skip_sync: true,
+        sources: vec![Source::KubeApiServer],
+        upstream: Some(kp_bench::upstream::UpstreamBackend::Legacy),
+        upstream_binary: None,
+        connect_seconds: 0.0,
+        connect_threads: 1,
+        bulk_bytes: 0,
+        bulk_repeats: 0,
+        perf: None,
+        proxy_binary: proxy,
+        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
+        root: dir.path().to_path_buf(),
+        command: "bench --modes nftables --sizes 20 --sources kube-apiserver --skip-sync".into(),
+    };
+    let results = kp_bench::run::run(&opts).unwrap();
+    let modes: Vec<&str> = results.runs.iter().map(|r| r.mode.as_str()).collect();
+    assert_eq!(modes, ["nftables", "upstream-iptables-legacy"]);
+    for r in &results.runs {
+        assert!(
+            r.errors.is_empty(),
+            "{}: phases failed: {:#?}",
+            r.mode,
+            r.errors
+        );
+        // --skip-sync: the binaries alone.
+        assert!(r.full_sync.is_none() && r.bare.is_none());
+        assert_eq!(r.proxy.len(), 1, "{}", r.mode);
+        let p = &r.proxy[0];
+        assert_eq!(p.source, "kube-apiserver");
+        assert!(p.startup_s > 0.0);
+        assert_eq!(p.latency_ms.n, 3, "{}", r.mode);
+        assert!(p.peak_rss_mib > 0.0);
+        // Both proxies' own metrics were read: at least the first sync and the three changes.
+        let syncs = p
+            .metrics
+            .get("kubeproxy_sync_proxy_rules_duration_seconds_count")
+            .copied()
+            .unwrap_or_default();
+        assert!(syncs >= 1.0, "{}: {:?}", r.mode, p.metrics);
+    }
+    let md = std::fs::read_to_string(dir.path().join("BENCHMARKS.md")).unwrap();
+    assert!(md.contains("upstream-iptables-legacy"), "{md}");
+    // No real API server outlives the run.
+    assert_eq!(kp_test::kube_apiserver::stop_all(), 0);
 }
