@@ -4,7 +4,18 @@
 //! registry at start, so one loop serves every mode. Mirrors upstream's `proxy.Provider`
 //! (`pkg/proxy/types.go`), with the lifecycle a mode that is not a set of kernel rules needs
 //! (a userspace proxy binds listeners; IPVS and UDP proxies expire state on a timer).
+//!
+//! The periodic drift check can run off the loop: a mode that can read the kernel on another
+//! thread returns that read from [`Dataplane::begin_check`], the loop runs it on a thread of its
+//! own and goes on applying changes, and hands what was read to [`Dataplane::finish_check`],
+//! which compares it with the mode's record *as it is by then*. The mode keeps track of what it
+//! wrote while the read ran, so that its own writes are never taken for drift, and says
+//! whether a difference is certain ([`CheckOutcome::Drift`]: the loop repairs it with a full
+//! sync) or could be the read racing a write ([`CheckOutcome::Unsure`]: the loop reads again).
+//! A mode that does not implement the pair keeps the in-line check: its periodic full sync
+//! reads and compares while the loop waits.
 
+use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
 use std::time::Instant;
@@ -24,6 +35,37 @@ pub struct SyncReport {
     /// Service ports with no usable local endpoints under a Local policy:
     /// (internal, external) counts, for `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
     pub no_local_endpoints: (u64, u64),
+}
+
+/// What a read of the kernel taken off the loop returned, for the [`Dataplane::finish_check`] of
+/// the mode that made it (the mode downcasts it to its own type).
+pub struct CheckRead(pub Box<dyn Any + Send>);
+
+impl fmt::Debug for CheckRead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CheckRead(..)")
+    }
+}
+
+/// A read of the kernel for the periodic drift check, to run on another thread: it must not
+/// touch the mode's own state, only the kernel.
+pub type KernelRead = Box<dyn FnOnce() -> CheckRead + Send>;
+
+/// What a drift check found ([`Dataplane::finish_check`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// The kernel holds what the mode believes it programmed (its own writes during the read
+    /// aside: those were acknowledged by the kernel after the read began).
+    Clean,
+    /// The kernel differs, for certain (nothing was committed while the read ran, or the read
+    /// failed): the loop repairs with a full sync. Each line describes one difference.
+    Drift(Vec<String>),
+    /// Differences that a commit during the read may explain (a dump of a set that changed
+    /// while it was read can skip an element): the loop reads again before repairing.
+    Unsure(Vec<String>),
+    /// A full sync ran since the read began and proved the kernel right by itself: nothing to
+    /// do.
+    Superseded,
 }
 
 /// Whether trying a failed operation again can help.
@@ -175,6 +217,24 @@ pub trait Dataplane: Send {
     /// Does the timed work due at `now`.
     fn tick(&mut self, _now: Instant) -> Result<(), DataplaneError> {
         Ok(())
+    }
+
+    /// Starts a periodic drift check off the loop: returns the read to run on another thread
+    /// (see the module docs), or `None` when this mode checks in line, inside its full sync.
+    /// Until [`Dataplane::finish_check`] is called, every sync the loop asks for is partial,
+    /// and the mode records what it writes so that its own writes are not taken for drift.
+    fn begin_check(&mut self) -> Option<KernelRead> {
+        None
+    }
+
+    /// Compares what the read of [`Dataplane::begin_check`] returned with the mode's record as
+    /// it is now. A read the mode cannot use is drift: nothing proves the kernel right.
+    fn finish_check(&mut self, state: &ProxyState, read: CheckRead) -> CheckOutcome {
+        let _ = (state, read);
+        CheckOutcome::Drift(vec![format!(
+            "the {} mode cannot check a read taken off the loop",
+            self.mode()
+        )])
     }
 
     /// The proxy is stopping: release what [`Dataplane::start`] took. Kernel rules stay in

@@ -8,6 +8,11 @@
 //! a request that arrives after the failure runs after `min_interval` as usual, like upstream's
 //! runner, since the new change may be what fixes the failure. Time is an argument, so
 //! tests drive it without sleeping. Mirrors `k8s.io/kubernetes/pkg/util/async/bounded_frequency_runner.go`.
+//!
+//! The periodic full sync may instead be a drift check that runs off the loop
+//! ([`SyncSchedule::check_started`]): it counts as the period's full sync from the moment it
+//! starts, so changes that arrive while it runs are served by partial syncs at once, and the
+//! `max_interval` timer restarts from it.
 
 use std::time::{Duration, Instant};
 
@@ -80,7 +85,7 @@ impl SyncSchedule {
                 now + self.max_interval
             };
         };
-        let mut at = last + self.max_interval;
+        let mut at = self.period_start(last) + self.max_interval;
         if self.run_wanted {
             at = at.min(last + self.min_interval);
         }
@@ -105,7 +110,7 @@ impl SyncSchedule {
             return self.run_wanted.then_some(kind);
         };
         let since = now.saturating_duration_since(last);
-        if since >= self.max_interval {
+        if now.saturating_duration_since(self.period_start(last)) >= self.max_interval {
             return Some(kind);
         }
         if self.retry_at.is_some_and(|r| now >= r) {
@@ -115,6 +120,26 @@ impl SyncSchedule {
             return Some(kind);
         }
         None
+    }
+
+    /// Whether the full sync [`Self::due`] asks for is only the periodic one: the last sync
+    /// succeeded and nothing forces a rebuild, so a drift check off the loop may take its place
+    /// ([`Self::check_started`]).
+    pub fn periodic(&self) -> bool {
+        !self.next_full && self.last_full.is_some()
+    }
+
+    /// A periodic drift check started at `now` in place of the full sync: until `max_interval`
+    /// has passed again, [`Self::due`] asks only for partial syncs (of changes, after
+    /// `min_interval` as usual), and nothing is due without a change. Requests stay pending:
+    /// the check serves none.
+    pub fn check_started(&mut self, now: Instant) {
+        self.last_full = Some(now);
+    }
+
+    /// When the `max_interval` timer started: the last sync, or a later drift check.
+    fn period_start(&self, last: Instant) -> Instant {
+        self.last_full.map_or(last, |f| f.max(last))
     }
 
     /// Records the outcome of a sync of `kind` that finished at `now`.

@@ -26,6 +26,18 @@
 //!   transaction that deletes and re-creates the table with everything in it, logged at info
 //!   with the reason. ClientIP affinity choices are lost with it.
 //!
+//! The periodic check off the sync loop ([`Dataplane::begin_check`]): the read is the one a
+//! restart reads ahead with (the ruleset generation, then every family's table over netlink, on
+//! a socket of its own), run on the loop's check thread while partial syncs go on. Every element
+//! a partial sync adds or deletes meanwhile is recorded; [`Dataplane::finish_check`] compares
+//! the read with the planners as they are when it is back, element by element as
+//! [`NftablesDataplane::verify`] does, leaving those elements out (the kernel acknowledged their
+//! batch after the read began). A difference is certain when the ruleset generation is still
+//! the one from before the read (nothing was committed since, so the read is the kernel as it
+//! is): the planners are invalidated and the loop's full sync rebuilds by adoption, which sends
+//! only what differs. Otherwise a commit may have made a dump skip an element, and the loop
+//! reads again. A full sync or a failure during the read supersedes the check.
+//!
 //! nft's text parser is most of the cost of a large load and every `nft` is a process, so the
 //! batch is what makes a first sync and a one-endpoint change cheap at scale.
 //!
@@ -39,14 +51,16 @@ pub mod netlink;
 mod readback;
 mod runner;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use kp_core::dataplane::{Dataplane, DataplaneError, Retry, SyncReport};
+use kp_core::dataplane::{
+    CheckOutcome, CheckRead, Dataplane, DataplaneError, KernelRead, Retry, SyncReport,
+};
 use kp_core::model::IpFamily;
 use kp_core::track::{Changes, ProxyState};
 use kp_metrics::Metrics;
-use kp_nftables_plan::element::Tuple;
+use kp_nftables_plan::element::{Atom, Tuple};
 use kp_nftables_plan::names::{self, TABLE};
 use kp_nftables_plan::planner::{NftText, SplitSink, TransactionSink};
 use kp_nftables_plan::{ElementBatch, NodeContext, PlanConfig, Planner, SetId};
@@ -154,6 +168,54 @@ pub struct NftablesDataplane {
     /// ruleset generation from before the read, and every family's table in the planners' order
     /// (an error, a missing table say, kept as the answer).
     ahead: Option<std::thread::JoinHandle<Result<TablesAhead, Error>>>,
+    /// Bumped whenever the planners stop describing what a read began against: a rebuild, a
+    /// failure, a cleanup. A drift check from an older epoch is superseded.
+    epoch: u64,
+    /// The drift check whose read is running off the loop, if any.
+    check: Option<CheckInFlight>,
+}
+
+/// Elements written while a drift check's read ran, canonical, by family and set.
+type Touched = HashMap<(IpFamily, SetId), HashSet<Tuple>>;
+
+/// A drift check whose read is running ([`Dataplane::begin_check`]).
+struct CheckInFlight {
+    epoch: u64,
+    touched: Touched,
+}
+
+/// What a drift check's read returns: the generation before it and every family's table.
+struct CheckTables(Result<TablesAhead, Error>);
+
+/// A sink that records every element it passes on (see [`Touched`]).
+struct Recording<'s> {
+    inner: &'s mut dyn TransactionSink,
+    touched: &'s mut Touched,
+}
+
+impl Recording<'_> {
+    fn record(&mut self, family: IpFamily, set: SetId, key: &[Atom]) {
+        self.touched
+            .entry((family, set))
+            .or_default()
+            .insert(canonical(&Tuple::new(key.to_vec())));
+    }
+}
+
+impl TransactionSink for Recording<'_> {
+    fn statement(&mut self, line: std::fmt::Arguments<'_>) {
+        self.inner.statement(line);
+    }
+
+    fn add_element(&mut self, family: IpFamily, set: SetId, key: &[Atom], value: Option<&[Atom]>) {
+        self.record(family, set, key);
+        self.inner.add_element(family, set, key, value);
+    }
+
+    fn delete_element(&mut self, family: IpFamily, set: SetId, key: &[Atom]) {
+        self.record(family, set, key);
+        self.inner.delete_element(family, set, key);
+    }
 }
 
 /// What a read ahead returns: the generation before it, and each family's table.
@@ -187,6 +249,8 @@ impl NftablesDataplane {
             metrics,
             last_transaction: String::new(),
             ahead: None,
+            epoch: 0,
+            check: None,
         }
     }
 
@@ -268,6 +332,7 @@ impl NftablesDataplane {
     fn failed(&mut self, e: &Error) {
         self.metrics.nftables_sync_failures.inc();
         tracing::error!(error = %e, "nftables sync failed; the next sync rebuilds the tables");
+        self.epoch += 1;
         for p in &mut self.planners {
             p.invalidate();
         }
@@ -378,6 +443,7 @@ impl NftablesDataplane {
 
     /// A full sync: see the module docs. Returns the operations sent.
     fn rebuild(&mut self, state: &ProxyState, node: &NodeContext) -> Result<usize, Error> {
+        self.epoch += 1;
         if !self.nft.netlink_elements() {
             return self.replace(state, node);
         }
@@ -504,19 +570,52 @@ fn read_back(nft: &mut dyn NftablesBackend, p: &Planner) -> Result<KernelTable, 
     }
 }
 
+/// Compares one family's table read back from the kernel with its planner: chains and set
+/// names first, then each set's elements one by one against the planner's lookup, so the check
+/// never holds a second copy of the table (at 10k Services that copy was most of the proxy's
+/// peak memory). Elements in `touched` are left out (see [`compare_elements`]). Takes the
+/// sets out of `kernel` as it goes.
+fn compare_family(p: &Planner, kernel: &mut KernelTable, touched: &Touched) -> Vec<String> {
+    let family = p.config().family;
+    let fam = names::family(family);
+    for c in kp_nftables_plan::layout::UNORDERED_CHAINS {
+        if let Some(v) = kernel.chains.get_mut(*c) {
+            v.sort();
+        }
+    }
+    let all_sets = p.all_sets();
+    let names = all_sets.iter().map(|s| (s.name(), None)).collect();
+    let mut diffs = readback::compare(fam, &p.expected_chains(), &names, kernel);
+    let none = HashSet::new();
+    for set in all_sets.into_iter().filter(|s| !s.is_dynamic()) {
+        let Some(actual) = kernel.sets.remove(&set.name()) else {
+            continue;
+        };
+        let skip = touched.get(&(family, set)).unwrap_or(&none);
+        diffs.extend(compare_elements(fam, p, set, &actual, skip));
+    }
+    diffs
+}
+
 /// Compares one set read back from the kernel with the plan, element by element: every kernel
-/// element must be planned with the same value, and there must be as many as planned.
+/// element must be planned with the same value, and there must be as many as planned. Keys in
+/// `skip` (canonical) are left out on both sides: written after the read began, the kernel may
+/// or may not have shown them to it.
 fn compare_elements(
     fam: &str,
     p: &Planner,
     set: SetId,
     actual: &BTreeMap<Tuple, Option<Tuple>>,
+    skip: &HashSet<Tuple>,
 ) -> Option<String> {
     let mut matched = 0;
     let mut wrong = 0;
     let mut extra = 0;
     let mut sample = None;
     for (k, v) in actual {
+        if !skip.is_empty() && skip.contains(&canonical(k)) {
+            continue;
+        }
         match p.expected_value(set, k) {
             Some(want) if want.as_ref().map(canonical) == v.as_ref().map(canonical) => matched += 1,
             Some(_) => {
@@ -529,7 +628,13 @@ fn compare_elements(
             }
         }
     }
-    let missing = p.expected_len(set).saturating_sub(matched + wrong);
+    let skipped = skip
+        .iter()
+        .filter(|k| p.expected_value(set, k).is_some())
+        .count();
+    let missing = p
+        .expected_len(set)
+        .saturating_sub(matched + wrong + skipped);
     (wrong + extra + missing > 0).then(|| {
         format!(
             "{fam}: set {}: {missing} elements missing, {wrong} with another value, {extra} extra{}",
@@ -590,6 +695,18 @@ impl NftablesDataplane {
             let mut split = SplitSink::new(&mut batch);
             let mut script = NftText::new();
             let sink: &mut dyn TransactionSink = if netlink { &mut split } else { &mut script };
+            // While a drift check's read runs, what this sync writes is not drift.
+            let mut recording;
+            let sink: &mut dyn TransactionSink = match self.check.as_mut() {
+                Some(check) => {
+                    recording = Recording {
+                        inner: sink,
+                        touched: &mut check.touched,
+                    };
+                    &mut recording
+                }
+                None => sink,
+            };
             let mut ops = 0;
             let mut removes_endpoints = false;
             for p in &mut self.planners {
@@ -640,28 +757,7 @@ impl NftablesDataplane {
                 }
                 Err(e) => return Err(e),
             };
-            for c in kp_nftables_plan::layout::UNORDERED_CHAINS {
-                if let Some(v) = kernel.chains.get_mut(*c) {
-                    v.sort();
-                }
-            }
-            // Chains and set names first; then each set's elements one by one against the
-            // planner's lookup, so the check never holds a second copy of the table (at 10k
-            // Services that copy was most of the proxy's peak memory).
-            let all_sets = p.all_sets();
-            let names = all_sets.iter().map(|s| (s.name(), None)).collect();
-            diffs.extend(readback::compare(
-                fam,
-                &p.expected_chains(),
-                &names,
-                &kernel,
-            ));
-            for set in all_sets.into_iter().filter(|s| !s.is_dynamic()) {
-                let Some(actual) = kernel.sets.remove(&set.name()) else {
-                    continue;
-                };
-                diffs.extend(compare_elements(fam, p, set, &actual));
-            }
+            diffs.extend(compare_family(p, &mut kernel, &Touched::new()));
         }
         Ok(diffs)
     }
@@ -680,10 +776,77 @@ impl NftablesDataplane {
         if r.is_err() {
             self.metrics.nftables_cleanup_failures.inc();
         }
+        self.epoch += 1;
         for p in &mut self.planners {
             p.invalidate();
         }
         r
+    }
+
+    /// See [`Dataplane::begin_check`]: `None` (the check stays in line, in the full sync) until
+    /// the tables are programmed, or when the backend cannot read them on another thread.
+    pub fn begin_check(&mut self) -> Option<KernelRead> {
+        if !self.planners.iter().all(Planner::programmed) {
+            return None;
+        }
+        let families = self.planners.iter().map(|p| p.config().family).collect();
+        let read = self.nft.read_ahead(families)?;
+        self.check = Some(CheckInFlight {
+            epoch: self.epoch,
+            touched: Touched::new(),
+        });
+        Some(Box::new(move || CheckRead(Box::new(CheckTables(read())))))
+    }
+
+    /// See [`Dataplane::finish_check`] and the module docs.
+    pub fn finish_check(&mut self, read: CheckRead) -> CheckOutcome {
+        let Some(check) = self.check.take() else {
+            return CheckOutcome::Superseded;
+        };
+        if check.epoch != self.epoch || !self.planners.iter().all(Planner::programmed) {
+            return CheckOutcome::Superseded;
+        }
+        let Ok(tables) = read.0.downcast::<CheckTables>() else {
+            return self.drift_found(vec!["the drift check read something else".into()]);
+        };
+        let (generation, tables) = match tables.0 {
+            Ok(t) => t,
+            Err(e) => {
+                return self.drift_found(vec![format!("cannot read the kernel's rules back: {e}")])
+            }
+        };
+        let mut diffs = Vec::new();
+        for (p, table) in self.planners.iter().zip(tables) {
+            let fam = names::family(p.config().family);
+            match table {
+                Ok(mut kernel) => diffs.extend(compare_family(p, &mut kernel, &check.touched)),
+                Err(e) if table_missing(&e) => {
+                    diffs.push(format!("{fam}: table {TABLE} is missing"))
+                }
+                Err(e) => diffs.push(format!("{fam}: cannot read table {TABLE} back: {e}")),
+            }
+        }
+        if diffs.is_empty() {
+            return CheckOutcome::Clean;
+        }
+        // Nothing committed since the read began: the read is the kernel as it is now.
+        if self.nft.generation().is_ok_and(|g| g == generation) {
+            return self.drift_found(diffs);
+        }
+        CheckOutcome::Unsure(diffs)
+    }
+
+    /// Drift found for certain: counted, and the planners forget their record, so the loop's
+    /// full sync rebuilds (by adoption: only what differs is sent).
+    fn drift_found(&mut self, diffs: Vec<String>) -> CheckOutcome {
+        self.metrics
+            .nftables_readback_mismatches
+            .inc_by(diffs.len() as u64);
+        self.epoch += 1;
+        for p in &mut self.planners {
+            p.invalidate();
+        }
+        CheckOutcome::Drift(diffs)
     }
 
     /// What a periodic full sync acts on: [`Self::verify`]'s differences, or, when the kernel
@@ -711,6 +874,14 @@ impl Dataplane for NftablesDataplane {
 
     fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
         NftablesDataplane::verify(self).map_err(Error::into_dataplane)
+    }
+
+    fn begin_check(&mut self) -> Option<KernelRead> {
+        NftablesDataplane::begin_check(self)
+    }
+
+    fn finish_check(&mut self, _state: &ProxyState, read: CheckRead) -> CheckOutcome {
+        NftablesDataplane::finish_check(self, read)
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {

@@ -270,6 +270,47 @@ fn next_wakeup_is_never_in_the_past() {
     assert_eq!(s.next_wakeup(base + secs(100)), base + secs(100));
 }
 
+#[test]
+fn a_drift_check_takes_the_place_of_the_periodic_full_sync() {
+    let base = Instant::now();
+    let mut s = after_first_sync(base);
+    assert_eq!(s.due(base + MAX), Some(SyncKind::Full));
+    assert!(
+        s.periodic(),
+        "nothing forces a rebuild: a check may replace it"
+    );
+    s.check_started(base + MAX);
+    // Nothing is due without a change while the check runs, and the timer restarted.
+    assert_eq!(s.due(base + MAX), None);
+    assert_eq!(s.due(base + MAX + secs(29)), None);
+    assert_eq!(s.next_wakeup(base + MAX + secs(1)), base + MAX * 2);
+    // A change during the check syncs partially, after min_interval since the last sync only.
+    s.request(base + MAX + ms(10));
+    assert_eq!(s.due(base + MAX + ms(10)), Some(SyncKind::Partial));
+    assert_eq!(s.oldest_request(), Some(base + MAX + ms(10)));
+    assert_eq!(run(&mut s, base + MAX + ms(10), true), SyncKind::Partial);
+    // A period after the check started, the next change's sync is full again (periodic), and
+    // without changes a period after the last run.
+    assert_eq!(s.due(base + MAX * 2 - ms(1)), None);
+    assert_eq!(s.due(base + MAX * 2 + ms(10)), Some(SyncKind::Full));
+    s.request(base + MAX * 2);
+    assert_eq!(s.due(base + MAX * 2), Some(SyncKind::Full));
+    assert!(s.periodic());
+}
+
+#[test]
+fn a_check_never_replaces_a_full_sync_that_a_failure_or_the_start_asks_for() {
+    let base = Instant::now();
+    let mut s = SyncSchedule::new(MIN, MAX);
+    s.request(base);
+    assert!(!s.periodic(), "the first sync builds everything");
+    s.finished(base, SyncKind::Full, false);
+    assert!(!s.periodic());
+    let mut s = after_first_sync(base);
+    s.force_full(base + secs(2));
+    assert!(!s.periodic(), "a repair is a full sync");
+}
+
 // ---- Property: a driver loop that sleeps until next_wakeup ----
 
 #[derive(Clone, Debug)]

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
+use kp_core::dataplane::{
+    CheckOutcome, CheckRead, Dataplane, DataplaneError, KernelRead, SyncReport,
+};
 use kp_core::model::IpFamily;
 use kp_core::sync::SyncSchedule;
 use kp_core::track::{Changes, Kind, Object, ProxyState, SourceEvent};
@@ -32,6 +34,38 @@ enum Call {
     },
     Tick,
     Shutdown,
+    /// A drift check's read started.
+    CheckBegin {
+        at: Duration,
+    },
+    /// A drift check's read came back and was compared.
+    CheckFinish {
+        at: Duration,
+    },
+}
+
+/// Drift checks off the loop, for a fake that offers them: each read blocks while `held`, and
+/// each comparison answers the next scripted outcome (none left: clean).
+#[derive(Default)]
+struct Checks {
+    held: Mutex<bool>,
+    release: std::sync::Condvar,
+    outcomes: Mutex<VecDeque<CheckOutcome>>,
+}
+
+impl Checks {
+    fn hold(&self) {
+        *self.held.lock().unwrap() = true;
+    }
+
+    fn release(&self) {
+        *self.held.lock().unwrap() = false;
+        self.release.notify_all();
+    }
+
+    fn answer(&self, outcome: CheckOutcome) {
+        self.outcomes.lock().unwrap().push_back(outcome);
+    }
 }
 
 /// A dataplane that programs nothing: it records each call and answers syncs from a script
@@ -42,6 +76,8 @@ struct FakeDataplane {
     script: Arc<Mutex<VecDeque<Result<(), DataplaneError>>>>,
     deadline: Arc<Mutex<Option<std::time::Instant>>>,
     epoch: Option<tokio::time::Instant>,
+    /// Set: the fake checks for drift off the loop.
+    checks: Option<Arc<Checks>>,
 }
 
 impl FakeDataplane {
@@ -50,6 +86,15 @@ impl FakeDataplane {
             epoch: Some(tokio::time::Instant::now()),
             ..FakeDataplane::default()
         }
+    }
+
+    fn checking() -> (Self, Arc<Checks>) {
+        let checks = Arc::new(Checks::default());
+        let fake = FakeDataplane {
+            checks: Some(checks.clone()),
+            ..FakeDataplane::new()
+        };
+        (fake, checks)
     }
 
     fn calls(&self) -> Vec<Call> {
@@ -126,6 +171,32 @@ impl Dataplane for FakeDataplane {
 
     fn shutdown(&mut self) {
         self.calls.lock().unwrap().push(Call::Shutdown);
+    }
+
+    fn begin_check(&mut self) -> Option<KernelRead> {
+        let checks = self.checks.clone()?;
+        self.calls
+            .lock()
+            .unwrap()
+            .push(Call::CheckBegin { at: self.elapsed() });
+        Some(Box::new(move || {
+            let mut held = checks.held.lock().unwrap();
+            while *held {
+                held = checks.release.wait(held).unwrap();
+            }
+            CheckRead(Box::new(()))
+        }))
+    }
+
+    fn finish_check(&mut self, _state: &ProxyState, read: CheckRead) -> CheckOutcome {
+        assert!(read.0.downcast::<()>().is_ok(), "the fake's own read");
+        self.calls
+            .lock()
+            .unwrap()
+            .push(Call::CheckFinish { at: self.elapsed() });
+        let checks = self.checks.as_ref().expect("a check was begun");
+        let next = checks.outcomes.lock().unwrap().pop_front();
+        next.unwrap_or(CheckOutcome::Clean)
     }
 }
 
@@ -216,6 +287,45 @@ fn start(fake: &FakeDataplane) -> Running {
 
 async fn wait(d: Duration) {
     tokio::time::sleep(d).await;
+}
+
+/// Waits (on paused time, while a read may block on another thread) until `cond` holds of the
+/// fake's calls, at most `limit`.
+async fn wait_for(fake: &FakeDataplane, limit: Duration, cond: impl Fn(&[Call]) -> bool) {
+    let until = tokio::time::Instant::now() + limit;
+    while !cond(&fake.calls()) {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "not within {limit:?}: {:?}",
+            fake.calls()
+        );
+        // Real time for the read's thread to run, then a paused-time millisecond.
+        std::thread::sleep(Duration::from_millis(1));
+        wait(Duration::from_millis(1)).await;
+    }
+}
+
+/// The (full, at) of every sync.
+fn sync_times(fake: &FakeDataplane) -> Vec<(bool, Duration)> {
+    fake.syncs()
+        .iter()
+        .map(|c| match c {
+            Call::Sync { full, at, .. } => (*full, *at),
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+fn count(calls: &[Call], f: impl Fn(&Call) -> bool) -> usize {
+    calls.iter().filter(|c| f(c)).count()
+}
+
+fn metric(metrics: &Metrics, name: &str) -> String {
+    let text = metrics.encode();
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .to_string()
 }
 
 #[tokio::test(start_paused = true)]
@@ -372,4 +482,160 @@ fn trigger_times_from_before_the_start_are_not_observed() {
     )
     .collect();
     assert_eq!(got, [10.0, 5.5, 0.0]);
+}
+
+/// The bound of issue #17: a one-endpoint change is programmed within 20 ms, whatever periodic
+/// work is running.
+const CHANGE_BOUND: Duration = Duration::from_millis(20);
+
+#[tokio::test(start_paused = true)]
+async fn a_change_while_the_periodic_check_reads_is_applied_at_once_and_drift_is_still_repaired() {
+    let (fake, checks) = FakeDataplane::checking();
+    checks.hold();
+    let running = start(&fake);
+    running.send(synced_all()).await;
+    running.send([service("web")]).await;
+    wait(Duration::from_secs(1)).await;
+    assert_eq!(sync_times(&fake).len(), 1, "{:?}", fake.calls());
+    // The period passes: the check starts in place of a full sync, and its read hangs.
+    wait(SYNC_PERIOD).await;
+    let calls = fake.calls();
+    assert_eq!(
+        count(&calls, |c| matches!(c, Call::CheckBegin { .. })),
+        1,
+        "{calls:?}"
+    );
+    assert_eq!(
+        sync_times(&fake).len(),
+        1,
+        "no full sync in line: {calls:?}"
+    );
+    // A change while the read runs: synced partially, at once.
+    let sent = fake.elapsed();
+    running.send([service("api")]).await;
+    wait_for(&fake, Duration::from_secs(1), |c| {
+        count(c, |c| matches!(c, Call::Sync { .. })) == 2
+    })
+    .await;
+    let (full, at) = sync_times(&fake)[1];
+    assert!(!full, "{:?}", fake.calls());
+    assert!(at - sent <= CHANGE_BOUND, "waited {:?}", at - sent);
+    assert!(
+        !fake
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::CheckFinish { .. })),
+        "the read is still running"
+    );
+    // The read comes back showing drift: a full sync repairs it.
+    checks.answer(CheckOutcome::Drift(vec![
+        "ip: set X: 1 elements missing".into()
+    ]));
+    checks.release();
+    wait_for(&fake, Duration::from_secs(1), |c| {
+        count(c, |c| matches!(c, Call::Sync { full: true, .. })) == 2
+    })
+    .await;
+    let finished = fake
+        .calls()
+        .iter()
+        .find_map(|c| match c {
+            Call::CheckFinish { at } => Some(*at),
+            _ => None,
+        })
+        .unwrap();
+    let (full, at) = *sync_times(&fake).last().unwrap();
+    assert!(full);
+    assert!(
+        at - finished <= MIN_SYNC,
+        "repaired {:?} after",
+        at - finished
+    );
+    running.stop().await.0.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clean_check_counts_as_the_periods_full_sync_and_changes_never_wait_for_it() {
+    let (fake, _checks) = FakeDataplane::checking();
+    let running = start(&fake);
+    running.send(synced_all()).await;
+    running.send([service("web")]).await;
+    // Changes every 700 ms across three periods, one of them as a check falls due.
+    let mut sent = Vec::new();
+    for i in 0..130u32 {
+        wait(Duration::from_millis(700)).await;
+        sent.push(fake.elapsed());
+        running
+            .send([slice("web", &format!("10.244.1.{}", i % 200 + 1), 0.0)])
+            .await;
+    }
+    // The reads run on a thread, in real time, while paused time runs on.
+    wait_for(&fake, Duration::from_secs(5), |c| {
+        count(c, |c| matches!(c, Call::CheckFinish { .. })) == 3
+    })
+    .await;
+    let calls = fake.calls();
+    let syncs = sync_times(&fake);
+    assert_eq!(syncs.len(), 1 + sent.len(), "{calls:?}");
+    assert!(syncs[1..].iter().all(|(full, _)| !full), "{syncs:?}");
+    for (s, (_, at)) in sent.iter().zip(&syncs[1..]) {
+        assert!(*at - *s <= CHANGE_BOUND, "waited {:?}", *at - *s);
+    }
+    let begun = count(&calls, |c| matches!(c, Call::CheckBegin { .. }));
+    let finished = count(&calls, |c| matches!(c, Call::CheckFinish { .. }));
+    assert_eq!((begun, finished), (3, 3), "one check a period: {calls:?}");
+    let (result, metrics) = running.stop().await;
+    result.unwrap();
+    // The first sync and three checks are the full syncs; the changes the partial ones.
+    assert!(metric(
+        &metrics,
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count"
+    )
+    .ends_with(" 4"));
+    assert!(metric(
+        &metrics,
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+    )
+    .ends_with(&format!(" {}", sent.len())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unsure_check_reads_again_and_repairs_only_if_the_second_read_differs_too() {
+    let (fake, checks) = FakeDataplane::checking();
+    let running = start(&fake);
+    running.send(synced_all()).await;
+    running.send([service("web")]).await;
+    // First period: unsure, then clean on the second read: no repair.
+    checks.answer(CheckOutcome::Unsure(vec!["maybe".into()]));
+    wait(SYNC_PERIOD).await;
+    wait_for(&fake, Duration::from_secs(5), |c| {
+        count(c, |c| matches!(c, Call::CheckFinish { .. })) == 2
+    })
+    .await;
+    wait(Duration::from_secs(1)).await;
+    let calls = fake.calls();
+    assert_eq!(
+        count(&calls, |c| matches!(c, Call::CheckBegin { .. })),
+        2,
+        "{calls:?}"
+    );
+    assert_eq!(sync_times(&fake).len(), 1, "{calls:?}");
+    // Second period: unsure twice: a full sync repairs.
+    checks.answer(CheckOutcome::Unsure(vec!["maybe".into()]));
+    checks.answer(CheckOutcome::Unsure(vec!["still".into()]));
+    wait(SYNC_PERIOD).await;
+    wait_for(&fake, Duration::from_secs(5), |c| {
+        count(c, |c| matches!(c, Call::Sync { full: true, .. })) == 2
+    })
+    .await;
+    let calls = fake.calls();
+    assert_eq!(
+        count(&calls, |c| matches!(c, Call::CheckFinish { .. })),
+        4,
+        "{calls:?}"
+    );
+    let syncs = sync_times(&fake);
+    assert_eq!(syncs.len(), 2, "{calls:?}");
+    assert!(syncs[1].0, "the repair is full: {syncs:?}");
+    running.stop().await.0.unwrap();
 }
