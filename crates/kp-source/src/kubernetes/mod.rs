@@ -18,8 +18,9 @@
 //! [`run_kubernetes_with`]).
 //!
 //! What is left of the list's time at 10k is the API server's: kube-apiserver v1.28.7's trace
-//! shows it spends most of an unpaged list encoding 27 MB of EndpointSlices as JSON (0.8 s on an
-//! idle machine, 10 s on a loaded one) before the first byte is sent. Upstream kube-proxy asks
+//! shows it spends most of an unpaged list encoding 27 MB of EndpointSlices as JSON (0.8-1.8 s
+//! for the whole list with curl, 10 s while our proxy listed on a loaded machine) before the
+//! first byte is sent. Upstream kube-proxy asks
 //! for protobuf (`--kube-api-content-type`), which is cheaper to encode; this client only
 //! speaks JSON.
 //!
