@@ -68,6 +68,8 @@ pub const IN_PROCESS_SIZES: MapSizes = MapSizes {
     sockets: 262_144,
     addrs: 1 << 17,
     affinity: 65536,
+    src_ranges: 16384,
+    connections: 262_144,
 };
 
 /// What the names of this process's scratch directories and cgroups start with.
@@ -395,6 +397,7 @@ impl Probe for PinnedProbe {
             ip: IpAddr::V4(t.vip),
             port: t.port,
             protocol: Protocol::Tcp,
+            scope: kp_ebpf_plan::Scope::Socket,
         };
         let key = |slot| ServiceKey { frontend, slot }.to_bytes();
         let Some(head) = lookup(&maps.services, &key(0))? else {

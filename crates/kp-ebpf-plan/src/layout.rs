@@ -21,10 +21,54 @@ pub const BACKEND_SIZE: usize = 20;
 pub const REV_NAT_SIZE: usize = 20;
 /// Size of an address map key's data ([`AddrKey::data`]), after its `u32` prefix length.
 pub const ADDR_DATA_SIZE: usize = 16;
+/// Size of a source-range map key's data ([`RangeKey::data`]), after its `u32` prefix length.
+pub const RANGE_DATA_SIZE: usize = 20;
+/// Size of a connection-table key (`struct kp_ct_key`).
+pub const CT_KEY_SIZE: usize = 40;
+/// Size of a connection-table value (`struct kp_ct_val`).
+pub const CT_VALUE_SIZE: usize = 40;
 
 /// [`ServiceValue::flags`]: a frontend without backends drops (its Local policy has endpoints
 /// on other nodes only) instead of rejecting.
 pub const FLAG_DROP_EMPTY: u8 = 0x1;
+/// [`ServiceValue::flags`]: from outside the node (the tc path), the client's address is kept
+/// (`externalTrafficPolicy: Local`); without it, the tc path masquerades.
+pub const FLAG_KEEP_SOURCE: u8 = 0x2;
+/// [`ServiceValue::flags`]: from outside the node, only sources inside the frontend's
+/// source ranges (the source-range map under its reverse-NAT id) are served; others drop.
+pub const FLAG_SRC_RANGES: u8 = 0x4;
+
+/// Which traffic a services map entry serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// Connections from the node and its pods (the socket hooks), and traffic from outside the
+    /// node to a frontend that has no [`Scope::Outside`] entry.
+    #[default]
+    Socket,
+    /// Traffic from outside the node (the tc path), where it differs: an
+    /// `externalTrafficPolicy: Local` frontend (local endpoints, the client's address kept), a
+    /// LoadBalancer frontend with source ranges.
+    Outside,
+}
+
+impl Scope {
+    /// The key byte (`KP_SCOPE_*`).
+    pub fn to_byte(self) -> u8 {
+        match self {
+            Scope::Socket => 0,
+            Scope::Outside => 1,
+        }
+    }
+
+    /// Reads a key byte back.
+    pub fn from_byte(b: u8) -> Option<Scope> {
+        match b {
+            0 => Some(Scope::Socket),
+            1 => Some(Scope::Outside),
+            _ => None,
+        }
+    }
+}
 
 /// The IANA protocol number the kernel uses (`IPPROTO_*`).
 pub fn ip_proto(p: Protocol) -> u8 {
@@ -85,23 +129,26 @@ pub struct FrontendAddr {
     pub port: u16,
     /// The protocol.
     pub protocol: Protocol,
+    /// Which traffic the entry serves.
+    pub scope: Scope,
 }
 
 impl ServiceKey {
-    /// The key's bytes: address (16), port (network order, 2), slot (2), protocol (1), padding
-    /// (3).
+    /// The key's bytes: address (16), port (network order, 2), slot (2), protocol (1), scope
+    /// (1), padding (2).
     pub fn to_bytes(&self) -> [u8; SERVICE_KEY_SIZE] {
         let mut b = [0u8; SERVICE_KEY_SIZE];
         b[..16].copy_from_slice(&addr_bytes(self.frontend.ip));
         b[16..18].copy_from_slice(&self.frontend.port.to_be_bytes());
         b[18..20].copy_from_slice(&self.slot.to_ne_bytes());
         b[20] = ip_proto(self.frontend.protocol);
+        b[21] = self.frontend.scope.to_byte();
         b
     }
 
     /// Reads a key back; `None` for bytes this layout never writes.
     pub fn from_bytes(b: &[u8]) -> Option<ServiceKey> {
-        if b.len() != SERVICE_KEY_SIZE || b[21..].iter().any(|x| *x != 0) {
+        if b.len() != SERVICE_KEY_SIZE || b[22..].iter().any(|x| *x != 0) {
             return None;
         }
         Some(ServiceKey {
@@ -109,6 +156,7 @@ impl ServiceKey {
                 ip: addr_of(take(b, 0)?),
                 port: u16::from_be_bytes(take(b, 16)?),
                 protocol: protocol_of(b[20])?,
+                scope: Scope::from_byte(b[21])?,
             },
             slot: u16::from_ne_bytes(take(b, 18)?),
         })
@@ -210,6 +258,42 @@ impl AddrKey {
         };
         let len = u8::try_from(len).ok()?;
         (len <= if ip.is_ipv4() { 32 } else { 128 }).then_some(AddrKey { ip, len })
+    }
+}
+
+/// A source-range map key (an LPM trie): a frontend's reverse-NAT id and a source prefix it
+/// admits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RangeKey {
+    /// The frontend's reverse-NAT id.
+    pub rev_nat: u16,
+    /// The source prefix.
+    pub prefix: AddrKey,
+}
+
+impl RangeKey {
+    /// The trie's prefix length: 32 (the id and padding) plus the address prefix's.
+    pub fn trie_len(&self) -> u32 {
+        32 + self.prefix.trie_len()
+    }
+
+    /// The trie key's data: reverse-NAT id (2, host order), padding (2), address (16).
+    pub fn data(&self) -> [u8; RANGE_DATA_SIZE] {
+        let mut b = [0u8; RANGE_DATA_SIZE];
+        b[..2].copy_from_slice(&self.rev_nat.to_ne_bytes());
+        b[4..].copy_from_slice(&self.prefix.data());
+        b
+    }
+
+    /// Reads a trie key back; `None` for one this layout never writes.
+    pub fn from_trie(trie_len: u32, data: [u8; RANGE_DATA_SIZE]) -> Option<RangeKey> {
+        if data[2..4] != [0, 0] {
+            return None;
+        }
+        Some(RangeKey {
+            rev_nat: u16::from_ne_bytes(take(&data, 0)?),
+            prefix: AddrKey::from_trie(trie_len.checked_sub(32)?, take(&data, 4)?)?,
+        })
     }
 }
 

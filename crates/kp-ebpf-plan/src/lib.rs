@@ -28,13 +28,14 @@ pub mod layout;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use kp_core::frontend::{FrontendKind, Frontends, NoEndpoints};
+use kp_core::frontend::{FrontendKind, Frontends, NoEndpoints, TrafficPolicy};
 use kp_core::model::{IpFamily, ServiceKey as ServiceName};
 use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::ProxyState;
 
 pub use layout::{
-    AddrKey, AddrVerdict, Backend, FrontendAddr, RevNat, ServiceKey, ServiceValue, FLAG_DROP_EMPTY,
+    AddrKey, AddrVerdict, Backend, FrontendAddr, RangeKey, RevNat, Scope, ServiceKey, ServiceValue,
+    FLAG_DROP_EMPTY, FLAG_KEEP_SOURCE, FLAG_SRC_RANGES,
 };
 
 /// What the planner refuses.
@@ -68,6 +69,13 @@ pub struct FrontendSpec {
     pub affinity: Option<u32>,
     /// A ClusterIP: calls to its address on a port or protocol no Service uses are rejected.
     pub cluster_ip: bool,
+    /// From outside the node (an [`Scope::Outside`] frontend): keep the client's address
+    /// instead of masquerading.
+    pub keep_source: bool,
+    /// From outside the node: the only sources served (an [`Scope::Outside`] LoadBalancer
+    /// frontend with `loadBalancerSourceRanges`, those of its family: none when the Service
+    /// lists only the other family's); `None`: every source.
+    pub source_ranges: Option<Vec<AddrKey>>,
 }
 
 /// The frontends of one Service port in one family, as the socket load balancer sees them:
@@ -79,6 +87,12 @@ pub struct FrontendSpec {
 /// short-circuit set, every endpoint of the cluster (as upstream sends traffic from pods and
 /// the node to all endpoints). Without endpoints a frontend rejects, or drops when its `Local`
 /// policy has endpoints elsewhere only.
+///
+/// For the tc path (traffic from outside the node), an external frontend whose outside clients
+/// are treated otherwise gets a second, [`Scope::Outside`] frontend: with
+/// `externalTrafficPolicy: Local` its policy's endpoints (the local ones) and the client's
+/// address kept; with `loadBalancerSourceRanges`, the ranges. Every other frontend serves
+/// outside clients from its [`Scope::Socket`] entry, masqueraded.
 pub fn frontend_specs(frontends: &Frontends<'_>, node_addresses: &[IpAddr]) -> Vec<FrontendSpec> {
     let family = frontends.family();
     let mut out = Vec::new();
@@ -106,18 +120,54 @@ pub fn frontend_specs(frontends: &Frontends<'_>, node_addresses: &[IpAddr]) -> V
             (_, Some(a)) => vec![a],
             (_, None) => Vec::new(),
         };
-        for ip in addresses {
-            out.push(FrontendSpec {
-                addr: FrontendAddr {
-                    ip,
-                    port: f.port,
+        let keep_source = f.is_external() && f.policy == TrafficPolicy::Local;
+        let source_ranges: Option<Vec<AddrKey>> = f.source_ranges().map(|r| {
+            r.of_family()
+                .map(|n| prefix(n.addr(), n.prefix_len()))
+                .collect()
+        });
+        let outside = (keep_source || f.source_ranges().is_some()).then(|| {
+            let backends: Vec<Backend> = f
+                .endpoints
+                .iter()
+                .map(|e| Backend {
+                    ip: e.ip,
+                    port: e.port,
                     protocol: f.protocol,
-                },
+                })
+                .collect();
+            (backends, f.no_endpoints() == Some(NoEndpoints::Drop))
+        });
+        for ip in addresses {
+            let addr = FrontendAddr {
+                ip,
+                port: f.port,
+                protocol: f.protocol,
+                scope: Scope::Socket,
+            };
+            out.push(FrontendSpec {
+                addr,
                 backends: backends.clone(),
                 drop_when_empty,
                 affinity: f.affinity,
                 cluster_ip,
+                keep_source: false,
+                source_ranges: None,
             });
+            if let Some((backends, drop_when_empty)) = &outside {
+                out.push(FrontendSpec {
+                    addr: FrontendAddr {
+                        scope: Scope::Outside,
+                        ..addr
+                    },
+                    backends: backends.clone(),
+                    drop_when_empty: *drop_when_empty,
+                    affinity: f.affinity,
+                    cluster_ip: false,
+                    keep_source,
+                    source_ranges: source_ranges.clone(),
+                });
+            }
         }
     }
     out
@@ -225,6 +275,10 @@ pub enum Op {
     UpsertRevNat(u16, RevNat),
     /// Write a services entry.
     UpsertService(ServiceKey, ServiceValue),
+    /// Write a source-range entry.
+    UpsertRange(RangeKey),
+    /// Delete a source-range entry.
+    DeleteRange(RangeKey),
     /// Write an address entry.
     UpsertAddr(AddrKey, AddrVerdict),
     /// Delete an address entry.
@@ -246,16 +300,20 @@ impl Op {
         match self {
             Op::UpsertBackend(..) => 0,
             Op::UpsertRevNat(..) => 1,
-            Op::UpsertService(k, _) if k.slot != 0 => 2,
-            Op::UpsertService(..) => 3,
+            // A frontend's ranges are written before its count's flag makes them checked, and
+            // deleted once it is gone.
+            Op::UpsertRange(..) => 2,
+            Op::UpsertService(k, _) if k.slot != 0 => 3,
+            Op::UpsertService(..) => 4,
             // Address entries only act where no frontend matches: after the frontends come,
             // before they go.
-            Op::UpsertAddr(..) => 4,
-            Op::DeleteAddr(..) => 5,
-            Op::DeleteService(k) if k.slot == 0 => 6,
-            Op::DeleteService(..) => 7,
-            Op::DeleteRevNat(..) => 8,
-            Op::DeleteBackend(..) => 9,
+            Op::UpsertAddr(..) => 5,
+            Op::DeleteAddr(..) => 6,
+            Op::DeleteService(k) if k.slot == 0 => 7,
+            Op::DeleteService(..) => 8,
+            Op::DeleteRange(..) => 9,
+            Op::DeleteRevNat(..) => 10,
+            Op::DeleteBackend(..) => 11,
         }
     }
 }
@@ -268,6 +326,7 @@ struct Programmed {
     slots: Vec<u32>,
     affinity: u32,
     flags: u8,
+    ranges: BTreeSet<AddrKey>,
 }
 
 impl Programmed {
@@ -293,6 +352,8 @@ pub struct Contents {
     pub rev_nat: BTreeMap<u16, RevNat>,
     /// Address map entries.
     pub addrs: BTreeMap<AddrKey, AddrVerdict>,
+    /// Source-range map entries.
+    pub ranges: BTreeSet<RangeKey>,
 }
 
 impl Contents {
@@ -310,6 +371,12 @@ impl Contents {
             }
             Op::UpsertAddr(k, v) => {
                 self.addrs.insert(*k, *v);
+            }
+            Op::UpsertRange(k) => {
+                self.ranges.insert(*k);
+            }
+            Op::DeleteRange(k) => {
+                self.ranges.remove(k);
             }
             Op::DeleteAddr(k) => {
                 self.addrs.remove(k);
@@ -513,15 +580,40 @@ impl Planner {
         for i in new_slots.len()..old_slots.len() {
             ops.push(Op::DeleteService(key(i + 1)));
         }
+        let ranges: BTreeSet<AddrKey> = spec.source_ranges.iter().flatten().copied().collect();
+        let old_ranges = self
+            .frontends
+            .get(&spec.addr)
+            .map(|p| p.ranges.clone())
+            .unwrap_or_default();
+        for r in ranges.difference(&old_ranges) {
+            ops.push(Op::UpsertRange(RangeKey {
+                rev_nat,
+                prefix: *r,
+            }));
+        }
+        for r in old_ranges.difference(&ranges) {
+            ops.push(Op::DeleteRange(RangeKey {
+                rev_nat,
+                prefix: *r,
+            }));
+        }
+        let mut flags = 0;
+        if spec.drop_when_empty {
+            flags |= FLAG_DROP_EMPTY;
+        }
+        if spec.keep_source {
+            flags |= FLAG_KEEP_SOURCE;
+        }
+        if spec.source_ranges.is_some() {
+            flags |= FLAG_SRC_RANGES;
+        }
         let programmed = Programmed {
             rev_nat,
             slots: new_slots,
             affinity: spec.affinity.unwrap_or(0),
-            flags: if spec.drop_when_empty {
-                FLAG_DROP_EMPTY
-            } else {
-                0
-            },
+            flags,
+            ranges,
         };
         let head = programmed.head();
         if old_head != Some(head) {
@@ -547,6 +639,12 @@ impl Planner {
         }
         for id in &p.slots {
             self.release_backend(*id, ops);
+        }
+        for r in &p.ranges {
+            ops.push(Op::DeleteRange(RangeKey {
+                rev_nat: p.rev_nat,
+                prefix: *r,
+            }));
         }
         self.rev_nat_used.remove(&p.rev_nat);
         // Not reusable in this batch: its delete is sorted after every write.
@@ -639,6 +737,10 @@ impl Planner {
                 },
                 p.head(),
             );
+            c.ranges.extend(p.ranges.iter().map(|r| RangeKey {
+                rev_nat: p.rev_nat,
+                prefix: *r,
+            }));
             for (i, id) in p.slots.iter().enumerate() {
                 c.services.insert(
                     ServiceKey {
@@ -685,6 +787,16 @@ pub fn diff(have: &Contents, want: &Contents) -> Vec<Op> {
             ops.push(Op::UpsertAddr(*k, *v));
         }
     }
+    ops.extend(
+        want.ranges
+            .difference(&have.ranges)
+            .map(|k| Op::UpsertRange(*k)),
+    );
+    ops.extend(
+        have.ranges
+            .difference(&want.ranges)
+            .map(|k| Op::DeleteRange(*k)),
+    );
     ops.extend(
         have.addrs
             .keys()

@@ -16,6 +16,7 @@ fn frontend(addr: &str, port: u16) -> FrontendAddr {
         ip: ip(addr),
         port,
         protocol: Protocol::Tcp,
+        scope: Scope::Socket,
     }
 }
 
@@ -34,6 +35,8 @@ fn spec(addr: &str, backends: &[&str]) -> FrontendSpec {
         drop_when_empty: false,
         affinity: None,
         cluster_ip: true,
+        keep_source: false,
+        source_ranges: None,
     }
 }
 
@@ -222,6 +225,7 @@ fn keys_and_values_read_back_as_written() {
             ip: ip("fd00:10:96::1"),
             port: 53,
             protocol: Protocol::Udp,
+            scope: Scope::Outside,
         },
         slot: 3,
     };
@@ -322,19 +326,115 @@ fn frontend_specs_cover_cluster_external_and_node_port_addresses() {
     };
     let fronts = Frontends::new(&port, &selected, IpFamily::V4);
     let specs = frontend_specs(&fronts, &[ip("192.0.2.1"), ip("2001:db8::1")]);
-    let addrs: Vec<(IpAddr, u16)> = specs.iter().map(|s| (s.addr.ip, s.addr.port)).collect();
+    let addrs: Vec<(IpAddr, u16, Scope)> = specs
+        .iter()
+        .map(|s| (s.addr.ip, s.addr.port, s.addr.scope))
+        .collect();
     assert_eq!(
         addrs,
         vec![
-            (ip("10.96.0.1"), 80),
-            (ip("203.0.113.10"), 80),
-            (ip("192.0.2.1"), 30080)
+            (ip("10.96.0.1"), 80, Scope::Socket),
+            (ip("203.0.113.10"), 80, Scope::Socket),
+            (ip("203.0.113.10"), 80, Scope::Outside),
+            (ip("192.0.2.1"), 30080, Scope::Socket),
+            (ip("192.0.2.1"), 30080, Scope::Outside),
         ]
     );
-    // Local external policy: traffic from the node short-circuits to every endpoint.
     for s in &specs {
-        assert_eq!(s.backends.len(), 2, "{s:?}");
+        match s.addr.scope {
+            // Local external policy: traffic from the node short-circuits to every endpoint.
+            Scope::Socket => {
+                assert_eq!(s.backends.len(), 2, "{s:?}");
+                assert!(!s.keep_source);
+            }
+            // From outside: the local endpoint only, the client's address kept.
+            Scope::Outside => {
+                assert_eq!(s.backends, vec![backend("10.244.1.1")], "{s:?}");
+                assert!(s.keep_source);
+                assert_eq!(s.source_ranges, None);
+            }
+        }
     }
+}
+
+#[test]
+fn source_ranges_give_an_outside_frontend_and_their_map_entries() {
+    let mut port = ServicePort {
+        name: ServicePortName {
+            service: svc("lb"),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        },
+        cluster_ips: vec![ip("10.96.0.2")],
+        port: 80,
+        node_port: None,
+        external_ips: Vec::new(),
+        load_balancer_ips: vec![ip("203.0.113.20")],
+        load_balancer_source_ranges: vec!["192.0.2.0/30".parse().expect("net")],
+        session_affinity_timeout: None,
+        internal_traffic_local: false,
+        external_traffic_local: false,
+        health_check_node_port: None,
+    };
+    let selected = SelectedEndpoints {
+        cluster: vec![endpoint("10.244.1.1", true)],
+        local: vec![endpoint("10.244.1.1", true)],
+        has_any: true,
+        has_any_by_family: [true, false],
+    };
+    let specs = frontend_specs(&Frontends::new(&port, &selected, IpFamily::V4), &[]);
+    let outside: Vec<&FrontendSpec> = specs
+        .iter()
+        .filter(|s| s.addr.scope == Scope::Outside)
+        .collect();
+    assert_eq!(outside.len(), 1, "{specs:?}");
+    assert_eq!(outside[0].addr.ip, ip("203.0.113.20"));
+    assert!(!outside[0].keep_source);
+    let want_range = AddrKey {
+        ip: ip("192.0.2.0"),
+        len: 30,
+    };
+    assert_eq!(outside[0].source_ranges, Some(vec![want_range]));
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    apply(
+        &mut maps,
+        &planner.set_service(&svc("lb"), &specs).expect("plan"),
+    );
+    assert_eq!(maps, planner.contents());
+    let head = maps.services[&ServiceKey {
+        frontend: outside[0].addr,
+        slot: 0,
+    }];
+    assert_eq!(head.flags, FLAG_SRC_RANGES);
+    assert_eq!(
+        maps.ranges.iter().collect::<Vec<_>>(),
+        [&RangeKey {
+            rev_nat: head.rev_nat,
+            prefix: want_range
+        }]
+    );
+    let key = maps.ranges.iter().next().copied().expect("range");
+    assert_eq!(RangeKey::from_trie(key.trie_len(), key.data()), Some(key));
+    // Ranges of the other family only: still restricted, nothing admitted.
+    port.load_balancer_source_ranges = vec!["2001:db8::/64".parse().expect("net")];
+    let specs = frontend_specs(&Frontends::new(&port, &selected, IpFamily::V4), &[]);
+    let outside = specs
+        .iter()
+        .find(|s| s.addr.scope == Scope::Outside)
+        .expect("outside frontend");
+    assert_eq!(outside.source_ranges, Some(Vec::new()));
+    let ops = planner.set_service(&svc("lb"), &specs).expect("plan");
+    assert!(ops.contains(&Op::DeleteRange(key)), "{ops:?}");
+    apply(&mut maps, &ops);
+    assert!(maps.ranges.is_empty());
+    assert_eq!(maps, planner.contents());
+    // The Service going removes its outside frontend and ranges too.
+    apply(
+        &mut maps,
+        &planner.set_service(&svc("lb"), &[]).expect("plan"),
+    );
+    assert_eq!(maps, Contents::default());
 }
 
 #[test]
@@ -595,11 +695,14 @@ fn generated_specs(i: u16, endpoints: &[IpAddr]) -> Vec<FrontendSpec> {
                     ip: a,
                     port: p,
                     protocol,
+                    scope: Scope::Socket,
                 },
                 backends: backends.clone(),
                 drop_when_empty: false,
                 affinity: None,
                 cluster_ip,
+                keep_source: false,
+                source_ranges: None,
             });
         }
     }

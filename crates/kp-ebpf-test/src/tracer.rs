@@ -3,7 +3,7 @@
 //!
 //! The model follows `bpf/sock.c` step by step:
 //! - only sockets on the node and in its pods meet the cgroup hooks; a packet that arrives from
-//!   outside the node meets no program and is left alone (the tc path is not built);
+//!   outside the node meets the tc program instead (`bpf/tc.c`, [`EbpfTracer::trace_outside`]);
 //! - `{destination, port, protocol, slot 0}` in the services map is a frontend: a count of 0
 //!   refuses (`ETIMEDOUT` with the drop flag, read as a drop; `ECONNREFUSED` without, a
 //!   reject); otherwise slots `1..=count` name the backends a connect may be sent to, each
@@ -25,8 +25,10 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use kp_core::flow::{Origin, Packet, Tracer, Verdict};
+use kp_core::model::Protocol;
 use kp_ebpf_plan::{
-    AddrKey, AddrVerdict, Backend, Contents, FrontendAddr, Op, ServiceKey, FLAG_DROP_EMPTY,
+    AddrKey, AddrVerdict, Backend, Contents, FrontendAddr, Op, Scope, ServiceKey, FLAG_DROP_EMPTY,
+    FLAG_KEEP_SOURCE, FLAG_SRC_RANGES,
 };
 
 /// A tracer over the maps' contents.
@@ -140,16 +142,71 @@ impl EbpfTracer {
     }
 }
 
+impl EbpfTracer {
+    /// What `kp_tc_outside` does with a new connection's first packet from outside the node:
+    /// TCP and UDP only; the frontend's outside entry, else its socket one; source ranges
+    /// (a miss drops); no backend drops (no reject is built in tc); what no frontend matches
+    /// drops where the address map rejects or drops, and passes otherwise. Masqueraded unless
+    /// the entry keeps the source; no affinity from outside.
+    pub fn trace_outside(&self, p: &Packet) -> Verdict {
+        if p.protocol == Protocol::Sctp {
+            return Verdict::Untouched;
+        }
+        let key = |scope| ServiceKey {
+            frontend: FrontendAddr {
+                ip: p.dst,
+                port: p.dport,
+                protocol: p.protocol,
+                scope,
+            },
+            slot: 0,
+        };
+        let found = [Scope::Outside, Scope::Socket]
+            .into_iter()
+            .find_map(|scope| self.maps.services.get(&key(scope)).map(|v| (scope, v)));
+        let Some((scope, head)) = found else {
+            return match self.longest_prefix(p.dst) {
+                Some(_) => Verdict::Drop,
+                None => Verdict::Untouched,
+            };
+        };
+        if head.flags & FLAG_SRC_RANGES != 0
+            && !self
+                .maps
+                .ranges
+                .iter()
+                .any(|r| r.rev_nat == head.rev_nat && contains(&r.prefix, p.src))
+        {
+            return Verdict::Drop;
+        }
+        if head.count == 0 {
+            return Verdict::Drop;
+        }
+        match self.slots(key(scope).frontend, head.count) {
+            Slots::Broken(_) => Verdict::Drop,
+            Slots::Backends(backends) => Verdict::Dnat {
+                endpoints: backends
+                    .iter()
+                    .map(|b| (b.ip, b.port))
+                    .collect::<BTreeSet<_>>(),
+                masquerade: head.flags & FLAG_KEEP_SOURCE == 0,
+                affinity: None,
+            },
+        }
+    }
+}
+
 impl Tracer for EbpfTracer {
     fn trace(&self, p: &Packet) -> Verdict {
-        // Only sockets meet the cgroup hooks.
+        // Only sockets meet the cgroup hooks; the rest meets the tc path.
         if p.origin == Origin::External {
-            return Verdict::Untouched;
+            return self.trace_outside(p);
         }
         let frontend = FrontendAddr {
             ip: p.dst,
             port: p.dport,
             protocol: p.protocol,
+            scope: Scope::Socket,
         };
         let Some(head) = self.maps.services.get(&ServiceKey { frontend, slot: 0 }) else {
             return match self.longest_prefix(p.dst) {

@@ -16,12 +16,25 @@ struct kp_svc_key {
 	__be16 port;
 	__u16 slot;
 	__u8 proto;
-	__u8 pad[3];
+	__u8 scope; /* KP_SCOPE_* */
+	__u8 pad[2];
 };
+
+/* kp_svc_key.scope: the entry the socket hooks use (and the tc path when there is no outside
+ * one), or the one the tc path uses for traffic from outside the node: a frontend whose
+ * outside clients get other backends (externalTrafficPolicy Local: the local ones) or are
+ * checked against source ranges. */
+#define KP_SCOPE_SOCKET 0
+#define KP_SCOPE_OUTSIDE 1
 
 /* kp_svc_val.flags (slot 0): what a frontend without backends does. Set: drop (a Local policy
  * with endpoints elsewhere only); clear: reject (no endpoint at all). */
 #define KP_SVC_DROP_EMPTY 0x1
+/* From outside (tc): keep the client's address (externalTrafficPolicy Local); clear:
+ * masquerade. */
+#define KP_SVC_KEEP_SOURCE 0x2
+/* From outside (tc): only sources in kp_src_ranges under the frontend's rev_nat. */
+#define KP_SVC_SRC_RANGES 0x4
 
 struct kp_svc_val {
 	__u32 backend_id;
@@ -86,6 +99,40 @@ struct kp_aff_val {
 	__u64 last_ns;
 };
 
+/* loadBalancerSourceRanges: {rev_nat, source prefix}; prefixlen counts the 32 bits of rev_nat
+ * and pad, then the 16-byte (IPv4-mapped) address. */
+struct kp_range_key {
+	__u32 prefixlen;
+	__u16 rev_nat;
+	__u16 pad;
+	__u32 addr[4];
+};
+
+/* The tc path's connection table. A forward entry is keyed by the client's tuple as it arrives
+ * ({client, frontend}); a reply entry by the backend's reply ({backend, the source the backend
+ * saw}). Both say what to rewrite the packet to: src:sport -> dst:dport. */
+#define KP_CT_FORWARD 0
+#define KP_CT_REPLY 1
+
+struct kp_ct_key {
+	__u32 src[4];
+	__u32 dst[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir; /* KP_CT_* */
+	__u8 pad[2];
+};
+
+struct kp_ct_val {
+	__u32 src[4];
+	__u32 dst[4];
+	__be16 sport;
+	__be16 dport;
+	__u16 rev_nat;
+	__u16 pad;
+};
+
 /* Sizes here are defaults; the loader sets them from the configuration. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -129,5 +176,20 @@ struct {
 	__type(key, struct kp_aff_key);
 	__type(value, struct kp_aff_val);
 } kp_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct kp_range_key);
+	__type(value, __u8);
+} kp_src_ranges SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct kp_ct_key);
+	__type(value, struct kp_ct_val);
+} kp_ct SEC(".maps");
 
 #endif

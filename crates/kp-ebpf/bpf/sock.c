@@ -296,4 +296,7 @@ int kp_getpeername4(struct bpf_sock_addr *ctx) { return restore4(ctx); }
 SEC("cgroup/getpeername6")
 int kp_getpeername6(struct bpf_sock_addr *ctx) { return restore6(ctx); }
 
+/* The tc path, in the same object so that it shares these maps. */
+#include "tc.c"
+
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -17,6 +17,7 @@ fn spec(i: u32, endpoints: u32, skip: Option<u32>) -> FrontendSpec {
             ip: IpAddr::V4(vip),
             port: 80,
             protocol: Protocol::Tcp,
+            scope: kp_ebpf_plan::Scope::Socket,
         },
         backends: (0..endpoints)
             .filter(|e| Some(*e) != skip)
@@ -29,6 +30,8 @@ fn spec(i: u32, endpoints: u32, skip: Option<u32>) -> FrontendSpec {
         drop_when_empty: false,
         affinity: None,
         cluster_ip: true,
+        keep_source: false,
+        source_ranges: None,
     }
 }
 
@@ -52,6 +55,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sockets: 65536,
         addrs: services.max(1024),
         affinity: 1024,
+        src_ranges: 1024,
+        connections: 1024,
     };
 
     let mut loads = Vec::new();

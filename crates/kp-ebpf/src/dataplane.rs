@@ -9,7 +9,10 @@
 //! With a pin directory, the programs' links are pinned beside the maps: they stay attached
 //! when the proxy exits, and a restart swaps in its own links without a gap.
 //!
-//! Not yet: the tc path.
+//! With [`Config::tc`], the tc path for traffic from outside the node is attached at start, in
+//! the calling thread's network namespace: `kp_tc_outside` on the interfaces outside traffic
+//! arrives on, `kp_tc_reply` on the others; interfaces that appear later (a new pod's veth) are
+//! picked up at each full sync when the reply interfaces are discovered ([`TcDevices::Discover`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -36,6 +39,41 @@ pub struct Config {
     pub sizes: MapSizes,
     /// Where NodePorts answer: of the node's addresses (its Node object's), those this leaves.
     pub node_ports: NodePortAddresses,
+    /// The tc path for traffic from outside the node; `None`: socket load balancing only.
+    pub tc: Option<TcDevices>,
+}
+
+/// Which interfaces the tc programs go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TcDevices {
+    /// These: `outside` get `kp_tc_outside`, `replies` get `kp_tc_reply`.
+    Named {
+        /// Where traffic from outside the node arrives.
+        outside: Vec<String>,
+        /// Where backends' replies arrive (pod veths, links to other nodes).
+        replies: Vec<String>,
+    },
+    /// `outside` as named; every other interface of the namespace but loopback gets the reply
+    /// program, those that appear later at the next full sync.
+    Discover {
+        /// Where traffic from outside the node arrives.
+        outside: Vec<String>,
+    },
+}
+
+impl TcDevices {
+    fn resolve(&self) -> std::io::Result<(Vec<String>, Vec<String>)> {
+        match self {
+            TcDevices::Named { outside, replies } => Ok((outside.clone(), replies.clone())),
+            TcDevices::Discover { outside } => {
+                let replies = crate::local::interfaces()?
+                    .into_iter()
+                    .filter(|d| d != "lo" && !outside.contains(d))
+                    .collect();
+                Ok((outside.clone(), replies))
+            }
+        }
+    }
 }
 
 /// The eBPF dataplane.
@@ -67,7 +105,9 @@ impl EbpfDataplane {
 
 fn dataplane_error(e: Error) -> DataplaneError {
     match e {
-        Error::Map { .. } | Error::Unreadable(_) => DataplaneError::transient(e),
+        Error::Map { .. } | Error::Unreadable(_) | Error::Full { .. } => {
+            DataplaneError::transient(e)
+        }
         Error::Load(_)
         | Error::Program { .. }
         | Error::Missing(_)
@@ -95,8 +135,13 @@ impl Dataplane for EbpfDataplane {
         let mut lb = SocketLb::load(self.config.sizes, self.config.pin_dir.as_deref())
             .map_err(dataplane_error)?;
         lb.attach(&self.config.cgroup).map_err(dataplane_error)?;
+        if let Some(tc) = &self.config.tc {
+            let (outside, replies) = tc.resolve().map_err(DataplaneError::transient)?;
+            lb.attach_tc(&outside, &replies).map_err(dataplane_error)?;
+        }
         if let Some(dir) = &self.config.pin_dir {
             lb.pin_links(dir).map_err(dataplane_error)?;
+            lb.pin_tc_links(dir).map_err(dataplane_error)?;
         }
         self.lb = Some(lb);
         Ok(())
@@ -116,6 +161,15 @@ impl Dataplane for EbpfDataplane {
             _ => crate::local::local_addresses().map_err(DataplaneError::transient)?,
         };
         let node_addresses = node_port_addresses(&self.config.node_ports, state, &local);
+        if let (true, Some(tc @ TcDevices::Discover { .. })) = (full, self.config.tc.clone()) {
+            let (outside, replies) = tc.resolve().map_err(DataplaneError::transient)?;
+            let pin_dir = self.config.pin_dir.clone();
+            let lb = self.lb()?;
+            lb.attach_tc(&outside, &replies).map_err(dataplane_error)?;
+            if let Some(dir) = pin_dir {
+                lb.pin_tc_links(&dir).map_err(dataplane_error)?;
+            }
+        }
         let ops = if full {
             let planner = kp_ebpf_plan::plan_state(state, &self.config.node_ports, &local)
                 .map_err(plan_error)?;

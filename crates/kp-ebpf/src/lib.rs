@@ -30,12 +30,17 @@ use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap, MapData};
 use aya::programs::cgroup_sock_addr::CgroupSockAddrLinkId;
 use aya::programs::links::FdLink;
-use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::programs::tc::SchedClassifierLinkId;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType};
+use aya::util::KernelVersion;
 use aya::{Ebpf, EbpfLoader};
 use kp_ebpf_plan::layout::{
-    ADDR_DATA_SIZE, BACKEND_SIZE, REV_NAT_SIZE, SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE,
+    ADDR_DATA_SIZE, BACKEND_SIZE, RANGE_DATA_SIZE, REV_NAT_SIZE, SERVICE_KEY_SIZE,
+    SERVICE_VALUE_SIZE,
 };
-use kp_ebpf_plan::{AddrKey, AddrVerdict, Backend, Contents, Op, RevNat, ServiceKey, ServiceValue};
+use kp_ebpf_plan::{
+    AddrKey, AddrVerdict, Backend, Contents, Op, RangeKey, RevNat, ServiceKey, ServiceValue,
+};
 
 /// The socket load balancer's object file, built by `build.rs`.
 pub static SOCK_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
@@ -44,6 +49,12 @@ pub static SOCK_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 /// with `EPERM` instead of `ECONNREFUSED` or `ETIMEDOUT`.
 pub static SOCK_OBJECT_COMPAT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_compat.o"));
+
+/// The tc programs (`bpf/tc.c`, in the same object): the one for interfaces outside traffic
+/// arrives on, and the one that only gives replies their frontend back.
+pub const TC_OUTSIDE: &str = "kp_tc_outside";
+/// See [`TC_OUTSIDE`].
+pub const TC_REPLY: &str = "kp_tc_reply";
 
 /// The socket load balancer's programs, by function name in `bpf/sock.c`.
 pub const SOCK_PROGRAMS: [&str; 8] = [
@@ -71,12 +82,27 @@ pub mod names {
     pub const ADDRS: &str = "kp_addrs";
     /// `{client netns, frontend}` → the backend it sticks to (LRU), written by the programs.
     pub const AFFINITY: &str = "kp_affinity";
+    /// `{frontend id, source prefix}`: the sources a LoadBalancer frontend admits from outside
+    /// (LPM trie).
+    pub const SRC_RANGES: &str = "kp_src_ranges";
+    /// The tc path's connection table (LRU), written by the programs.
+    pub const CT: &str = "kp_ct";
     /// Every map, for pinning.
-    pub const ALL: [&str; 6] = [SERVICES, BACKENDS, REV_NAT, SK_REV, ADDRS, AFFINITY];
+    pub const ALL: [&str; 8] = [
+        SERVICES, BACKENDS, REV_NAT, SK_REV, ADDRS, AFFINITY, SRC_RANGES, CT,
+    ];
 
     /// The pin name of the link that attaches `program` (one of [`super::SOCK_PROGRAMS`]).
     pub fn link(program: &str) -> String {
         format!("{program}_link")
+    }
+
+    /// The prefix of a tc link's pin name; the interface's name follows.
+    pub const TC_LINK_PREFIX: &str = "kp_tc_link_";
+
+    /// The pin name of the tc link on interface `dev`.
+    pub fn tc_link(dev: &str) -> String {
+        format!("{TC_LINK_PREFIX}{dev}")
     }
 }
 
@@ -105,6 +131,19 @@ pub enum Error {
         name: &'static str,
         /// aya's error.
         source: aya::maps::MapError,
+    },
+    /// A map is full: an update needed one more entry than its configured size. Retryable (a
+    /// sync that removes entries makes room), but it takes a larger size in the configuration
+    /// to hold the Services.
+    #[error(
+        "map {name} is full ({max_entries} entries): the Services need more; raise its size in \
+         the configuration (--bpf-lb-*-map-max)"
+    )]
+    Full {
+        /// The map.
+        name: &'static str,
+        /// Its size.
+        max_entries: u32,
     },
     /// A map held bytes this version never writes. Retryable: a full sync rewrites them.
     #[error("map {0} holds an entry this version cannot read")]
@@ -136,12 +175,24 @@ pub enum Error {
     },
 }
 
-/// Removes the program links pinned under `dir` (which detaches the programs) and the maps
-/// (every name in [`names::ALL`]), then `dir` itself if that leaves it empty and it is no
+/// Removes the program links pinned under `dir` (which detaches the programs: the socket
+/// hooks' and the tc links, `kp_tc_link_*`) and the maps (every name in [`names::ALL`]), then `dir` itself if that leaves it empty and it is no
 /// mount point. What is not there is no error; nothing else
 /// in `dir` is touched.
 pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
-    let links = SOCK_PROGRAMS.map(names::link);
+    let mut links: Vec<String> = SOCK_PROGRAMS.map(names::link).into();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let name = entry?.file_name().to_string_lossy().into_owned();
+                if name.starts_with(names::TC_LINK_PREFIX) {
+                    links.push(name);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
     // Links first: unpinning the last reference detaches the program.
     for name in links.iter().map(String::as_str).chain(names::ALL) {
         match std::fs::remove_file(dir.join(name)) {
@@ -181,6 +232,68 @@ pub struct MapSizes {
     pub addrs: u32,
     /// Affinity entries (LRU): one per client network namespace and sticky frontend.
     pub affinity: u32,
+    /// Source-range entries: one per LoadBalancer frontend and source range.
+    pub src_ranges: u32,
+    /// Connection-table entries (LRU): two per connection from outside the node.
+    pub connections: u32,
+}
+
+impl MapSizes {
+    /// The size of map `name` (one of [`names::ALL`]).
+    pub fn of(&self, name: &str) -> Option<u32> {
+        Some(match name {
+            names::SERVICES => self.services,
+            names::BACKENDS => self.backends,
+            names::REV_NAT => self.rev_nat,
+            names::SK_REV => self.sockets,
+            names::ADDRS => self.addrs,
+            names::AFFINITY => self.affinity,
+            names::SRC_RANGES => self.src_ranges,
+            names::CT => self.connections,
+            _ => return None,
+        })
+    }
+}
+
+/// A pinned map whose size is not the configured one, unpinned by [`unpin_resized`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resized {
+    /// The map.
+    pub name: &'static str,
+    /// Its pinned size.
+    pub pinned: u32,
+    /// The configured size.
+    pub wanted: u32,
+}
+
+/// Unpins every map under `dir` whose size differs from `sizes`, so the next load creates it
+/// afresh at the configured size instead of adopting it (the kernel cannot resize a map). The
+/// programs still attached keep the old map until they are replaced; the new one is filled by
+/// the next full sync. Returns what was unpinned, for the caller to log.
+pub fn unpin_resized(dir: &Path, sizes: &MapSizes) -> Result<Vec<Resized>, Error> {
+    let mut out = Vec::new();
+    for name in names::ALL {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info =
+            aya::maps::MapInfo::from_pin(&path).map_err(|source| Error::Map { name, source })?;
+        let pinned = info.max_entries();
+        let wanted = sizes.of(name).unwrap_or(pinned);
+        if pinned != wanted {
+            std::fs::remove_file(&path).map_err(|source| Error::PinDir {
+                path: path.clone(),
+                source,
+            })?;
+            out.push(Resized {
+                name,
+                pinned,
+                wanted,
+            });
+        }
+    }
+    Ok(out)
 }
 
 impl Default for MapSizes {
@@ -192,8 +305,15 @@ impl Default for MapSizes {
             sockets: 262144,
             addrs: 65536,
             affinity: 65536,
+            src_ranges: 16384,
+            connections: 262144,
         }
     }
+}
+
+/// Whether the kernel has tcx links (Linux 6.6), which aya's tc attach then uses.
+fn has_tcx() -> bool {
+    KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
 }
 
 /// How the loaded programs refuse a call.
@@ -210,6 +330,9 @@ pub struct SocketLb {
     ebpf: Ebpf,
     refusal: Refusal,
     links: Vec<(&'static str, CgroupSockAddrLinkId)>,
+    tc_devices: Vec<(&'static str, String)>,
+    /// tc links not pinned yet.
+    tc_links: Vec<(&'static str, String, SchedClassifierLinkId)>,
 }
 
 type ByteMap<'a, const K: usize, const V: usize> = HashMap<&'a mut MapData, [u8; K], [u8; V]>;
@@ -243,10 +366,15 @@ impl SocketLb {
             ebpf,
             refusal,
             links: Vec::new(),
+            tc_devices: Vec::new(),
+            tc_links: Vec::new(),
         })
     }
 
     fn load_object(object: &[u8], sizes: MapSizes, pin_dir: Option<&Path>) -> Result<Ebpf, Error> {
+        if let Some(dir) = pin_dir {
+            unpin_resized(dir, &sizes)?;
+        }
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(names::SERVICES, sizes.services)
@@ -254,7 +382,9 @@ impl SocketLb {
             .map_max_entries(names::REV_NAT, sizes.rev_nat)
             .map_max_entries(names::SK_REV, sizes.sockets)
             .map_max_entries(names::ADDRS, sizes.addrs)
-            .map_max_entries(names::AFFINITY, sizes.affinity);
+            .map_max_entries(names::AFFINITY, sizes.affinity)
+            .map_max_entries(names::SRC_RANGES, sizes.src_ranges)
+            .map_max_entries(names::CT, sizes.connections);
         if let Some(dir) = pin_dir {
             for name in names::ALL {
                 loader.map_pin_path(name, dir.join(name));
@@ -342,6 +472,47 @@ impl SocketLb {
         Ok(())
     }
 
+    /// Pins the tc links [`SocketLb::attach_tc`] made since the last call under `dir`
+    /// (`kp_tc_link_DEV`), as [`SocketLb::pin_links`] does for the socket hooks: they stay
+    /// attached after this value is dropped, a pin of a previous run is replaced. tcx links only
+    /// (Linux 6.6+); on older kernels the programs stay attached only while this value lives.
+    pub fn pin_tc_links(&mut self, dir: &Path) -> Result<(), Error> {
+        if !has_tcx() {
+            return Ok(());
+        }
+        for (name, dev, id) in std::mem::take(&mut self.tc_links) {
+            let prog: &mut SchedClassifier = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing(name))?
+                .try_into()
+                .map_err(|source| Error::Program { name, source })?;
+            let link = prog
+                .take_link(id)
+                .map_err(|source| Error::Program { name, source })?;
+            let fd = FdLink::try_from(link).map_err(|e| Error::Pin {
+                name,
+                detail: e.to_string(),
+            })?;
+            let path = dir.join(names::tc_link(&dev));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::Pin {
+                        name,
+                        detail: e.to_string(),
+                    })
+                }
+            }
+            fd.pin(&path).map_err(|e| Error::Pin {
+                name,
+                detail: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
     fn map<const K: usize, const V: usize>(
         &mut self,
         name: &'static str,
@@ -352,12 +523,41 @@ impl SocketLb {
 
     /// Writes `ops` in order (the planner's order keeps every reachable slot valid after
     /// each one). Stops at the first error: the maps then hold a prefix of `ops`, and the
-    /// caller resyncs in full.
+    /// caller resyncs in full. A map that is full is [`Error::Full`].
     pub fn apply(&mut self, ops: &[Op]) -> Result<(), Error> {
         for op in ops {
-            self.apply_one(op)?;
+            if let Err(e) = self.apply_one(op) {
+                return Err(self.full_or(e));
+            }
         }
         Ok(())
+    }
+
+    /// `e`, or [`Error::Full`] when it is an insert the kernel refused for want of room
+    /// (`E2BIG` from a hash map, `ENOSPC` from an LPM trie).
+    fn full_or(&self, e: Error) -> Error {
+        const E2BIG: i32 = 7;
+        const ENOSPC: i32 = 28;
+        if let Error::Map {
+            name,
+            source: aya::maps::MapError::SyscallError(ref sys),
+        } = e
+        {
+            if matches!(sys.io_error.raw_os_error(), Some(E2BIG | ENOSPC)) {
+                let max_entries = self
+                    .ebpf
+                    .map(name)
+                    .and_then(|m| match m {
+                        aya::maps::Map::HashMap(d) | aya::maps::Map::LpmTrie(d) => {
+                            d.info().ok().map(|i| i.max_entries())
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                return Error::Full { name, max_entries };
+            }
+        }
+        e
     }
 
     fn apply_one(&mut self, op: &Op) -> Result<(), Error> {
@@ -395,7 +595,69 @@ impl SocketLb {
                 .addrs()?
                 .remove(&Key::new(k.trie_len(), k.data()))
                 .map_err(err(names::ADDRS)),
+            Op::UpsertRange(k) => self
+                .ranges()?
+                .insert(&Key::new(k.trie_len(), k.data()), 1, 0)
+                .map_err(err(names::SRC_RANGES)),
+            Op::DeleteRange(k) => self
+                .ranges()?
+                .remove(&Key::new(k.trie_len(), k.data()))
+                .map_err(err(names::SRC_RANGES)),
         }
+    }
+
+    fn ranges(&mut self) -> Result<LpmTrie<&mut MapData, [u8; RANGE_DATA_SIZE], u8>, Error> {
+        let map = self
+            .ebpf
+            .map_mut(names::SRC_RANGES)
+            .ok_or(Error::Missing(names::SRC_RANGES))?;
+        LpmTrie::try_from(map).map_err(|source| Error::Map {
+            name: names::SRC_RANGES,
+            source,
+        })
+    }
+
+    /// Loads the tc programs (the verifier runs here) and attaches them with tcx (Linux 6.6+;
+    /// a clsact qdisc before) at the ingress of the calling thread's network namespace's
+    /// interfaces: [`TC_OUTSIDE`] on `outside` (where traffic from outside the node arrives),
+    /// [`TC_REPLY`] on `replies` (where backends' replies arrive: pod veths, links to other
+    /// nodes). An interface already attached is skipped, so a later call adds new ones. They
+    /// stay attached until this value is dropped.
+    pub fn attach_tc(&mut self, outside: &[String], replies: &[String]) -> Result<usize, Error> {
+        let mut added = 0;
+        for (name, devices) in [(TC_OUTSIDE, outside), (TC_REPLY, replies)] {
+            let prog: &mut SchedClassifier = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing(name))?
+                .try_into()
+                .map_err(|source| Error::Program { name, source })?;
+            if prog.fd().is_err() {
+                prog.load()
+                    .map_err(|source| Error::Program { name, source })?;
+            }
+            for dev in devices {
+                if self.tc_devices.iter().any(|(_, d)| d == dev) {
+                    continue;
+                }
+                if !has_tcx() {
+                    // Before tcx: netlink attach needs the clsact qdisc (EEXIST is fine).
+                    let _ = aya::programs::tc::qdisc_add_clsact(dev);
+                }
+                let id = prog
+                    .attach(dev, TcAttachType::Ingress)
+                    .map_err(|source| Error::Program { name, source })?;
+                self.tc_devices.push((name, dev.clone()));
+                self.tc_links.push((name, dev.clone(), id));
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+
+    /// The interfaces the tc programs are attached to, with the program.
+    pub fn tc_devices(&self) -> &[(&'static str, String)] {
+        &self.tc_devices
     }
 
     fn addrs(&mut self) -> Result<LpmTrie<&mut MapData, [u8; ADDR_DATA_SIZE], u8>, Error> {
@@ -438,6 +700,15 @@ impl SocketLb {
                 let (k, v) = entry.map_err(err(names::REV_NAT))?;
                 let v = RevNat::from_bytes(&v).ok_or(Error::Unreadable(names::REV_NAT))?;
                 c.rev_nat.insert(u16::from_ne_bytes(k), v);
+            }
+        }
+        {
+            let m = self.ranges()?;
+            for entry in m.iter() {
+                let (k, _) = entry.map_err(err(names::SRC_RANGES))?;
+                let k = RangeKey::from_trie(k.prefix_len(), k.data())
+                    .ok_or(Error::Unreadable(names::SRC_RANGES))?;
+                c.ranges.insert(k);
             }
         }
         {

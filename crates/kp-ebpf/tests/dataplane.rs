@@ -30,6 +30,7 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         pin_dir: Some(bpffs.path.clone()),
         sizes: MapSizes::default(),
         node_ports: NodePortAddresses::Primary,
+        tc: None,
     };
     let state = kp_flows::fixture::state();
     let ns = Netns::new("ebpf-restart").expect("namespace");
@@ -137,6 +138,7 @@ fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_
         pin_dir: None,
         sizes: MapSizes::default(),
         node_ports: NodePortAddresses::Primary,
+        tc: None,
     });
     dp.start().expect("start");
     dp.sync(&state, &Changes::default(), true)

@@ -38,6 +38,7 @@ fn the_flow_table_with_real_sockets_through_the_socket_load_balancer() {
         pin_dir: Some(bpffs.path.clone()),
         sizes: MapSizes::default(),
         node_ports: NodePortAddresses::Primary,
+        tc: None,
     });
     dp.start().expect("load and attach");
     let state = kp_flows::state();

@@ -26,6 +26,7 @@ fn spec(vip: &str, port: u16, protocol: Protocol, backends: &[(&str, u16)]) -> F
             ip: ip(vip),
             port,
             protocol,
+            scope: kp_ebpf_plan::Scope::Socket,
         },
         backends: backends
             .iter()
@@ -38,6 +39,8 @@ fn spec(vip: &str, port: u16, protocol: Protocol, backends: &[(&str, u16)]) -> F
         drop_when_empty: false,
         affinity: None,
         cluster_ip: true,
+        keep_source: false,
+        source_ranges: None,
     }
 }
 

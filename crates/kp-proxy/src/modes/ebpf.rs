@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use kp_core::dataplane::{Dataplane, DataplaneError};
-use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane};
+use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane, TcDevices};
 use kp_ebpf::MapSizes;
 
 use super::{node_port_addresses, ModeContext};
@@ -53,7 +53,24 @@ pub fn ebpf_settings(ctx: &ModeContext<'_>) -> Result<EbpfConfig, Fatal> {
         pin_dir: Some(ctx.config.bpf_pin_dir.clone()),
         sizes: MapSizes::default(),
         node_ports: node_port_addresses(ctx.config),
+        tc: tc_devices(ctx)?,
     })
+}
+
+/// Where the tc path attaches: outside traffic is taken on the interfaces of the node's
+/// default routes (its uplinks), replies on every other interface (found again at each full
+/// sync, so new pods' veths are covered). For a network namespace of a caller's (tests,
+/// benchmarks, whose dataplane may run on a thread of the machine's own namespace), none: the
+/// tc programs go only on interfaces of the namespace the proxy itself runs in.
+fn tc_devices(ctx: &ModeContext<'_>) -> Result<Option<TcDevices>, Fatal> {
+    if ctx.netns.is_some() {
+        return Ok(None);
+    }
+    let outside = kp_ebpf::local::default_route_interfaces().map_err(|e| Fatal::Start {
+        what: "reading /proc/thread-self/net/route for the node's uplinks".into(),
+        source: Box::new(e),
+    })?;
+    Ok(Some(TcDevices::Discover { outside }))
 }
 
 /// Builds the dataplane; nothing is loaded or attached before its `start`.
