@@ -14,7 +14,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 say() { printf '==> %s\n' "$*"; }
 
 need=()
-for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack iptables:iptables cc:build-essential clang:clang; do
+# The real API server (../shared/k8s/apiserver.sh; kp_test::kube_apiserver, the benchmark's
+# smoke test) needs etcd, openssl and xz; a proxy in a namespace reaches it through socat.
+for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack iptables:iptables cc:build-essential clang:clang etcd:etcd-server socat:socat openssl:openssl xz:xz-utils; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 # The eBPF programs (crates/kp-ebpf/bpf) include libbpf's bpf_helpers.h.
