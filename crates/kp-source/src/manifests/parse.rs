@@ -292,6 +292,11 @@ fn is_blank(text: &str) -> bool {
 /// are not passed on again.
 fn decode_document(doc: &impl Syntax, sink: &mut Sink<'_>) -> Result<(), String> {
     let start = sink.next;
+    if !(sink.want)(start) {
+        // Its (first) object is not wanted: the two passes skip an unwanted object after
+        // reading only its type, where one pass would decode it in full.
+        return decode_document_slowly(doc, sink);
+    }
     if doc.run(FastDoc { sink: &mut *sink }).is_ok() {
         return Ok(());
     }
