@@ -248,7 +248,6 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
         dir: &dir.0,
         extra: &[],
         first_sync: Duration::from_secs(60),
-        max_gap: switching::MAX_GAP,
     };
     let modes = host_switch_modes();
     assert!(modes.len() >= 2, "{modes:?}");

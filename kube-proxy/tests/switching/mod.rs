@@ -39,8 +39,6 @@ pub struct Switcher<'a> {
     pub extra: &'a [&'a str],
     /// How long the first sync may take.
     pub first_sync: Duration,
-    /// The longest pause a long-lived connection may see ([`MAX_GAP`] on the host).
-    pub max_gap: Duration,
 }
 
 impl Switcher<'_> {
@@ -61,8 +59,6 @@ impl Switcher<'_> {
 pub struct Seen {
     /// `from -> to`.
     pub pair: String,
-    /// The longest pause allowed.
-    pub max_gap: Duration,
     /// The long-lived connections: ClusterIP, NodePort.
     pub streams: Vec<(&'static str, echo::StreamResult)>,
     /// The new connections: ClusterIP, NodePort.
@@ -87,7 +83,7 @@ impl Seen {
                 out.push(format!("{what} long-lived connection broke ({f}): {s:?}"));
             } else if s.sent != s.echoed || s.sent < 100 {
                 out.push(format!("{what} long-lived connection lost lines: {s:?}"));
-            } else if s.max_gap > self.max_gap {
+            } else if s.max_gap > MAX_GAP {
                 out.push(format!(
                     "{what} long-lived connection stalled {:?}",
                     s.max_gap
@@ -249,7 +245,6 @@ pub fn switch(
         .collect();
     let seen = Seen {
         pair: format!("{from} -> {to}"),
-        max_gap: sw.max_gap,
         streams,
         fresh,
         took,
