@@ -116,6 +116,11 @@ fn start(lab: &Lab, mode: &str, manifests: &Path, tools: &Path) -> ChildGuard {
     proxy
         .wait_for_log(PROGRAMMED, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{mode}: first sync: {e}\n{}", proxy.log()));
+    // The other modes' leftovers are removed after the first sync, with the same tools: a
+    // fault injected before that would be spent there instead of on the sync under test.
+    proxy
+        .wait_for_log(common::LEFTOVERS_GONE, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{mode}: leftovers: {e}\n{}", proxy.log()));
     proxy
 }
 

@@ -170,6 +170,11 @@ fn start(lab: &kp_test::Lab, mode: &str, dir: &std::path::Path) -> kp_test::Chil
     proxy
         .wait_for_log(PROGRAMMED, Duration::from_secs(180))
         .unwrap_or_else(|e| panic!("{mode}: first sync: {e}\n{}", proxy.log()));
+    // The other modes' leftovers go after the first sync; IPVS virtual servers that still hold
+    // connections (the previous start's checks, in TIME_WAIT) stay until those end.
+    proxy
+        .wait_for_log(common::LEFTOVERS_GONE, Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("{mode}: leftovers: {e}\n{}", proxy.log()));
     let running = http_get(lab.node(), "http://127.0.0.1:10249/proxyMode");
     assert_eq!(running.trim(), mode, "{}", proxy.log());
     proxy

@@ -15,6 +15,9 @@ pub const HEALTHZ: &str = "http://127.0.0.1:10256/healthz";
 pub const METRICS: &str = "http://127.0.0.1:10249/metrics";
 /// The log line of a full sync.
 pub const PROGRAMMED: &str = "programmed the kernel";
+/// The log line of the removal of the other modes' leftovers (after the first sync), once
+/// nothing of them is left.
+pub const LEFTOVERS_GONE: &str = "no other mode's rules are left";
 
 /// Starts kube-proxy in the lab node with the flags every e2e test uses, plus `source` (how it
 /// finds its objects: `--manifests DIR` or `--master URL`). `prefix` goes before the binary

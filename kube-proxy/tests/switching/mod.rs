@@ -35,8 +35,7 @@ pub const FAILING_GAP: Duration = Duration::from_millis(250);
 pub const STRAY_FAILURES: usize = 1;
 /// A new connection this slow lost its first SYN.
 pub const SLOW_CONNECT: Duration = Duration::from_millis(500);
-/// The log line of the removal of the other modes' leftovers, once nothing of them is left.
-pub const LEFTOVERS_GONE: &str = "no other mode's rules are left";
+pub use crate::common::LEFTOVERS_GONE;
 /// The log line of leftovers kept because connections still use them.
 pub const LEFTOVERS_DRAINING: &str = "kept until they end";
 

@@ -569,9 +569,12 @@ async fn a_clean_check_counts_as_the_periods_full_sync_and_changes_never_wait_fo
             .send([slice("web", &format!("10.244.1.{}", i % 200 + 1), 0.0)])
             .await;
     }
-    // The reads run on a thread, in real time, while paused time runs on.
+    // The reads run on a thread, in real time, while paused time runs on; the last change
+    // may be synced just after the third read comes back.
+    let changes = sent.len();
     wait_for(&fake, Duration::from_secs(5), |c| {
         count(c, |c| matches!(c, Call::CheckFinish { .. })) == 3
+            && count(c, |c| matches!(c, Call::Sync { .. })) == 1 + changes
     })
     .await;
     let calls = fake.calls();
