@@ -189,6 +189,11 @@ pub struct Conntrack {
     pub udp_stream_timeout: Option<Duration>,
 }
 
+/// How long a stopping userspace proxy may drain unless `--userspace-drain-timeout` says
+/// otherwise: a third of a pod's default terminationGracePeriodSeconds (30 s), so it exits
+/// well before the kubelet's SIGKILL.
+pub const DEFAULT_USERSPACE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where the ebpf mode pins its maps unless `--bpf-pin-dir` says otherwise.
 pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/kube-proxy-rs";
 
@@ -250,6 +255,10 @@ pub struct Config {
     pub port_range: Option<RangeInclusive<u16>>,
     /// Idle timeout of userspace-mode UDP sessions. Greater than zero.
     pub udp_idle_timeout: Duration,
+    /// `--userspace-drain-timeout` (userspace mode; our addition): the longest a stopping
+    /// userspace proxy serves on while its redirect rules reach it, and lets its relays finish
+    /// after another proxy took over. Zero stops at once.
+    pub userspace_drain_timeout: Duration,
     /// `--bpf-cgroup-root` (ebpf mode; our addition): the cgroup v2 directory the socket hooks
     /// attach to. `None`: the root of the cgroup v2 hierarchy, found in /proc/self/mountinfo at
     /// start, so every process of the node and its pods is covered.

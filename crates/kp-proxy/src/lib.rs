@@ -368,7 +368,12 @@ async fn run_mode(
         health,
         conntrack,
     );
-    let result = sync_loop.run(rx, shutdown_signal()).await;
-    let _ = stop_tx.send(true);
-    result
+    // The health and metrics servers stop with the signal, before the dataplane's own stop:
+    // a userspace proxy serves on while its rules still reach it (`--userspace-drain-timeout`),
+    // and the proxy that takes over on this node must be able to bind the same ports.
+    let stop = async {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    };
+    sync_loop.run(rx, stop).await
 }

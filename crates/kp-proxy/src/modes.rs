@@ -370,6 +370,9 @@ pub fn userspace_config(cfg: &Config) -> Result<UserspaceConfig, Fatal> {
         node_ports: node_port_addresses(cfg),
         port_range: cfg.port_range.clone(),
         udp_timeout: cfg.udp_idle_timeout,
+        drain: cfg.userspace_drain_timeout,
+        // The binary handles SIGTERM and SIGINT already: a second one ends the drain.
+        signal_ends_drain: true,
         ..defaults
     })
 }

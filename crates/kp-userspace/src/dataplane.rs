@@ -27,6 +27,16 @@ use crate::{sys, tcp, udp, Error};
 
 /// How often the balancer forgets expired affinity entries and quarantines.
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+/// How often a stopping proxy checks whether its redirect rules still reach it.
+const REACH_POLL: Duration = Duration::from_millis(100);
+/// How long the TCP listeners keep accepting once the rules no longer reach the proxy: a
+/// connection redirected just before may still be finishing its handshake.
+const LINGER: Duration = Duration::from_millis(200);
+/// The log line of a proxy that serves on after a stop (tests wait for it).
+pub const SERVING_ON: &str = "stopping: serving on while the redirect rules send connections here";
+/// The log line of a proxy that stopped accepting (tests wait for it).
+pub const STOPPED_ACCEPTING: &str = "stopped accepting new connections";
+
 /// Tries at a free port when the range is empty (another process may take the port between
 /// the first listener and the last).
 const PORT_TRIES: usize = 32;
@@ -46,8 +56,13 @@ pub struct UserspaceConfig {
     pub copying: Copying,
     /// The mark and routing table of the transparent return path.
     pub routing: PolicyRouting,
-    /// How long a stopping proxy lets running relays finish.
+    /// The longest a stopping proxy ([`UserspaceDataplane::shutdown`]) serves on, from the
+    /// stop: it keeps accepting while its redirect rules send connections to it, then lets
+    /// running relays and UDP sessions finish. Zero stops at once.
     pub drain: Duration,
+    /// Whether a SIGTERM or SIGINT during the drain ends it at once (the binary, which already
+    /// handles both signals; a library user's process keeps their default action).
+    pub signal_ends_drain: bool,
 }
 
 impl Default for UserspaceConfig {
@@ -65,6 +80,7 @@ impl Default for UserspaceConfig {
             copying: Copying::Splice,
             routing: crate::routing::DEFAULT,
             drain: Duration::from_secs(10),
+            signal_ends_drain: false,
         }
     }
 }
@@ -195,7 +211,10 @@ pub struct UserspaceDataplane {
     netns: Option<String>,
     shared: Arc<Shared>,
     runtime: Option<Runtime>,
-    stop: Option<tokio::sync::watch::Sender<bool>>,
+    /// Stops the TCP listeners.
+    stop_tcp: Option<tokio::sync::watch::Sender<bool>>,
+    /// Stops the UDP listeners (after the drain: they relay the open sessions until then).
+    stop_udp: Option<tokio::sync::watch::Sender<bool>>,
     port: Option<u16>,
     table: Table,
     next_expire: Instant,
@@ -242,7 +261,8 @@ impl UserspaceDataplane {
             netns: netns.map(str::to_string),
             shared,
             runtime: None,
-            stop: None,
+            stop_tcp: None,
+            stop_udp: None,
             port: None,
             next_expire: Instant::now() + EXPIRE_EVERY,
             sctp_warned: HashSet::new(),
@@ -324,16 +344,17 @@ impl UserspaceDataplane {
         let listeners = self.on_runtime(move || Listeners::bind(range.as_ref()))??;
         let port = listeners.port;
         self.cfg.routing.install(self.netns.as_deref())?;
-        let (tx, rx) = tokio::sync::watch::channel(false);
+        let (tcp_tx, tcp_rx) = tokio::sync::watch::channel(false);
+        let (udp_tx, udp_rx) = tokio::sync::watch::channel(false);
         let shared = self.shared.clone();
         let registered = self.on_runtime(move || -> std::io::Result<()> {
             for t in listeners.tcp {
                 let l = TcpListener::from_std(t)?;
-                tokio::spawn(tcp::serve(l, shared.clone(), rx.clone()));
+                tokio::spawn(tcp::serve(l, shared.clone(), tcp_rx.clone()));
             }
             for u in listeners.udp {
                 let u = Arc::new(UdpSocket::from_std(u)?);
-                tokio::spawn(udp::serve(u, shared.clone(), rx.clone()));
+                tokio::spawn(udp::serve(u, shared.clone(), udp_rx.clone()));
             }
             Ok(())
         })?;
@@ -341,7 +362,8 @@ impl UserspaceDataplane {
             addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
             source,
         })?;
-        self.stop = Some(tx);
+        self.stop_tcp = Some(tcp_tx);
+        self.stop_udp = Some(udp_tx);
         self.port = Some(port);
         tracing::info!(
             port,
@@ -424,23 +446,118 @@ impl UserspaceDataplane {
         table.and(routing)
     }
 
-    /// See [`Dataplane::shutdown`].
+    /// See [`Dataplane::shutdown`]: a graceful stop that refuses nothing the kernel still
+    /// sends here, bounded by [`UserspaceConfig::drain`] from the call.
+    ///
+    /// 1. While the redirect table sends connections to this proxy's port (checked every
+    ///    [`REACH_POLL`]), it keeps accepting TCP and UDP as before: during a mode switch the
+    ///    next mode's proxy starts, syncs, and only then removes this table; a new userspace
+    ///    proxy points the table at its own port.
+    /// 2. Once the rules no longer reach it, the TCP listeners close (after [`LINGER`], for
+    ///    handshakes redirected just before); running relays and UDP sessions (whose datagrams
+    ///    conntrack still sends here) go on until they end.
+    /// 3. It returns when nothing runs, or at the drain's end (what still runs is cut), or at
+    ///    a second SIGTERM/SIGINT with [`UserspaceConfig::signal_ends_drain`].
+    ///
+    /// Nobody takes over while the rules stay (a plain stop, or a pod whose successor starts
+    /// only after it exited): it serves until the drain's end and exits; the rules stay in
+    /// place, as every mode leaves them, for the next start.
     pub fn shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
+        let deadline = Instant::now() + self.cfg.drain;
+        let interrupted = self.watch_for_a_second_signal();
+        let ended = |i: &AtomicBool| i.load(Ordering::SeqCst) || Instant::now() >= deadline;
+        let mut why = "the drain timeout passed";
+        if let (Some(port), false) = (self.port, self.cfg.drain.is_zero()) {
+            tracing::info!(
+                port,
+                drain_timeout = ?self.cfg.drain,
+                "{SERVING_ON} (until they go, at most the drain timeout; a second signal stops at once)"
+            );
+            let mut read_failed = false;
+            loop {
+                match self.table.redirects_to(port) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        why = "the redirect rules no longer send connections here";
+                        break;
+                    }
+                    Err(e) if !read_failed => {
+                        read_failed = true;
+                        tracing::warn!(error = %e, "cannot read the redirect table; serving on until the drain timeout");
+                    }
+                    Err(_) => {}
+                }
+                if ended(&interrupted) {
+                    break;
+                }
+                std::thread::sleep(
+                    REACH_POLL.min(deadline.saturating_duration_since(Instant::now())),
+                );
+            }
+            if !ended(&interrupted) {
+                std::thread::sleep(LINGER.min(deadline.saturating_duration_since(Instant::now())));
+            }
+        }
+        if interrupted.load(Ordering::SeqCst) {
+            why = "a second signal";
+        }
+        if let Some(stop) = self.stop_tcp.take() {
             let _ = stop.send(true);
         }
-        let deadline = Instant::now() + self.cfg.drain;
-        while self.shared.relays() > 0 && Instant::now() < deadline {
+        tracing::info!(
+            reason = why,
+            connections = self.shared.relays(),
+            udp_sessions = self.shared.udp_sessions(),
+            "{STOPPED_ACCEPTING}; letting the running ones finish"
+        );
+        let running = |s: &Shared| s.relays() > 0 || s.udp_sessions() > 0;
+        while running(&self.shared) && !ended(&interrupted) {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let left = self.shared.relays();
-        if left > 0 {
-            tracing::info!(connections = left, "stopping with connections still open");
+        let (left, sessions) = (self.shared.relays(), self.shared.udp_sessions());
+        if left > 0 || sessions > 0 {
+            tracing::info!(
+                connections = left,
+                udp_sessions = sessions,
+                "stopping with connections still open"
+            );
+        } else {
+            tracing::info!("every relay has ended; stopped");
+        }
+        if let Some(stop) = self.stop_udp.take() {
+            let _ = stop.send(true);
         }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }
         self.port = None;
+    }
+
+    /// A flag set by a SIGTERM or SIGINT that arrives from now on, when
+    /// [`UserspaceConfig::signal_ends_drain`] asks for it (never set otherwise).
+    fn watch_for_a_second_signal(&self) -> Arc<AtomicBool> {
+        let flag = Arc::new(AtomicBool::new(false));
+        let (Some(rt), true) = (&self.runtime, self.cfg.signal_ends_drain) else {
+            return flag;
+        };
+        let (set, (ready_tx, ready_rx)) = (flag.clone(), std::sync::mpsc::channel());
+        rt.spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let term = signal(SignalKind::terminate());
+            let int = signal(SignalKind::interrupt());
+            let _ = ready_tx.send(());
+            let (Ok(mut term), Ok(mut int)) = (term, int) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            set.store(true, Ordering::SeqCst);
+        });
+        // The handlers are in place before the drain starts.
+        let _ = ready_rx.recv_timeout(Duration::from_secs(1));
+        flag
     }
 }
 

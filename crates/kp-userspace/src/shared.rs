@@ -25,6 +25,8 @@ pub struct Shared {
     /// How long a UDP session lives without traffic.
     pub udp_timeout: Duration,
     relays: AtomicUsize,
+    /// UDP sessions open now (a stopping proxy waits for them too).
+    udp_sessions: AtomicUsize,
     /// Bumped by every full sync: every UDP session picks again.
     epoch: AtomicU64,
     /// Bumped for a Service by every sync that changed it: its UDP sessions pick again.
@@ -53,6 +55,7 @@ impl Shared {
             copying,
             udp_timeout,
             relays: AtomicUsize::new(0),
+            udp_sessions: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             generations: Mutex::new(HashMap::new()),
             port_series: Mutex::new(HashMap::new()),
@@ -176,6 +179,21 @@ impl Shared {
     /// Relays running now.
     pub fn relays(&self) -> usize {
         self.relays.load(Ordering::Relaxed)
+    }
+
+    /// Counts a UDP session as open (until [`Shared::udp_session_ended`]).
+    pub fn udp_session_started(&self) {
+        self.udp_sessions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a UDP session as ended.
+    pub fn udp_session_ended(&self) {
+        self.udp_sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// UDP sessions open now.
+    pub fn udp_sessions(&self) -> usize {
+        self.udp_sessions.load(Ordering::Relaxed)
     }
 }
 

@@ -9,7 +9,7 @@
 use kp_core::node::NodeContext;
 use kp_core::track::{Changes, ProxyState};
 use kp_nftables::NftCommand;
-use kp_userspace_plan::names::{FAMILY, TABLE};
+use kp_userspace_plan::names::{FAMILY, SERVICES, TABLE};
 use kp_userspace_plan::{RedirectConfig, RedirectPlanner};
 
 use crate::Error;
@@ -109,6 +109,23 @@ impl Table {
         ))
     }
 
+    /// Whether the kernel's table still sends connections to proxy port `port`: some rule of
+    /// its `services` chain redirects there. `Ok(false)` when the table or the chain is gone
+    /// (another mode removed them, or `--cleanup` did) or every redirect names another port
+    /// (another userspace proxy took over); an error when the table cannot be read.
+    pub fn redirects_to(&self, port: u16) -> Result<bool, Error> {
+        let json = match self.nft.json(&["list", "chain", FAMILY, TABLE, SERVICES]) {
+            Ok(j) => j,
+            Err(kp_nftables::Error::List { stderr, .. })
+                if stderr.contains("No such file or directory") =>
+            {
+                return Ok(false)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        redirect_ports(&json).map(|ports| ports.contains(&port))
+    }
+
     /// Deletes the table (whether or not it exists); the next sync rebuilds it.
     pub fn cleanup(&mut self) -> Result<(), Error> {
         if let Some(p) = &mut self.planner {
@@ -118,5 +135,45 @@ impl Table {
             "add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n"
         ))?;
         Ok(())
+    }
+}
+
+/// The ports the rules of an `nft -j list chain` listing redirect to.
+fn redirect_ports(json: &str) -> Result<Vec<u16>, Error> {
+    let doc: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| kp_nftables::Error::Parse(format!("nft -j list chain: {e}")))?;
+    let mut ports = Vec::new();
+    let items = doc["nftables"].as_array().into_iter().flatten();
+    for rule in items.filter_map(|i| i.get("rule")) {
+        let exprs = rule["expr"].as_array().into_iter().flatten();
+        for port in exprs.filter_map(|e| e["redirect"]["port"].as_u64()) {
+            ports.extend(u16::try_from(port).ok());
+        }
+    }
+    Ok(ports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redirect_ports;
+
+    #[test]
+    fn the_redirect_ports_of_a_chain_listing_are_read_from_its_rules() {
+        // nft 1.0.6's listing of a `services` chain with its two redirect rules.
+        let rule = |port: u16| {
+            format!(
+                r#"{{"rule": {{"family": "inet", "table": "kube-proxy-userspace", "chain": "services", "handle": 5, "comment": "redirect-vips-v4", "expr": [{{"match": {{"op": "==", "left": {{"meta": {{"key": "l4proto"}}}}, "right": {{"set": ["tcp", "udp"]}}}}}}, {{"redirect": {{"port": {port}}}}}]}}}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"nftables": [{{"metainfo": {{"version": "1.0.6"}}}}, {{"chain": {{"family": "inet", "table": "kube-proxy-userspace", "name": "services", "handle": 1}}}}, {}, {}]}}"#,
+            rule(34567),
+            rule(34568)
+        );
+        assert_eq!(redirect_ports(&json).unwrap(), vec![34567, 34568]);
+        // A chain without rules redirects nowhere.
+        let empty = r#"{"nftables": [{"chain": {"family": "inet", "table": "kube-proxy-userspace", "name": "services", "handle": 1}}]}"#;
+        assert!(redirect_ports(empty).unwrap().is_empty());
+        assert!(redirect_ports("not json").is_err());
     }
 }

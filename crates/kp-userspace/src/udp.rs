@@ -165,6 +165,7 @@ async fn open(
         stop: tokio::sync::Notify::new(),
     });
     lock(sessions).insert((peer, local), session.clone());
+    shared.udp_session_started();
     shared.metrics.userspace_udp_sessions.inc();
     shared.metrics.userspace_udp_sessions_created.inc();
     session.series.udp_sessions.inc();
@@ -283,6 +284,7 @@ async fn replies(
         map.remove(&key);
     }
     drop(map);
+    shared.udp_session_ended();
     shared.metrics.userspace_udp_sessions.dec();
     session.series.udp_sessions.dec();
     shared

@@ -219,6 +219,15 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub udp_timeout: Option<GoDuration>,
 
+    /// userspace mode (not an upstream flag): how long a proxy told to stop (SIGTERM, SIGINT)
+    /// keeps serving while its redirect rules still send connections to it, and lets running
+    /// relays and UDP sessions finish once another proxy has taken over; it exits sooner when
+    /// its rules are gone and nothing runs. Keep it below the pod's
+    /// terminationGracePeriodSeconds (30s by default). 0 stops at once. A second signal stops
+    /// at once too. [default: 10s]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub userspace_drain_timeout: Option<GoDuration>,
+
     /// ebpf mode (not an upstream flag): the cgroup v2 directory the socket load balancer's
     /// hooks attach to. Unset: the root of the cgroup v2 hierarchy (found in
     /// /proc/self/mountinfo), which covers every process of the node and its pods.

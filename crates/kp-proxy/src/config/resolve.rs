@@ -544,6 +544,11 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
     }
     let config_sync_period = check.positive("configSyncPeriod", doc.config_sync_period);
     let udp_idle_timeout = check.positive("udpIdleTimeout", doc.udp_idle_timeout);
+    let userspace_drain_timeout = flags
+        .userspace_drain_timeout
+        .map_or(super::DEFAULT_USERSPACE_DRAIN_TIMEOUT, |d| {
+            check.non_negative("--userspace-drain-timeout", d)
+        });
 
     let bind_address = doc.bind_address.parse::<IpAddr>().unwrap_or_else(|_| {
         check.fail(
@@ -639,6 +644,7 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
         conntrack,
         port_range,
         udp_idle_timeout,
+        userspace_drain_timeout,
         bpf_cgroup_root: flags.bpf_cgroup_root,
         bpf_pin_dir: flags
             .bpf_pin_dir

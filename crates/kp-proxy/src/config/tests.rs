@@ -1073,6 +1073,22 @@ fn the_ebpf_flags_name_the_cgroup_root_and_the_pin_directory() {
 }
 
 #[test]
+fn the_userspace_drain_timeout_defaults_to_10s_takes_zero_and_refuses_a_negative_one() {
+    let drain = |args: &[&str]| flags_only(args).map(|l| l.config.userspace_drain_timeout);
+    assert_eq!(drain(&[]).unwrap(), Duration::from_secs(10));
+    assert_eq!(
+        drain(&["--userspace-drain-timeout=2m"]).unwrap(),
+        Duration::from_secs(120)
+    );
+    assert_eq!(
+        drain(&["--userspace-drain-timeout", "0"]).unwrap(),
+        Duration::ZERO
+    );
+    let err = drain(&["--userspace-drain-timeout=-1s"]).unwrap_err();
+    assert_eq!(err.field_errors()[0].field, "--userspace-drain-timeout");
+}
+
+#[test]
 fn log_format_is_text_or_json_from_the_flag_or_the_file() {
     assert_eq!(
         flags_only(&[]).unwrap().config.logging_format,

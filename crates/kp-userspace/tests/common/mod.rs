@@ -27,6 +27,8 @@ pub fn config() -> UserspaceConfig {
         },
         // As the nftables mode's kernel test: NodePorts on the primary address only.
         node_ports: kp_core::node::NodePortAddresses::Primary,
+        // The tests stop the proxy with its table in place (nobody takes over): a short drain.
+        drain: Duration::from_millis(300),
         ..defaults
     }
 }
