@@ -1,15 +1,24 @@
-//! The packet-flow table with real sockets through the ebpf mode's socket load balancer.
+//! The packet-flow table with real packets through the ebpf mode: the socket load balancer for
+//! rows from the node and its pods, the tc path for rows from outside the node.
 //!
-//! The programs are attached only to a cgroup this test creates, and the maps pinned only on a
-//! bpffs it mounts; the test process moves into the cgroup while a row from the node or a pod
-//! runs, so the client it starts (kp-echo, in the lab's node or pod namespace) is inside, and
-//! moves back out before the cgroup is removed. A row from outside the node runs with the
-//! process outside: the lab's client namespace stands for another host, whose sockets no
-//! cgroup of this node holds. Everything (cgroup, bpffs, lab) goes on drop, also when an
-//! assertion fails. One test in this binary: no other test runs while the process is inside.
+//! The socket programs are attached only to a cgroup this test creates, and the maps pinned
+//! only on a bpffs it mounts; the test process moves into the cgroup while a row from the node
+//! or a pod runs, so the client it starts (kp-echo, in the lab's node or pod namespace) is
+//! inside, and moves back out before the cgroup is removed. A row from outside the node runs
+//! with the process outside: the lab's client namespace stands for another host, whose sockets
+//! no cgroup of this node holds; its packets meet the tc programs, which `kp-tc-attach`
+//! attaches inside the lab's node namespace only (`kp_tc_outside` on its uplink `eth0`,
+//! `kp_tc_reply` on the link to node-b and the pod veths), over the maps pinned on the test's
+//! bpffs, with the links pinned beside them. Everything (cgroup, bpffs and so the links, lab)
+//! goes on drop, also when an assertion fails. One test in this binary: no other test runs
+//! while the process is inside.
 //!
-//! Rows run as the mode declares them (`Support::SOCKET_LB`): traffic from outside the node
-//! must be left alone (no tc path), and backends see the client socket's own source.
+//! Rows run as the mode declares them (`Support::SOCKET_LB_TC`, as the tracer in
+//! `kp-ebpf-test` does): backends of the node's and pods' connections see the client socket's
+//! own source; from outside, rows are upstream's except that a reject is a drop and SCTP is
+//! left alone. Before the tc programs are attached, and after cleanup, an outside row must fail.
+
+use std::path::Path;
 
 use kp_core::dataplane::Dataplane;
 use kp_core::flow::Origin;
@@ -17,15 +26,54 @@ use kp_core::node::NodePortAddresses;
 use kp_core::track::Changes;
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::MapSizes;
-use kp_flows::{Expect, Support};
+use kp_flows::{Case, Expect, Support};
+use kp_test::lab::Lab;
 use kp_test::netns::require_root;
 
 mod common;
 use common::{Bpffs, Cgroup};
 
+/// What the mode declares, for every row.
+const SUPPORT: Support = Support::SOCKET_LB_TC;
+
+/// Rows from outside the node the table must run through the tc path (14 today; SCTP rows
+/// from outside, left alone, would not count).
+const MIN_OUTSIDE_ROWS: usize = 12;
+
+/// Attaches the tc programs in the lab's node namespace over the maps pinned in `dir`, with
+/// `kp-tc-attach`, which pins their links there.
+fn attach_tc(lab: &Lab, dir: &Path) {
+    let replies: Vec<String> = std::iter::once("eth1".to_string())
+        .chain((0..lab.pod_count()).map(|i| format!("veth{i}")))
+        .collect();
+    let out = lab
+        .node()
+        .run(&[
+            env!("CARGO_BIN_EXE_kp-tc-attach"),
+            &dir.to_string_lossy(),
+            "eth0",
+            &replies.join(","),
+        ])
+        .expect("kp-tc-attach in the lab's node namespace");
+    assert_eq!(
+        out.trim(),
+        format!("attached {}", replies.len() + 1),
+        "kp-tc-attach"
+    );
+}
+
+/// The first row from outside the node that expects an answer: what the tc path serves.
+fn first_outside_row() -> Case {
+    kp_flows::cases()
+        .into_iter()
+        .map(|row| row.for_mode(SUPPORT))
+        .find(|c| c.packet.origin == Origin::External && matches!(c.expect, Expect::Pods { .. }))
+        .expect("a row from outside")
+}
+
 #[test]
 #[ignore = "needs root"]
-fn the_flow_table_with_real_sockets_through_the_socket_load_balancer() {
+fn the_flow_table_with_real_packets_through_the_socket_hooks_and_the_tc_path() {
     if !require_root() {
         return;
     }
@@ -38,6 +86,7 @@ fn the_flow_table_with_real_sockets_through_the_socket_load_balancer() {
         pin_dir: Some(bpffs.path.clone()),
         sizes: MapSizes::default(),
         node_ports: NodePortAddresses::Primary,
+        // Not in this process's namespace (the machine's own): in the lab node's, below.
         tc: None,
     });
     dp.start().expect("load and attach");
@@ -46,10 +95,20 @@ fn the_flow_table_with_real_sockets_through_the_socket_load_balancer() {
         .expect("full sync");
     assert_eq!(dp.verify().expect("read back"), Vec::<String>::new());
 
+    // Without the tc programs, nothing answers a client outside the node.
+    let outside_row = first_outside_row();
+    assert!(
+        kp_test::flows::check(&lab, &outside_row).is_err(),
+        "{} passes without the tc path",
+        outside_row.name
+    );
+    attach_tc(&lab, &bpffs.path);
+    assert!(bpffs.path.join(kp_ebpf::names::tc_link("eth0")).exists());
+
     let mut failures = Vec::new();
     let (mut inside, mut outside) = (0, 0);
     for row in kp_flows::cases() {
-        let case = row.for_mode(Support::SOCKET_LB);
+        let case = row.for_mode(SUPPORT);
         if case.needs_sctp() {
             if let Err(why) = kp_test::echo::sctp_support() {
                 let banner = "!".repeat(72);
@@ -65,14 +124,21 @@ fn the_flow_table_with_real_sockets_through_the_socket_load_balancer() {
             let _inside = cgroup.enter();
             kp_test::flows::check(&lab, &case)
         };
-        failures.extend(result.err());
+        if let Err(e) = result {
+            let why = if row.changed_for(SUPPORT) {
+                format!(" (row as declared for this mode: {})", SUPPORT.reason)
+            } else {
+                String::new()
+            };
+            failures.push(format!("{e}{why}"));
+        }
     }
     eprintln!("{inside} rows from the node and its pods, {outside} from outside");
     // The hooks are what serves those rows: the first one, with its client outside the
     // cgroup, is not served.
     let first = kp_flows::cases()
         .into_iter()
-        .map(|row| row.for_mode(Support::SOCKET_LB))
+        .map(|row| row.for_mode(SUPPORT))
         .find(|c| c.packet.origin == Origin::Pod && matches!(c.expect, Expect::Pods { .. }))
         .expect("a row from a pod");
     assert!(
@@ -84,10 +150,21 @@ fn the_flow_table_with_real_sockets_through_the_socket_load_balancer() {
         inside >= 30,
         "only {inside} rows ran through the socket hooks"
     );
+    assert!(
+        outside >= MIN_OUTSIDE_ROWS,
+        "only {outside} rows ran through the tc path"
+    );
     dp.cleanup().expect("cleanup");
     for name in kp_ebpf::names::ALL {
         assert!(!bpffs.path.join(name).exists(), "{name} still pinned");
     }
+    assert!(!bpffs.path.join(kp_ebpf::names::tc_link("eth0")).exists());
+    // Removing the pins detached the tc programs.
+    assert!(
+        kp_test::flows::check(&lab, &outside_row).is_err(),
+        "{} passes after cleanup",
+        outside_row.name
+    );
     assert!(
         failures.is_empty(),
         "{} rows failed:\n{}",

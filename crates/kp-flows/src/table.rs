@@ -71,19 +71,32 @@ impl Case {
     ///   unanswered;
     /// - without the path for traffic from outside the node, a row whose packet arrives from
     ///   outside must be left alone ([`Expect::Untouched`]: nothing of the mode answers it);
-    /// - without source NAT, a backend sees the client socket's own source: a pod's address,
-    ///   a bound address as bound, and for the node's unbound sockets the node's address on
-    ///   the link towards the backend (what a masqueraded row expects). So a row expects
-    ///   masquerade exactly when it comes from `node`.
+    /// - with that path but without SCTP on it, an SCTP row from outside is left alone too;
+    ///   without rejects on it, what upstream rejects from outside is dropped;
+    /// - without source NAT (for the row's origin: [`Support::source_nat`], or
+    ///   [`Support::outside_source_nat`] from outside), a backend sees the client socket's own
+    ///   source: a pod's address, a bound address as bound, and for the node's unbound sockets
+    ///   the node's address on the link towards the backend (what a masqueraded row expects).
+    ///   So a row expects masquerade exactly when it comes from `node`.
     pub fn for_mode(&self, support: Support) -> Case {
         let mut case = self.clone();
+        let outside = self.packet.origin == Origin::External;
         if self.needs_sctp() && !support.sctp {
             case.expect = Expect::Reject;
         }
-        if self.packet.origin == Origin::External && !support.from_outside {
-            case.expect = Expect::Untouched;
+        if outside {
+            if !support.from_outside || (self.needs_sctp() && !support.outside_sctp) {
+                case.expect = Expect::Untouched;
+            } else if case.expect == Expect::Reject && !support.outside_reject {
+                case.expect = Expect::Drop;
+            }
         }
-        if !support.source_nat {
+        let source_nat = if outside {
+            support.outside_source_nat
+        } else {
+            support.source_nat
+        };
+        if !source_nat {
             if let Expect::Pods { masquerade, .. } = &mut case.expect {
                 *masquerade = self.from == "node";
             }
@@ -107,8 +120,18 @@ pub struct Support {
     pub sctp: bool,
     /// Whether traffic that arrives from outside the node (on its interfaces) is proxied.
     pub from_outside: bool,
-    /// Whether the mode rewrites a connection's source address (masquerades).
+    /// Whether the mode rewrites the source of a connection from the node or its pods where
+    /// upstream masquerades.
     pub source_nat: bool,
+    /// Whether the mode rewrites the source of traffic from outside the node where upstream
+    /// masquerades (with [`Support::from_outside`]).
+    pub outside_source_nat: bool,
+    /// Whether what upstream rejects from outside the node is rejected (a TCP reset, an ICMP
+    /// error); `false`: it is dropped. With [`Support::from_outside`].
+    pub outside_reject: bool,
+    /// Whether SCTP from outside the node is proxied (with [`Support::from_outside`] and
+    /// [`Support::sctp`]); `false`: it is left alone.
+    pub outside_sctp: bool,
     /// Why the mode lacks what it lacks; empty for a mode that lacks nothing.
     pub reason: &'static str,
 }
@@ -119,6 +142,9 @@ impl Support {
         sctp: true,
         from_outside: true,
         source_nat: true,
+        outside_source_nat: true,
+        outside_reject: true,
+        outside_sctp: true,
         reason: "",
     };
     /// TCP and UDP only (userspace mode: the proxy has no SCTP socket).
@@ -134,8 +160,27 @@ impl Support {
         sctp: true,
         from_outside: false,
         source_nat: false,
+        outside_source_nat: false,
+        outside_reject: false,
+        outside_sctp: false,
         reason: "socket load balancing only: traffic from outside the node meets no program \
-                 (the tc path is not built), and backends see the client socket's own source",
+                 (the tc path is not attached), and backends see the client socket's own source",
+    };
+    /// The ebpf mode: socket load balancing for the node and its pods (no source rewritten,
+    /// as [`Support::SOCKET_LB`]) and the tc path for traffic from outside the node, which
+    /// translates TCP and UDP to a backend and masquerades where upstream does, but drops what
+    /// upstream rejects (no TCP reset or ICMP error is built in tc) and leaves SCTP alone.
+    pub const SOCKET_LB_TC: Support = Support {
+        sctp: true,
+        from_outside: true,
+        source_nat: false,
+        outside_source_nat: true,
+        outside_reject: false,
+        outside_sctp: false,
+        reason: "socket load balancing for the node and its pods: backends see the client \
+                 socket's own source; the tc path for traffic from outside the node: TCP and \
+                 UDP only (SCTP left alone), and what upstream rejects is dropped (no TCP \
+                 reset or ICMP error is built in tc)",
     };
 }
 

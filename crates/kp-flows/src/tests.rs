@@ -189,3 +189,62 @@ fn declared_support_changes_only_the_rows_it_covers() {
     }
     assert!(!Support::SOCKET_LB.reason.is_empty() && Support::ALL.reason.is_empty());
 }
+
+/// The ebpf mode with its tc path: rows from the node and its pods as socket load balancing
+/// declares them; rows from outside as upstream (masquerade included), except that a reject
+/// is a drop and SCTP is left alone.
+#[test]
+fn socket_lb_with_the_tc_path_changes_only_rejects_and_sctp_from_outside() {
+    let mut outside = 0;
+    for case in cases() {
+        let tc = case.for_mode(Support::SOCKET_LB_TC);
+        if case.packet.origin != Origin::External {
+            assert_eq!(
+                tc.expect,
+                case.for_mode(Support::SOCKET_LB).expect,
+                "{}",
+                case.name
+            );
+            continue;
+        }
+        outside += 1;
+        match (&case.expect, &tc.expect) {
+            _ if case.needs_sctp() => assert_eq!(tc.expect, Expect::Untouched, "{}", case.name),
+            (Expect::Reject, got) => assert_eq!(*got, Expect::Drop, "{}", case.name),
+            (want, got) => assert_eq!(got, want, "{}", case.name),
+        }
+    }
+    assert!(outside >= 10, "{outside} rows from outside");
+    // A synthetic reject and SCTP row from outside, as the table has none today.
+    let mut reject = cases()
+        .into_iter()
+        .find(|c| c.packet.origin == Origin::External)
+        .unwrap();
+    reject.expect = Expect::Reject;
+    assert_eq!(reject.for_mode(Support::SOCKET_LB_TC).expect, Expect::Drop);
+    assert_eq!(reject.for_mode(Support::ALL).expect, Expect::Reject);
+    let mut sctp = reject.clone();
+    sctp.packet.protocol = kp_core::model::Protocol::Sctp;
+    assert_eq!(
+        sctp.for_mode(Support::SOCKET_LB_TC).expect,
+        Expect::Untouched
+    );
+    assert_eq!(sctp.for_mode(Support::NO_SCTP).expect, Expect::Reject);
+    // Masquerade from outside survives (unlike SOCKET_LB's rule for the node and its pods).
+    let masq = cases()
+        .into_iter()
+        .find(|c| {
+            c.packet.origin == Origin::External
+                && matches!(
+                    c.expect,
+                    Expect::Pods {
+                        masquerade: true,
+                        ..
+                    }
+                )
+        })
+        .unwrap();
+    assert_eq!(masq.for_mode(Support::SOCKET_LB_TC).expect, masq.expect);
+    assert!(!masq.changed_for(Support::SOCKET_LB_TC));
+    assert!(!Support::SOCKET_LB_TC.reason.is_empty());
+}

@@ -2,7 +2,6 @@ use kp_core::model::{Protocol, ServiceKey as ServiceName};
 use kp_core::node::NodePortAddresses;
 use kp_core::track::{Object, ProxyState, SourceEvent};
 use kp_ebpf_plan::{node_port_addresses, plan_state, service_specs, Planner};
-use kp_flows::Support;
 
 use super::*;
 
@@ -57,12 +56,10 @@ fn undeclared_the_table_fails_exactly_on_the_rows_the_declaration_covers() {
     // And the failures say why the row is held to something else.
     let failures = kp_flows::check_tracer_for(
         &EbpfTracer::new(Contents::default(), vec![]),
-        Support::SOCKET_LB,
+        crate::SUPPORT,
     );
     assert!(
-        failures
-            .iter()
-            .any(|f| f.contains(Support::SOCKET_LB.reason)),
+        failures.iter().any(|f| f.contains(crate::SUPPORT.reason)),
         "{}",
         failures.join("\n")
     );
