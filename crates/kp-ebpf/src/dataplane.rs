@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
 use kp_core::model::ServiceKey as ServiceName;
@@ -25,7 +26,7 @@ use kp_ebpf_plan::{
     diff, no_local_endpoints, node_port_addresses, service_cidrs, service_specs as specs, Planner,
 };
 
-use crate::{Error, MapSizes, SocketLb};
+use crate::{Error, MapSizes, Resized, SocketLb};
 
 /// How the mode is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +42,67 @@ pub struct Config {
     pub node_ports: NodePortAddresses,
     /// The tc path for traffic from outside the node; `None`: socket load balancing only.
     pub tc: Option<TcDevices>,
+    /// Who hears of a full map and of pinned maps recreated at a new size (the registry: a log
+    /// line and a metric; this crate neither logs nor counts).
+    pub events: Events,
 }
+
+/// What the dataplane reports besides its errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A sync stopped because map `name` had no room for another entry (it also returns
+    /// [`Error::Full`]); the maps hold a prefix of the sync's updates until sizes change.
+    Full {
+        /// The map.
+        name: &'static str,
+        /// Its size.
+        max_entries: u32,
+    },
+    /// At start, a pinned map whose size was not the configured one was unpinned and created
+    /// afresh at the configured size (empty until the first full sync).
+    Resized(Resized),
+}
+
+/// The receiver of [`Event`]s; none by default.
+#[derive(Clone, Default)]
+pub struct Events(Option<Arc<dyn Fn(&Event) + Send + Sync>>);
+
+impl Events {
+    /// Calls `f` with every event.
+    pub fn new(f: impl Fn(&Event) + Send + Sync + 'static) -> Events {
+        Events(Some(Arc::new(f)))
+    }
+
+    /// Hands `event` to the receiver, if any (the dataplane does; so may a test of a receiver).
+    pub fn emit(&self, event: Event) {
+        if let Some(f) = &self.0 {
+            f(&event);
+        }
+    }
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Events(..)"
+        } else {
+            "Events(none)"
+        })
+    }
+}
+
+/// The same receiver (or none on both sides).
+impl PartialEq for Events {
+    fn eq(&self, other: &Events) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Events {}
 
 /// Which interfaces the tc programs go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +195,9 @@ impl Dataplane for EbpfDataplane {
         }
         let mut lb = SocketLb::load(self.config.sizes, self.config.pin_dir.as_deref())
             .map_err(dataplane_error)?;
+        for r in lb.resized() {
+            self.config.events.emit(Event::Resized(r.clone()));
+        }
         lb.attach(&self.config.cgroup).map_err(dataplane_error)?;
         if let Some(tc) = &self.config.tc {
             let (outside, replies) = tc.resolve().map_err(DataplaneError::transient)?;
@@ -207,7 +271,12 @@ impl Dataplane for EbpfDataplane {
             ops.extend(self.planner.set_service_cidrs(&service_cidrs(state)));
             ops
         };
-        self.lb()?.apply(&ops).map_err(dataplane_error)?;
+        if let Err(e) = self.lb()?.apply(&ops) {
+            if let Error::Full { name, max_entries } = e {
+                self.config.events.emit(Event::Full { name, max_entries });
+            }
+            return Err(dataplane_error(e));
+        }
         Ok(SyncReport {
             full,
             operations: ops.len(),

@@ -137,7 +137,7 @@ pub enum Error {
     /// to hold the Services.
     #[error(
         "map {name} is full ({max_entries} entries): the Services need more; raise its size in \
-         the configuration (--bpf-lb-*-map-max)"
+         the configuration (ebpf.*MapMax, --bpf-*-map-max)"
     )]
     Full {
         /// The map.
@@ -255,6 +255,35 @@ impl MapSizes {
     }
 }
 
+impl MapSizes {
+    /// The sizes of the maps pinned under `dir`, the default for those not pinned there: what a
+    /// tool that attaches programs over a running proxy's maps (`kp-tc-attach`) loads with, so
+    /// that it adopts them whatever sizes the proxy was configured with.
+    pub fn from_pins(dir: &Path) -> Result<MapSizes, Error> {
+        let mut sizes = MapSizes::default();
+        for name in names::ALL {
+            let path = dir.join(name);
+            if !path.exists() {
+                continue;
+            }
+            let info = aya::maps::MapInfo::from_pin(&path)
+                .map_err(|source| Error::Map { name, source })?;
+            let n = info.max_entries();
+            match name {
+                names::SERVICES => sizes.services = n,
+                names::BACKENDS => sizes.backends = n,
+                names::REV_NAT => sizes.rev_nat = n,
+                names::SK_REV => sizes.sockets = n,
+                names::ADDRS => sizes.addrs = n,
+                names::AFFINITY => sizes.affinity = n,
+                names::SRC_RANGES => sizes.src_ranges = n,
+                _ => sizes.connections = n,
+            }
+        }
+        Ok(sizes)
+    }
+}
+
 /// A pinned map whose size is not the configured one, unpinned by [`unpin_resized`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resized {
@@ -311,6 +340,25 @@ impl Default for MapSizes {
     }
 }
 
+/// Pins `link`, program `name`'s, at `path` (on bpffs), replacing what a previous run pinned
+/// there: unpinning the old link detaches it once the new one already runs beside it. What
+/// [`SocketLb::pin_links`] and [`SocketLb::pin_tc_links`] do for each link.
+fn replace_pin<L>(name: &'static str, link: L, path: &Path) -> Result<(), Error>
+where
+    L: TryInto<FdLink>,
+    L::Error: std::fmt::Display,
+{
+    let pin_error = |detail: String| Error::Pin { name, detail };
+    let fd = link.try_into().map_err(|e| pin_error(e.to_string()))?;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(pin_error(e.to_string())),
+    }
+    fd.pin(path).map_err(|e| pin_error(e.to_string()))?;
+    Ok(())
+}
+
 /// Whether the kernel has tcx links (Linux 6.6), which aya's tc attach then uses.
 fn has_tcx() -> bool {
     KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
@@ -333,6 +381,8 @@ pub struct SocketLb {
     tc_devices: Vec<(&'static str, String)>,
     /// tc links not pinned yet.
     tc_links: Vec<(&'static str, String, SchedClassifierLinkId)>,
+    /// Pinned maps the load unpinned and created afresh because their size changed.
+    resized: Vec<Resized>,
 }
 
 type ByteMap<'a, const K: usize, const V: usize> = HashMap<&'a mut MapData, [u8; K], [u8; V]>;
@@ -343,12 +393,20 @@ impl SocketLb {
     /// kernel whose verifier refuses the programs (before 5.18: no `bpf_set_retval`) gets the
     /// compat object, which refuses with `EPERM`.
     pub fn load(sizes: MapSizes, pin_dir: Option<&Path>) -> Result<SocketLb, Error> {
-        match SocketLb::load_as(Refusal::Errno, sizes, pin_dir) {
+        // Before either object: the first one's load pins the new maps even when the verifier
+        // then refuses its programs.
+        let resized = match pin_dir {
+            Some(dir) => unpin_resized(dir, &sizes)?,
+            None => Vec::new(),
+        };
+        let mut lb = match SocketLb::load_as(Refusal::Errno, sizes, pin_dir) {
             Err(first @ Error::Program { .. }) => {
                 SocketLb::load_as(Refusal::Eperm, sizes, pin_dir).map_err(|_| first)
             }
             other => other,
-        }
+        }?;
+        lb.resized.extend(resized);
+        Ok(lb)
     }
 
     /// [`SocketLb::load`] of one object: the one that refuses as `refusal` says.
@@ -361,6 +419,10 @@ impl SocketLb {
             Refusal::Errno => SOCK_OBJECT,
             Refusal::Eperm => SOCK_OBJECT_COMPAT,
         };
+        let resized = match pin_dir {
+            Some(dir) => unpin_resized(dir, &sizes)?,
+            None => Vec::new(),
+        };
         let ebpf = SocketLb::load_object(object, sizes, pin_dir)?;
         Ok(SocketLb {
             ebpf,
@@ -368,13 +430,17 @@ impl SocketLb {
             links: Vec::new(),
             tc_devices: Vec::new(),
             tc_links: Vec::new(),
+            resized,
         })
     }
 
+    /// The pinned maps this load found at another size than the configured one: unpinned and
+    /// created afresh (empty until the next full sync fills them), for the caller to log.
+    pub fn resized(&self) -> &[Resized] {
+        &self.resized
+    }
+
     fn load_object(object: &[u8], sizes: MapSizes, pin_dir: Option<&Path>) -> Result<Ebpf, Error> {
-        if let Some(dir) = pin_dir {
-            unpin_resized(dir, &sizes)?;
-        }
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(names::SERVICES, sizes.services)
@@ -449,25 +515,7 @@ impl SocketLb {
             let link = prog
                 .take_link(id)
                 .map_err(|source| Error::Program { name, source })?;
-            let fd = FdLink::try_from(link).map_err(|e| Error::Pin {
-                name,
-                detail: e.to_string(),
-            })?;
-            let path = dir.join(names::link(name));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Error::Pin {
-                        name,
-                        detail: e.to_string(),
-                    })
-                }
-            }
-            fd.pin(&path).map_err(|e| Error::Pin {
-                name,
-                detail: e.to_string(),
-            })?;
+            replace_pin(name, link, &dir.join(names::link(name)))?;
         }
         Ok(())
     }
@@ -490,25 +538,7 @@ impl SocketLb {
             let link = prog
                 .take_link(id)
                 .map_err(|source| Error::Program { name, source })?;
-            let fd = FdLink::try_from(link).map_err(|e| Error::Pin {
-                name,
-                detail: e.to_string(),
-            })?;
-            let path = dir.join(names::tc_link(&dev));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Error::Pin {
-                        name,
-                        detail: e.to_string(),
-                    })
-                }
-            }
-            fd.pin(&path).map_err(|e| Error::Pin {
-                name,
-                detail: e.to_string(),
-            })?;
+            replace_pin(name, link, &dir.join(names::tc_link(&dev)))?;
         }
         Ok(())
     }

@@ -5,12 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 
 use kp_core::dataplane::Dataplane;
 use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, Object, SourceEvent};
-use kp_ebpf::dataplane::{Config, EbpfDataplane};
-use kp_ebpf::MapSizes;
+use kp_ebpf::dataplane::{Config, EbpfDataplane, Event, Events};
+use kp_ebpf::{names, MapSizes, Resized};
 use kp_test::lab::Lab;
 use kp_test::netns::{require_root, Netns};
 
@@ -31,6 +32,7 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         sizes: MapSizes::default(),
         node_ports: NodePortAddresses::Primary,
         tc: None,
+        events: Default::default(),
     };
     let state = kp_flows::fixture::state();
     let ns = Netns::new("ebpf-restart").expect("namespace");
@@ -139,6 +141,7 @@ fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_
         sizes: MapSizes::default(),
         node_ports: NodePortAddresses::Primary,
         tc: None,
+        events: Default::default(),
     });
     dp.start().expect("start");
     dp.sync(&state, &Changes::default(), true)
@@ -176,4 +179,75 @@ fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_
         "10.96.0.10:80",
     );
     assert_eq!(one, [("pod-1".to_string(), 15)].into());
+}
+
+/// A services map too small for the fixture stops the full sync with `Full`, naming the map,
+/// and reports it as an event (the registry's log line and metric); a dataplane started with
+/// the configured size back finds the pinned map at the old size, reports it made afresh, and
+/// fills it.
+#[test]
+#[ignore = "needs root"]
+fn a_too_small_map_reports_full_and_a_pinned_map_of_another_size_is_made_afresh() {
+    if !require_root() {
+        return;
+    }
+    let cgroup = Cgroup::new();
+    let bpffs = Bpffs::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let events = {
+        let seen = seen.clone();
+        Events::new(move |e| seen.lock().unwrap().push(e.clone()))
+    };
+    let config = Config {
+        cgroup: cgroup.path.clone(),
+        pin_dir: Some(bpffs.path.clone()),
+        sizes: MapSizes {
+            services: 8,
+            ..MapSizes::default()
+        },
+        node_ports: NodePortAddresses::Primary,
+        tc: None,
+        events,
+    };
+    let state = kp_flows::fixture::state();
+    let mut small = EbpfDataplane::new(config.clone());
+    small.start().expect("start");
+    assert_eq!(*seen.lock().unwrap(), Vec::<Event>::new());
+    let err = small
+        .sync(&state, &Changes::default(), true)
+        .expect_err("the fixture in a services map of 8 entries");
+    assert!(
+        err.to_string().contains("kp_services is full (8 entries)"),
+        "{err}"
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [Event::Full {
+            name: names::SERVICES,
+            max_entries: 8
+        }]
+    );
+    drop(small);
+
+    seen.lock().unwrap().clear();
+    let mut sized = EbpfDataplane::new(Config {
+        sizes: MapSizes::default(),
+        ..config
+    });
+    sized.start().expect("start at the configured size");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [Event::Resized(Resized {
+            name: names::SERVICES,
+            pinned: 8,
+            wanted: MapSizes::default().services,
+        })]
+    );
+    sized
+        .sync(&state, &Changes::default(), true)
+        .expect("full sync");
+    assert_eq!(sized.verify().expect("verify"), Vec::<String>::new());
+    assert_eq!(seen.lock().unwrap().len(), 1, "{:?}", seen.lock().unwrap());
+    sized.cleanup().expect("cleanup");
+    assert!(!bpffs.path.join(names::SERVICES).exists());
 }

@@ -48,6 +48,13 @@ pub struct FallbackLabel {
     pub to: String,
 }
 
+/// Label naming one of the ebpf mode's BPF maps (`kp_services`, `kp_backends`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabel {
+    /// The map's name.
+    pub map: String,
+}
+
 /// Label naming a table (`ip`, `ip6`, `nat`, `filter`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
@@ -278,6 +285,9 @@ pub struct Metrics {
     /// `kubeproxy_rs_proxy_mode_fallbacks_total{from,to}`: starts that ran another mode than the
     /// configured one because the node cannot run it (iptables → userspace, as older releases).
     pub proxy_mode_fallbacks: Family<FallbackLabel, Counter>,
+    /// `kubeproxy_rs_ebpf_map_full_total{map}`: ebpf-mode syncs that stopped because a BPF map
+    /// had no room for another entry (its size in the configuration is too small).
+    pub ebpf_map_full: Family<MapLabel, Counter>,
     /// `kubeproxy_rs_userspace_active_connections`: TCP connections being relayed now.
     pub userspace_active_connections: Gauge,
     /// `kubeproxy_rs_userspace_connections_total`: TCP connections accepted for a Service.
@@ -348,6 +358,7 @@ impl Metrics {
             invalid_objects: Family::default(),
             source_errors: Family::default(),
             proxy_mode_fallbacks: Family::default(),
+            ebpf_map_full: Family::default(),
             userspace_active_connections: Gauge::default(),
             userspace_connections: Counter::default(),
             userspace_connect_failures: Counter::default(),
@@ -486,6 +497,11 @@ impl Metrics {
             m.proxy_mode_fallbacks.clone(),
         );
         r.register(
+            "kubeproxy_rs_ebpf_map_full",
+            "ebpf mode syncs stopped by a full BPF map, by map (raise its size in the configuration)",
+            m.ebpf_map_full.clone(),
+        );
+        r.register(
             "kubeproxy_rs_userspace_active_connections",
             "TCP connections the userspace proxy relays now",
             m.userspace_active_connections.clone(),
@@ -558,6 +574,15 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts an ebpf-mode sync stopped because BPF map `map` is full.
+    pub fn ebpf_map_full(&self, map: &str) {
+        self.ebpf_map_full
+            .get_or_create(&MapLabel {
+                map: map.to_string(),
+            })
+            .inc();
+    }
+
     /// Renders the registry in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -582,6 +607,7 @@ mod tests {
             .set(2);
         m.sync_full_duration.observe(0.5);
         m.mode_fallback("iptables", "userspace");
+        m.ebpf_map_full("kp_services");
         let text = m.encode();
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
@@ -594,6 +620,7 @@ mod tests {
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total 1",
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
             "kubeproxy_rs_proxy_mode_fallbacks_total{from=\"iptables\",to=\"userspace\"} 1",
+            "kubeproxy_rs_ebpf_map_full_total{map=\"kp_services\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in:\n{text}");
         }

@@ -170,6 +170,20 @@ pub struct Ipvs {
     pub udp_timeout: Option<Duration>,
 }
 
+/// Settings of the ebpf mode, resolved (our addition): its map sizes, in entries, each
+/// greater than 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ebpf {
+    /// `kp_services`: frontends plus backend slots.
+    pub services_map_max: u32,
+    /// `kp_backends`: distinct endpoints.
+    pub backends_map_max: u32,
+    /// `kp_affinity` (LRU).
+    pub affinity_map_max: u32,
+    /// `kp_ct` and `kp_sk_rev` (LRU).
+    pub conntrack_map_max: u32,
+}
+
 /// Conntrack sysctls, resolved. `None` (upstream: zero) means "leave the kernel's value".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conntrack {
@@ -251,6 +265,8 @@ pub struct Config {
     pub ipvs: Ipvs,
     /// Conntrack sysctls.
     pub conntrack: Conntrack,
+    /// Settings of the ebpf mode (`ebpf`, `--bpf-*-map-max`).
+    pub ebpf: Ebpf,
     /// Host ports the userspace mode may listen on; `None` picks them at random.
     pub port_range: Option<RangeInclusive<u16>>,
     /// Idle timeout of userspace-mode UDP sessions. Greater than zero.

@@ -7,7 +7,8 @@
 //! kp-tc-attach PIN_DIR OUTSIDE_DEVS REPLY_DEVS    (comma-separated; "-" for none)
 //! ```
 //!
-//! The maps must have been created with the default sizes (`MapSizes::default()`).
+//! The maps are adopted at the sizes they were pinned with (`MapSizes::from_pins`); those not
+//! pinned yet are created at the default sizes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,7 +33,7 @@ fn main() -> ExitCode {
     };
     let dir = PathBuf::from(dir);
     let run = || -> Result<usize, kp_ebpf::Error> {
-        let mut lb = SocketLb::load(MapSizes::default(), Some(&dir))?;
+        let mut lb = SocketLb::load(MapSizes::from_pins(&dir)?, Some(&dir))?;
         let n = lb.attach_tc(&list(outside), &list(replies))?;
         lb.pin_tc_links(&dir)?;
         Ok(n)

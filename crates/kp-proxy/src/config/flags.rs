@@ -239,6 +239,29 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "DIR")]
     pub bpf_pin_dir: Option<PathBuf>,
 
+    /// ebpf mode (not an upstream flag): entries of the services map (kp_services), one per
+    /// frontend plus one per backend slot; a full map stops the sync with a log line and
+    /// counts kubeproxy_rs_ebpf_map_full_total. A pinned map of another size is made afresh at
+    /// start. [default: 524288, room for 30,000 Services x 10 endpoints]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub bpf_services_map_max: Option<u32>,
+
+    /// ebpf mode (not an upstream flag): entries of the backends map (kp_backends), one per
+    /// distinct endpoint address and port. [default: 524288]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub bpf_backends_map_max: Option<u32>,
+
+    /// ebpf mode (not an upstream flag): entries of the ClientIP affinity map (kp_affinity,
+    /// LRU). [default: 65536]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub bpf_affinity_map_max: Option<u32>,
+
+    /// ebpf mode (not an upstream flag): entries of the tc path's connection table (kp_ct, two
+    /// per connection from outside the node) and of the socket reverse map (kp_sk_rev, one per
+    /// load-balanced socket), both LRU. [default: 262144]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub bpf_conntrack_map_max: Option<u32>,
+
     /// How often configuration from the API server is refreshed (re-listed); must be greater
     /// than 0. Accepted for compatibility: kube-proxy-rs keeps its watches open and re-lists
     /// only when a watch expires. [default: 15m0s]

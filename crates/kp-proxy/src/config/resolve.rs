@@ -12,9 +12,12 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::flags::Flags;
-use super::types::NODE_PORT_ADDRESSES_PRIMARY;
+use super::types::{
+    DEFAULT_EBPF_AFFINITY_MAP_MAX, DEFAULT_EBPF_BACKENDS_MAP_MAX, DEFAULT_EBPF_CONNTRACK_MAP_MAX,
+    DEFAULT_EBPF_SERVICES_MAP_MAX, NODE_PORT_ADDRESSES_PRIMARY,
+};
 use super::{
-    parse_port_range, Config, ConfigError, Conntrack, FieldError, GoDuration, Ipvs,
+    parse_port_range, Config, ConfigError, Conntrack, Ebpf, FieldError, GoDuration, Ipvs,
     KubeProxyConfiguration, Loaded, LocalMode, NodePortAddress, ProxyMode, API_VERSION, KIND,
 };
 
@@ -277,6 +280,37 @@ fn apply_flags(doc: &mut KubeProxyConfiguration, flags: &Flags, check: &mut Chec
     if let Some(on) = flags.ipvs_strict_arp {
         doc.ipvs.strict_arp = on;
     }
+    for (field, flag, value, slot) in [
+        (
+            "ebpf.servicesMapMax",
+            "--bpf-services-map-max",
+            flags.bpf_services_map_max,
+            &mut doc.ebpf.services_map_max,
+        ),
+        (
+            "ebpf.backendsMapMax",
+            "--bpf-backends-map-max",
+            flags.bpf_backends_map_max,
+            &mut doc.ebpf.backends_map_max,
+        ),
+        (
+            "ebpf.affinityMapMax",
+            "--bpf-affinity-map-max",
+            flags.bpf_affinity_map_max,
+            &mut doc.ebpf.affinity_map_max,
+        ),
+        (
+            "ebpf.conntrackMapMax",
+            "--bpf-conntrack-map-max",
+            flags.bpf_conntrack_map_max,
+            &mut doc.ebpf.conntrack_map_max,
+        ),
+    ] {
+        if let Some(n) = value {
+            check.set_by(field, flag);
+            *slot = Some(n);
+        }
+    }
     if let Some(range) = &flags.proxy_port_range {
         check.set_by("portRange", "--proxy-port-range");
         doc.port_range.clone_from(range);
@@ -524,6 +558,7 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
 
     let ipvs = build_ipvs(doc, mode == ProxyMode::Ipvs, check);
     let conntrack = build_conntrack(doc, check);
+    let ebpf = build_ebpf(doc, check);
 
     if doc.client_connection.burst < 0 {
         check.fail(
@@ -645,6 +680,7 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
         port_range,
         udp_idle_timeout,
         userspace_drain_timeout,
+        ebpf,
         bpf_cgroup_root: flags.bpf_cgroup_root,
         bpf_pin_dir: flags
             .bpf_pin_dir
@@ -692,6 +728,40 @@ fn build_ipvs(doc: &KubeProxyConfiguration, active: bool, check: &mut Check) -> 
         tcp_timeout: c.timeout("ipvs.tcpTimeout", section.tcp_timeout),
         tcp_fin_timeout: c.timeout("ipvs.tcpFinTimeout", section.tcp_fin_timeout),
         udp_timeout: c.timeout("ipvs.udpTimeout", section.udp_timeout),
+    }
+}
+
+fn build_ebpf(doc: &KubeProxyConfiguration, check: &mut Check) -> Ebpf {
+    let section = &doc.ebpf;
+    let mut size = |field: &str, n: Option<u32>, default: u32| match n {
+        Some(0) => {
+            check.fail(field, 0, "must be greater than 0");
+            default
+        }
+        Some(n) => n,
+        None => default,
+    };
+    Ebpf {
+        services_map_max: size(
+            "ebpf.servicesMapMax",
+            section.services_map_max,
+            DEFAULT_EBPF_SERVICES_MAP_MAX,
+        ),
+        backends_map_max: size(
+            "ebpf.backendsMapMax",
+            section.backends_map_max,
+            DEFAULT_EBPF_BACKENDS_MAP_MAX,
+        ),
+        affinity_map_max: size(
+            "ebpf.affinityMapMax",
+            section.affinity_map_max,
+            DEFAULT_EBPF_AFFINITY_MAP_MAX,
+        ),
+        conntrack_map_max: size(
+            "ebpf.conntrackMapMax",
+            section.conntrack_map_max,
+            DEFAULT_EBPF_CONNTRACK_MAP_MAX,
+        ),
     }
 }
 

@@ -1243,3 +1243,88 @@ fn underscores_in_flag_names_read_as_dashes_but_values_keep_them() {
     assert_eq!(loaded.config.hostname.as_deref(), Some("node_a"));
     assert_eq!(loaded.config.mode, ProxyMode::Nftables);
 }
+
+#[test]
+fn the_ebpf_map_sizes_default_for_30k_services_and_come_from_the_file_or_the_flags() {
+    // 30,000 Services with 10 endpoints: a frontend and ten slots each, ten backends each.
+    let c = flags_only(&["--proxy-mode=ebpf"]).unwrap();
+    assert!(c.config.ebpf.services_map_max >= 30_000 * 11);
+    assert!(c.config.ebpf.backends_map_max >= 30_000 * 10);
+    assert_eq!(
+        c.config.ebpf,
+        Ebpf {
+            services_map_max: types::DEFAULT_EBPF_SERVICES_MAP_MAX,
+            backends_map_max: types::DEFAULT_EBPF_BACKENDS_MAP_MAX,
+            affinity_map_max: types::DEFAULT_EBPF_AFFINITY_MAP_MAX,
+            conntrack_map_max: types::DEFAULT_EBPF_CONNTRACK_MAP_MAX,
+        }
+    );
+    // The defaults are written out with the rest of the effective configuration.
+    assert_eq!(
+        c.effective.ebpf.services_map_max,
+        Some(types::DEFAULT_EBPF_SERVICES_MAP_MAX)
+    );
+
+    let yaml = file(
+        "mode: ebpf\nebpf:\n  servicesMapMax: 1000\n  backendsMapMax: 2000\n  \
+         affinityMapMax: 3000\n  conntrackMapMax: 4000\n",
+    );
+    let c = with_file(&yaml, &[]).unwrap().config;
+    assert_eq!(
+        c.ebpf,
+        Ebpf {
+            services_map_max: 1000,
+            backends_map_max: 2000,
+            affinity_map_max: 3000,
+            conntrack_map_max: 4000,
+        }
+    );
+    // A flag overrides its field only.
+    let c = with_file(&yaml, &["--bpf-services-map-max=5000"])
+        .unwrap()
+        .config;
+    assert_eq!(
+        (c.ebpf.services_map_max, c.ebpf.backends_map_max),
+        (5000, 2000)
+    );
+    let c = flags_only(&[
+        "--bpf-backends-map-max=7",
+        "--bpf-affinity-map-max=8",
+        "--bpf-conntrack-map-max=9",
+    ])
+    .unwrap()
+    .config;
+    assert_eq!(
+        (
+            c.ebpf.backends_map_max,
+            c.ebpf.affinity_map_max,
+            c.ebpf.conntrack_map_max
+        ),
+        (7, 8, 9)
+    );
+    // A null section gets the defaults, as every section does.
+    let c = with_file(&file("ebpf: null\n"), &[]).unwrap().config;
+    assert_eq!(
+        c.ebpf.conntrack_map_max,
+        types::DEFAULT_EBPF_CONNTRACK_MAP_MAX
+    );
+}
+
+#[test]
+fn an_ebpf_map_size_of_zero_or_an_unknown_ebpf_field_is_an_error() {
+    assert_eq!(
+        invalid_fields(with_file(&file("ebpf:\n  servicesMapMax: 0\n"), &[])),
+        ["ebpf.servicesMapMax"]
+    );
+    // clap refuses 0 and negative values before the file is merged.
+    assert!(is_cli_error(&flags_only(&["--bpf-services-map-max=0"])));
+    assert!(is_cli_error(&flags_only(&["--bpf-conntrack-map-max=-1"])));
+    match with_file(&file("ebpf:\n  lbMapMax: 10\n"), &[]) {
+        Err(ConfigError::Parse { message, .. }) => {
+            assert!(message.contains("lbMapMax"), "{message}")
+        }
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+    // Negative sizes in the file do not parse either.
+    assert!(with_file(&file("ebpf:\n  backendsMapMax: -5\n"), &[]).is_err());
+}

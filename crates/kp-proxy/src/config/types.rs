@@ -76,6 +76,9 @@ pub struct KubeProxyConfiguration {
     /// `ClusterCIDR` (default), `NodeCIDR`, `BridgeInterface` or `InterfaceNamePrefix`.
     #[serde(deserialize_with = "nullable")]
     pub detect_local_mode: String,
+    /// Our addition: settings of the ebpf mode (the sizes of its BPF maps).
+    #[serde(deserialize_with = "nullable")]
+    pub ebpf: KubeProxyEBPFConfiguration,
     /// Upstream serves pprof on the metrics port when set; we have no pprof.
     #[serde(deserialize_with = "nullable")]
     pub enable_profiling: bool,
@@ -222,6 +225,37 @@ pub struct KubeProxyIPTablesConfiguration {
     /// Longest time between two syncs.
     #[serde(deserialize_with = "nullable")]
     pub sync_period: GoDuration,
+}
+
+/// Default `ebpf.servicesMapMax`: frontends plus backend slots, room for 30,000 Services with
+/// 10 endpoints each (330,000 entries for their ClusterIPs) and their NodePorts.
+pub const DEFAULT_EBPF_SERVICES_MAP_MAX: u32 = 1 << 19;
+/// Default `ebpf.backendsMapMax`: 30,000 Services × 10 endpoints, with room.
+pub const DEFAULT_EBPF_BACKENDS_MAP_MAX: u32 = 1 << 19;
+/// Default `ebpf.affinityMapMax` (LRU: the oldest entries go when it is full).
+pub const DEFAULT_EBPF_AFFINITY_MAP_MAX: u32 = 1 << 16;
+/// Default `ebpf.conntrackMapMax` (LRU).
+pub const DEFAULT_EBPF_CONNTRACK_MAP_MAX: u32 = 1 << 18;
+
+/// `ebpf` (our addition, no upstream counterpart): the ebpf mode's map sizes, in entries. The
+/// kernel allocates the hash maps' entries when the maps are made; a pinned map of another
+/// size is made afresh at start (and logged).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubeProxyEBPFConfiguration {
+    /// `kp_services`: one entry per frontend (address, port, protocol) plus one per backend
+    /// slot. Default [`DEFAULT_EBPF_SERVICES_MAP_MAX`].
+    pub services_map_max: Option<u32>,
+    /// `kp_backends`: one entry per distinct endpoint address and port. Default
+    /// [`DEFAULT_EBPF_BACKENDS_MAP_MAX`].
+    pub backends_map_max: Option<u32>,
+    /// `kp_affinity` (LRU): one entry per client and ClientIP-affinity frontend. Default
+    /// [`DEFAULT_EBPF_AFFINITY_MAP_MAX`].
+    pub affinity_map_max: Option<u32>,
+    /// `kp_ct` (the tc path's connection table, two entries per connection from outside the
+    /// node) and `kp_sk_rev` (one per load-balanced socket), both LRU. Default
+    /// [`DEFAULT_EBPF_CONNTRACK_MAP_MAX`].
+    pub conntrack_map_max: Option<u32>,
 }
 
 /// `KubeProxyIPVSConfiguration`.
@@ -446,6 +480,19 @@ impl KubeProxyConfiguration {
         self.nftables
             .masquerade_bit
             .get_or_insert(DEFAULT_MASQUERADE_BIT);
+
+        self.ebpf
+            .services_map_max
+            .get_or_insert(DEFAULT_EBPF_SERVICES_MAP_MAX);
+        self.ebpf
+            .backends_map_max
+            .get_or_insert(DEFAULT_EBPF_BACKENDS_MAP_MAX);
+        self.ebpf
+            .affinity_map_max
+            .get_or_insert(DEFAULT_EBPF_AFFINITY_MAP_MAX);
+        self.ebpf
+            .conntrack_map_max
+            .get_or_insert(DEFAULT_EBPF_CONNTRACK_MAP_MAX);
 
         self.conntrack.max_per_core.get_or_insert(32 * 1024);
         self.conntrack.min.get_or_insert(128 * 1024);

@@ -10,8 +10,9 @@
 use std::path::PathBuf;
 
 use kp_core::dataplane::{Dataplane, DataplaneError};
-use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane, TcDevices};
+use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane, Event, Events, TcDevices};
 use kp_ebpf::MapSizes;
+use kp_metrics::Metrics;
 
 use super::{node_port_addresses, ModeContext};
 use crate::config::{Config, DEFAULT_BPF_PIN_DIR};
@@ -45,15 +46,56 @@ fn cgroup_root(ctx: &ModeContext<'_>) -> Result<PathBuf, Fatal> {
 }
 
 /// The ebpf mode's settings, from the configuration: the cgroup (`--bpf-cgroup-root` or the
-/// hierarchy's root), the pin directory (`--bpf-pin-dir`), `nodePortAddresses`, and the
-/// loader's default map sizes.
+/// hierarchy's root), the pin directory (`--bpf-pin-dir`), `nodePortAddresses`, the map sizes
+/// (`ebpf.*MapMax`, [`map_sizes`]), and the events that become log lines and metrics
+/// ([`events`]).
 pub fn ebpf_settings(ctx: &ModeContext<'_>) -> Result<EbpfConfig, Fatal> {
     Ok(EbpfConfig {
         cgroup: cgroup_root(ctx)?,
         pin_dir: Some(ctx.config.bpf_pin_dir.clone()),
-        sizes: MapSizes::default(),
+        sizes: map_sizes(ctx.config),
         node_ports: node_port_addresses(ctx.config),
         tc: tc_devices(ctx)?,
+        events: events(ctx.metrics.clone()),
+    })
+}
+
+/// The loader's map sizes from the `ebpf` section: the four configured ones, the rest as the
+/// loader's defaults (the reverse-NAT map's key is a 16-bit frontend id; the address and
+/// source-range tries allocate as they fill).
+pub fn map_sizes(cfg: &Config) -> MapSizes {
+    let e = &cfg.ebpf;
+    MapSizes {
+        services: e.services_map_max,
+        backends: e.backends_map_max,
+        affinity: e.affinity_map_max,
+        connections: e.conntrack_map_max,
+        sockets: e.conntrack_map_max,
+        ..MapSizes::default()
+    }
+}
+
+/// A full map: an error line naming the map and its size (the sync fails with the same
+/// message and is retried) and `kubeproxy_rs_ebpf_map_full_total{map}`. A pinned map made
+/// afresh at a new size: a warning line (it is empty until the first full sync).
+fn events(metrics: std::sync::Arc<Metrics>) -> Events {
+    Events::new(move |event| match event {
+        Event::Full { name, max_entries } => {
+            metrics.ebpf_map_full(name);
+            tracing::error!(
+                map = *name,
+                max_entries = *max_entries,
+                "ebpf: BPF map is full, the sync stopped; raise its size (ebpf.*MapMax, \
+                 --bpf-*-map-max)"
+            );
+        }
+        Event::Resized(r) => tracing::warn!(
+            map = r.name,
+            pinned = r.pinned,
+            configured = r.wanted,
+            "ebpf: pinned BPF map has another size than configured: unpinned and made afresh \
+             (filled by the first full sync)"
+        ),
     })
 }
 
@@ -126,6 +168,66 @@ mod tests {
         assert_eq!(s.cgroup, PathBuf::from("/sys/fs/cgroup/kpt"));
         assert_eq!(s.pin_dir, Some(PathBuf::from("/sys/fs/bpf/kpt")));
         assert_eq!(s.node_ports, kp_core::node::NodePortAddresses::Primary);
+    }
+
+    #[test]
+    fn the_map_sizes_follow_the_configuration_and_a_full_map_counts() {
+        let cfg = config(&["--bpf-cgroup-root", "/sys/fs/cgroup/kpt"]);
+        let sizes = map_sizes(&cfg);
+        // Room for 30k Services x 10 endpoints by default: a frontend and ten slots each.
+        assert!(sizes.services >= 30_000 * 11, "{sizes:?}");
+        assert!(sizes.backends >= 30_000 * 10, "{sizes:?}");
+        let cfg = config(&[
+            "--bpf-services-map-max",
+            "1000",
+            "--bpf-backends-map-max",
+            "2000",
+            "--bpf-affinity-map-max",
+            "3000",
+            "--bpf-conntrack-map-max",
+            "4000",
+        ]);
+        let sizes = map_sizes(&cfg);
+        assert_eq!(
+            (
+                sizes.services,
+                sizes.backends,
+                sizes.affinity,
+                sizes.connections,
+                sizes.sockets
+            ),
+            (1000, 2000, 3000, 4000, 4000)
+        );
+        assert_eq!(sizes.rev_nat, MapSizes::default().rev_nat);
+
+        // The events the dataplane reports: a full map counts per map.
+        let metrics = Arc::new(kp_metrics::Metrics::new());
+        let events = events(metrics.clone());
+        let full = |name| Event::Full {
+            name,
+            max_entries: 1000,
+        };
+        for e in [
+            full(kp_ebpf::names::SERVICES),
+            full(kp_ebpf::names::SERVICES),
+            full(kp_ebpf::names::BACKENDS),
+        ] {
+            events.emit(e);
+        }
+        events.emit(Event::Resized(kp_ebpf::Resized {
+            name: kp_ebpf::names::SERVICES,
+            pinned: 65536,
+            wanted: 1000,
+        }));
+        let text = metrics.encode();
+        assert!(
+            text.contains("kubeproxy_rs_ebpf_map_full_total{map=\"kp_services\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_rs_ebpf_map_full_total{map=\"kp_backends\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]
