@@ -387,13 +387,30 @@ fn build_userspace(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> {
 
 fn remove_userspace(
     ctx: &ModeContext<'_>,
-    _running: Option<&Footprint>,
+    running: Option<&Footprint>,
 ) -> Result<Removal, DataplaneError> {
     // Its settings do not matter for removing what it installs.
-    UserspaceDataplane::new(UserspaceConfig::default(), ctx.netns, ctx.metrics.clone())
-        .cleanup()
+    if running.is_none() {
+        // --cleanup: everything at once.
+        UserspaceDataplane::new(UserspaceConfig::default(), ctx.netns, ctx.metrics.clone())
+            .cleanup()
+            .map_err(kp_userspace::Error::into_dataplane)?;
+        return Ok(Removal::Gone);
+    }
+    // A switch: the return path of a stopping userspace proxy's open relays stays until they
+    // end (that proxy removes it at its exit; a later call once none is open).
+    let nft = nft_command(ctx);
+    let removed = kp_userspace::leftovers::remove(&nft, &kp_userspace::routing::DEFAULT, ctx.netns)
         .map_err(kp_userspace::Error::into_dataplane)?;
-    Ok(Removal::Gone)
+    Ok(match removed {
+        kp_userspace::leftovers::Removed::Gone => Removal::Gone,
+        kp_userspace::leftovers::Removed::ReturnPathKept { port, relays } => {
+            Removal::Draining(format!(
+                "the return path (reply mark and policy routing) of the stopping userspace \
+                 proxy on port {port}, for its {relays} open relays"
+            ))
+        }
+    })
 }
 
 /// The iptables mode's chains, on both backends; with a running mode that fills some of the

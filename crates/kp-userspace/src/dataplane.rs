@@ -530,7 +530,21 @@ impl UserspaceDataplane {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }
-        self.port = None;
+        // Another mode kept this proxy's return path for its relays: it goes with them.
+        if let Some(port) = self.port.take() {
+            let nft = self.table.nft();
+            let left = crate::leftovers::port(nft);
+            if left.as_ref().ok() == Some(&crate::leftovers::Port::ReturnPath(port)) {
+                match crate::leftovers::delete_all(nft, &self.cfg.routing, self.netns.as_deref()) {
+                    Ok(()) => {
+                        tracing::info!("removed the return path kept for this proxy's relays")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot remove the return path kept for this proxy's relays")
+                    }
+                }
+            }
+        }
     }
 
     /// A flag set by a SIGTERM or SIGINT that arrives from now on, when

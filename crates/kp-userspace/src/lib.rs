@@ -23,6 +23,7 @@
 //! port, and the retry schedule of its `tryConnect`.
 
 mod dataplane;
+pub mod leftovers;
 pub mod relay;
 pub mod routing;
 mod shared;
@@ -31,7 +32,9 @@ mod table;
 pub mod tcp;
 pub mod udp;
 
-pub use dataplane::{Listeners, UserspaceConfig, UserspaceDataplane};
+pub use dataplane::{
+    Listeners, UserspaceConfig, UserspaceDataplane, SERVING_ON, STOPPED_ACCEPTING,
+};
 pub use relay::Copying;
 
 use kp_core::dataplane::{DataplaneError, Retry};

@@ -35,6 +35,11 @@ impl Table {
         }
     }
 
+    /// How nft is run.
+    pub fn nft(&self) -> &NftCommand {
+        &self.nft
+    }
+
     /// The last nft text sent.
     pub fn last_transaction(&self) -> &str {
         &self.last_transaction
