@@ -6,6 +6,11 @@
 //! no pause over [`FAILING_GAP`] (one over the 100 ms target is printed), at most
 //! [`STRAY_FAILURES`] failed new connection of each kind (printed), and no new ClusterIP
 //! connection answered only after a retransmitted SYN.
+//!
+//! B starts once A has exited, or once A says it serves on after the stop (a userspace proxy
+//! keeps relaying while its redirect rules still send connections to it, [`SERVING_ON`]); A
+//! must then exit on its own, after B removed its rules and its relays ended, well within its
+//! drain timeout.
 
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
@@ -38,6 +43,50 @@ pub const SLOW_CONNECT: Duration = Duration::from_millis(500);
 pub use crate::common::LEFTOVERS_GONE;
 /// The log line of leftovers kept because connections still use them.
 pub const LEFTOVERS_DRAINING: &str = "kept until they end";
+/// The log line of a stopping userspace proxy that serves on while its rules reach it
+/// (`kp_userspace::SERVING_ON`).
+pub const SERVING_ON: &str = "stopping: serving on while the redirect rules send connections here";
+/// The reason a draining userspace proxy gives when another proxy took over.
+pub const TAKEN_OVER: &str = "the redirect rules no longer send connections here";
+
+/// Sends SIGTERM to `proxy` and waits until it has exited or says that it serves on until
+/// another proxy takes over; returns whether it still runs.
+pub fn stop(proxy: &mut ChildGuard, what: &str, within: Duration) -> bool {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status();
+    let deadline = Instant::now() + within;
+    loop {
+        if proxy.try_wait().expect("the proxy's status").is_some() {
+            return false;
+        }
+        if proxy.log().contains(SERVING_ON) {
+            return true;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still running {within:?} after SIGTERM, without serving on\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits up to `within` for `proxy` to exit on its own; what went wrong, if anything.
+pub fn exited_on_its_own(proxy: &mut ChildGuard, what: &str, within: Duration) -> Option<String> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        match proxy.try_wait().expect("the proxy's status") {
+            Some(status) if status.success() => return None,
+            Some(status) => return Some(format!("{what} exited with {status}")),
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let _ = proxy.kill_now();
+    Some(format!(
+        "{what} was still running {within:?} later (killed)"
+    ))
+}
 
 /// Extra flags for every start (the ipvs guest passes its sync periods).
 pub struct Switcher<'a> {
@@ -67,6 +116,8 @@ impl Switcher<'_> {
 /// What the traffic saw across one switch.
 #[derive(Debug)]
 pub struct Seen {
+    /// What went wrong with the stop of A (a draining proxy that did not exit on its own).
+    pub old: Option<String>,
     /// `from -> to`.
     pub pair: String,
     /// The long-lived connections: ClusterIP, NodePort.
@@ -82,6 +133,7 @@ impl Seen {
     pub fn problems(&self) -> Vec<String> {
         let mut out = self.stream_problems();
         out.extend(self.fresh_problems());
+        out.extend(self.old.clone());
         out
     }
 
@@ -226,10 +278,9 @@ pub fn switch(
     ];
     std::thread::sleep(Duration::from_millis(400));
     let t = Instant::now();
-    running
-        .terminate(Duration::from_secs(15))
-        .unwrap_or_else(|e| panic!("{from}: stop: {e}\n{}", running.log()));
-    // A moment with no proxy at all, as between a pod's end and its replacement's start.
+    let draining = stop(&mut running, from, Duration::from_secs(15));
+    // A moment with no proxy at all (or only the draining one), as between a pod's stop and its
+    // replacement's start.
     std::thread::sleep(Duration::from_millis(200));
     let proxy = sw.start(to);
     let took = t.elapsed();
@@ -266,7 +317,20 @@ pub fn switch(
             )
         })
         .collect();
+    // The old proxy is gone, or goes on its own now that its rules are and the traffic ended.
+    let old = if draining {
+        exited_on_its_own(&mut running, from, Duration::from_secs(20)).or_else(|| {
+            (!running.log().contains(TAKEN_OVER))
+                .then(|| format!("{from} did not see {to} take over:\n{}", running.log()))
+        })
+    } else {
+        match running.try_wait() {
+            Ok(Some(status)) if !status.success() => Some(format!("{from} exited with {status}")),
+            _ => None,
+        }
+    };
     let seen = Seen {
+        old,
         pair: format!("{from} -> {to}"),
         streams,
         fresh,
