@@ -63,9 +63,12 @@ pub enum Event {
     Resized(Resized),
 }
 
+/// What [`Events`] calls.
+type Receiver = Arc<dyn Fn(&Event) + Send + Sync>;
+
 /// The receiver of [`Event`]s; none by default.
 #[derive(Clone, Default)]
-pub struct Events(Option<Arc<dyn Fn(&Event) + Send + Sync>>);
+pub struct Events(Option<Receiver>);
 
 impl Events {
     /// Calls `f` with every event.

@@ -13,8 +13,12 @@
 //!
 //! [`dataplane::EbpfDataplane`] puts these together as the mode's `Dataplane`.
 //!
-//! What is not here yet: the tc path for traffic from outside the node, Maglev maps, stale UDP
-//! socket destruction (README.md).
+//! - [`SocketLb::attach_tc`] attaches the tc path for traffic from outside the node
+//!   (`bpf/tc.c`) to interfaces of the calling thread's network namespace;
+//! - [`MapSizes`] sizes the maps (from the configuration); a pinned map of another size is made
+//!   afresh ([`SocketLb::resized`]), an insert into a full map is [`Error::Full`].
+//!
+//! What is not here yet: Maglev maps, stale UDP socket destruction (README.md).
 //!
 //! No unsafe code: aya makes the `bpf()` calls.
 

@@ -62,6 +62,45 @@ pub fn local_addresses() -> std::io::Result<Vec<IpAddr>> {
         .collect())
 }
 
+/// The calling thread's network namespace's interface names, from `/proc/thread-self/net/dev`.
+pub fn interfaces() -> std::io::Result<Vec<String>> {
+    Ok(parse_net_dev(&std::fs::read_to_string(
+        "/proc/thread-self/net/dev",
+    )?))
+}
+
+/// The interface names in `/proc/net/dev`'s text (two header lines, then `NAME: counters`).
+pub fn parse_net_dev(text: &str) -> Vec<String> {
+    text.lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(name, _)| name.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// The interfaces of the calling thread's network namespace's IPv4 default routes, from
+/// `/proc/thread-self/net/route`: where traffic from outside the node arrives (its uplinks).
+pub fn default_route_interfaces() -> std::io::Result<Vec<String>> {
+    Ok(parse_default_routes(&std::fs::read_to_string(
+        "/proc/thread-self/net/route",
+    )?))
+}
+
+/// The interfaces of the default routes (destination and mask 0) in `/proc/net/route`'s text.
+pub fn parse_default_routes(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if let [dev, dest, _gw, _flags, _refs, _use, _metric, mask, ..] = f.as_slice() {
+            if *dest == "00000000" && *mask == "00000000" && !out.iter().any(|d| d == dev) {
+                out.push((*dev).to_string());
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,43 +182,4 @@ veth1\t0B01F40A\t00000000\t0005\t0\t0\t0\tFFFFFFFF\t0\t0\t0
 ";
         assert_eq!(parse_default_routes(text), ["eth0"]);
     }
-}
-
-/// The calling thread's network namespace's interface names, from `/proc/thread-self/net/dev`.
-pub fn interfaces() -> std::io::Result<Vec<String>> {
-    Ok(parse_net_dev(&std::fs::read_to_string(
-        "/proc/thread-self/net/dev",
-    )?))
-}
-
-/// The interface names in `/proc/net/dev`'s text (two header lines, then `NAME: counters`).
-pub fn parse_net_dev(text: &str) -> Vec<String> {
-    text.lines()
-        .skip(2)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(name, _)| name.trim().to_string())
-        .filter(|n| !n.is_empty())
-        .collect()
-}
-
-/// The interfaces of the calling thread's network namespace's IPv4 default routes, from
-/// `/proc/thread-self/net/route`: where traffic from outside the node arrives (its uplinks).
-pub fn default_route_interfaces() -> std::io::Result<Vec<String>> {
-    Ok(parse_default_routes(&std::fs::read_to_string(
-        "/proc/thread-self/net/route",
-    )?))
-}
-
-/// The interfaces of the default routes (destination and mask 0) in `/proc/net/route`'s text.
-pub fn parse_default_routes(text: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if let [dev, dest, _gw, _flags, _refs, _use, _metric, mask, ..] = f.as_slice() {
-            if *dest == "00000000" && *mask == "00000000" && !out.iter().any(|d| d == dev) {
-                out.push((*dev).to_string());
-            }
-        }
-    }
-    out
 }
