@@ -51,6 +51,8 @@ struct Checks {
     held: Mutex<bool>,
     release: std::sync::Condvar,
     outcomes: Mutex<VecDeque<CheckOutcome>>,
+    /// The thread each read ran on, in order.
+    readers: Mutex<Vec<std::thread::ThreadId>>,
 }
 
 impl Checks {
@@ -180,6 +182,11 @@ impl Dataplane for FakeDataplane {
             .unwrap()
             .push(Call::CheckBegin { at: self.elapsed() });
         Some(Box::new(move || {
+            checks
+                .readers
+                .lock()
+                .unwrap()
+                .push(std::thread::current().id());
             let mut held = checks.held.lock().unwrap();
             while *held {
                 held = checks.release.wait(held).unwrap();
@@ -640,5 +647,11 @@ async fn an_unsure_check_reads_again_and_repairs_only_if_the_second_read_differs
     let syncs = sync_times(&fake);
     assert_eq!(syncs.len(), 2, "{calls:?}");
     assert!(syncs[1].0, "the repair is full: {syncs:?}");
+    // Every read ran on one thread of the loop's own (one malloc arena for all of them), not
+    // on the loop's.
+    let readers = checks.readers.lock().unwrap().clone();
+    assert_eq!(readers.len(), 4);
+    assert!(readers.iter().all(|t| *t == readers[0]), "{readers:?}");
+    assert_ne!(readers[0], std::thread::current().id());
     running.stop().await.0.unwrap();
 }
