@@ -13,6 +13,14 @@ mod logging;
 
 use std::process::ExitCode;
 
+/// mimalloc instead of glibc's malloc: at 100k Services glibc spent most of the first sync
+/// consolidating freed chunks, and every thread's arena kept a read-back's worth of freed memory
+/// resident (BENCHMARKS.md). The `system-allocator` feature keeps glibc's, for heap profilers
+/// that watch malloc (heaptrack; scripts/profile.sh builds it so for its memory profiles).
+#[cfg(not(feature = "system-allocator"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(sub) = args.get(1).and_then(|a| a.to_str()) {

@@ -3,6 +3,11 @@
 
 use std::process::ExitCode;
 
+/// The allocator the kube-proxy binary uses, so the in-process dataplanes measure as it runs
+/// them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use kp_bench::cli::{Cli, ClientCommand, Command};
 
@@ -92,15 +97,43 @@ fn subcommand(command: Command) -> anyhow::Result<()> {
                 eprintln!("wrote {}", f.display());
             }
         }
+        Command::KubeApiserver {
+            services,
+            endpoints,
+        } => {
+            if let Err(e) = kp_bench::interrupt::watch() {
+                eprintln!("bench: cannot handle SIGINT/SIGTERM ({e:#}); an interrupted run leaves its namespaces behind");
+            }
+            let cluster = kp_bench::cluster::Cluster::new(services, endpoints);
+            let started = std::time::Instant::now();
+            let server = kp_test::kube_apiserver::KubeApiServer::start()?;
+            let loaded = server.load_cluster(&cluster)?;
+            eprintln!(
+                "bench: {} holds {} objects (up and loaded in {:.1} s)",
+                server.url(),
+                loaded.objects,
+                started.elapsed().as_secs_f64()
+            );
+            let ns = kp_test::netns::Netns::new("kube-apiserver")?;
+            let _bridge = server.bridge_into(&ns)?;
+            println!("namespace={}", ns.name());
+            println!("kubeconfig={}", server.kube_proxy_kubeconfig().display());
+            use std::io::Write;
+            std::io::stdout().flush()?;
+            // Held until standard input closes.
+            std::io::copy(&mut std::io::stdin(), &mut std::io::sink())?;
+        }
         Command::Manifests {
             services,
             endpoints,
             mode,
             out,
+            format,
         } => {
             let mode = kp_bench::modes::by_names(&[mode])?.remove(0);
+            let format = kp_bench::proxy::Format::parse(&format)?;
             let cluster = kp_bench::cluster::Cluster::new(services, endpoints);
-            kp_bench::proxy::write_manifests(&out, &cluster)?;
+            kp_bench::proxy::write_manifests(&out, &cluster, format)?;
             for flag in kp_bench::proxy::binary_flags(mode.as_ref()) {
                 println!("{flag}");
             }
