@@ -937,6 +937,10 @@ impl Listener for GatedListener {
                     Some(state.cuts)
                 }
             };
+            // As a real API server's (Go sets it on every TCP connection): without it a watch
+            // event written in pieces to an idle connection waits for the client's delayed ACK
+            // (40 ms).
+            let _ = stream.set_nodelay(true);
             match cuts {
                 Some(cuts) => return (GatedStream::new(stream, self.shared.clone(), cuts), addr),
                 None => drop(stream),

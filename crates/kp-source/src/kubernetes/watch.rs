@@ -132,6 +132,10 @@ impl Loop<'_, '_> {
         let retry = Next::List { from_cache };
         self.deliver(Event::Init).await?;
         let mut continue_token: Option<String> = None;
+        // Where a list's time goes, for its log line: the API server's answer (until the
+        // response headers arrive), then reading and decoding the items as they stream in.
+        let started = std::time::Instant::now();
+        let (mut answered, mut items, mut pages) = (std::time::Duration::ZERO, 0usize, 0usize);
         loop {
             // From the cache: `resourceVersion=0` and no limit (kube's client drops the version
             // when a limit is given, which would make it a quorum read). A continued list takes
@@ -145,10 +149,13 @@ impl Loop<'_, '_> {
                 resource_version: cached.then(|| "0".to_string()),
                 ..ListParams::default()
             };
+            let opened = std::time::Instant::now();
             let mut page = match PageReader::open(self.client, &self.path, &params).await {
                 Ok(page) => page,
                 Err(err) => return Ok(Step::Failed(watcher::Error::InitialListFailed(err), retry)),
             };
+            answered += opened.elapsed();
+            pages += 1;
             loop {
                 let object = match page.next_item().await {
                     Ok(Some(item)) => match serde_json::from_slice::<K>(item) {
@@ -160,6 +167,7 @@ impl Loop<'_, '_> {
                         return Ok(Step::Failed(watcher::Error::InitialListFailed(err), retry))
                     }
                 };
+                items += 1;
                 match object {
                     Ok(object) => self.deliver(Event::InitApply(object.into_object())).await?,
                     // Kept, not reported: its last good version (if any) stays in force.
@@ -180,6 +188,15 @@ impl Loop<'_, '_> {
             let Some(version) = version else {
                 return Ok(Step::Failed(watcher::Error::NoResourceVersion, retry));
             };
+            tracing::info!(
+                kind = %self.tracker.kind(),
+                objects = items,
+                pages,
+                from_cache = from_cache,
+                seconds = started.elapsed().as_secs_f64(),
+                answer_seconds = answered.as_secs_f64(),
+                "listed"
+            );
             self.deliver(Event::InitDone).await?;
             if let Some(said) = self.optional.as_deref_mut() {
                 if said.take().is_some() {
