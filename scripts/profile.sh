@@ -27,6 +27,12 @@
 #   userspace-memory-10k         heaptrack of the kube-proxy binary in userspace mode on bench's
 #                                10k x 10 manifests, in a namespace of its own, until a few
 #                                seconds after its first full sync
+#   nftables-memory-kube-apiserver-10k  the same in nftables mode reading a real API server
+#                                loaded with the 10k x 10 cluster (bench kube-apiserver)
+#   nftables-memory-kube-apiserver-30k  the same at 30k
+#   nftables-startup-kube-apiserver-10k perf of the same binary, from its start to a few seconds
+#                                after its first full sync (where the list and first sync go)
+#   nftables-startup-yaml-10k    the same reading bench's 10k x 10 cluster as YAML manifests
 #
 # perf samples the process and every child it starts (nft, iptables-restore), user and kernel
 # code, with the cpu-clock event (this VM has no hardware counters). Change profiles start with
@@ -60,7 +66,9 @@ ALL=(nftables-full-10k nftables-full-30k nftables-change-30k
     iptables-nft-memory-10k iptables-legacy-memory-10k
     nftables-datapath-vip-30k nftables-datapath-direct-30k
     userspace-datapath-vip-30k userspace-datapath-direct-30k
-    userspace-bulk-vip-30k userspace-bulk-direct-30k userspace-memory-10k)
+    userspace-bulk-vip-30k userspace-bulk-direct-30k userspace-memory-10k
+    nftables-memory-kube-apiserver-10k nftables-memory-kube-apiserver-30k
+    nftables-startup-kube-apiserver-10k nftables-startup-yaml-10k)
 for arg in "$@"; do
     case $arg in
         --no-build) BUILD=0 ;;
@@ -103,18 +111,25 @@ if [ $BUILD -eq 1 ]; then
     echo "==> building the measure examples and bench (release)"
     (cd "$ROOT" && cargo build --release --locked -p kp-nftables --example measure \
         -p kp-iptables --example iptables-measure -p kp-bench --bin bench &&
-        cargo build --release --locked -p kube-proxy)
+        cargo build --release --locked -p kube-proxy &&
+        CARGO_TARGET_DIR=$TARGET/system-allocator cargo build --release --locked -p kube-proxy \
+            --features system-allocator)
 fi
 NFT_MEASURE=$TARGET/release/examples/measure
 IPT_MEASURE=$TARGET/release/examples/iptables-measure
 BENCH=$TARGET/release/bench
 PROXY=$TARGET/release/kube-proxy
+# The binary's allocator is mimalloc, which heaptrack (it watches malloc) cannot see: memory
+# profiles run a build with glibc's malloc.
+PROXY_SYSTEM_ALLOCATOR=$TARGET/system-allocator/release/kube-proxy
 # perf's sampling frequency (per CPU): one sample is 1/FREQ s of CPU time.
 FREQ=999
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 PROFILE_NS=
-trap 'drop_profile_ns; rm -rf "$WORK"' EXIT
+KUBE_FDS=()
+KUBE_PIDS=()
+trap 'drop_profile_ns; stop_kube_servers; rm -rf "$WORK"' EXIT
 
 # header NAME COMMAND...: the first lines of a profile file.
 header() {
@@ -218,6 +233,28 @@ hot_chains() {
 # fifos, the cpu-clock event alone switched so that perf keeps track of the processes started in
 # between), and the file also holds the connect figures of the bench results file RESULTS and
 # the CPU time per measured connection.
+# perf_shares DATA: where a perf recording's samples fell: by program, by program and shared
+# object, the hottest symbols, and the hottest call chains (including callees).
+perf_shares() {
+    local data=$1
+    echo "## share of samples by program"
+    perf report -i "$data" --stdio --no-children --sort comm \
+        --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]' || true
+    echo
+    echo "## share of samples by program and shared object"
+    perf report -i "$data" --stdio --no-children --sort comm,dso \
+        --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]' || true
+    echo
+    echo "## hottest symbols (self time)"
+    perf report -i "$data" --stdio --no-children --sort comm,dso,sym \
+        --percent-limit 0.7 -g none 2>/dev/null | grep -E '^ +[0-9]' | sed -n '1,40p' || true
+    echo
+    echo "## hottest call chains (including callees), kernel entry points and our code"
+    perf report -i "$data" --stdio --children --sort sym \
+        --percent-limit 5 -g none 2>/dev/null | grep -E '^ +[0-9]' \
+        | grep -v '\[\.\] 0x' | sed -n '1,30p' || true
+}
+
 perf_profile() {
     local name=$1
     shift
@@ -284,22 +321,7 @@ perf_profile() {
             hot_chains "$WORK/$name.data"
             echo
         fi
-        echo "## share of samples by program"
-        perf report -i "$WORK/$name.data" --stdio --no-children --sort comm \
-            --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]' || true
-        echo
-        echo "## share of samples by program and shared object"
-        perf report -i "$WORK/$name.data" --stdio --no-children --sort comm,dso \
-            --percent-limit 1 -g none 2>/dev/null | grep -E '^ +[0-9]' || true
-        echo
-        echo "## hottest symbols (self time)"
-        perf report -i "$WORK/$name.data" --stdio --no-children --sort comm,dso,sym \
-            --percent-limit 0.7 -g none 2>/dev/null | grep -E '^ +[0-9]' | sed -n '1,40p' || true
-        echo
-        echo "## hottest call chains (including callees), kernel entry points and our code"
-        perf report -i "$WORK/$name.data" --stdio --children --sort sym \
-            --percent-limit 5 -g none 2>/dev/null | grep -E '^ +[0-9]' \
-            | grep -v '\[\.\] 0x' | sed -n '1,30p' || true
+        perf_shares "$WORK/$name.data"
     } >>"$OUT/$name.txt"
     if [ $status -ne 0 ]; then
         echo "profile.sh: $name: the measurement failed (exit $status); see bench/profiles/$name.txt" >&2
@@ -357,23 +379,88 @@ heap_summary() {
     echo "    wrote bench/profiles/$name.txt"
 }
 
-# binary_heap_profile NAME MODE SERVICES: heaptrack of the kube-proxy binary in MODE (bench's
-# name) on bench's cluster of SERVICES x 10 endpoints from a manifest directory, with the flags
-# bench gives it, in a network namespace of its own, stopped with SIGTERM a few seconds after it
-# logs its first full sync. The peak is the binary's own, source and dataplane together.
-binary_heap_profile() {
-    local name=$1 mode=$2 services=$3
-    local dir=$WORK/$name-manifests log=$WORK/$name.out flags pid waited=0
-    mapfile -t flags < <("$BENCH" manifests --services "$services" --mode "$mode" --out "$dir")
-    PROFILE_NS=kpprof-$$-$name
-    ip netns add "$PROFILE_NS"
-    ip -n "$PROFILE_NS" link set lo up
-    echo "==> $name: heaptrack -- kube-proxy ${flags[*]} --manifests DIR (namespace $PROFILE_NS)"
-    header "$name" "heaptrack -- kube-proxy ${flags[*]} --manifests DIR (bench manifests --services $services --mode $mode --out DIR), in a namespace of its own"
+# kube_server SERVICES: a real API server loaded with bench's cluster of SERVICES x 10 and a
+# namespace bridged to it (`bench kube-apiserver`), started once per size and held until this
+# script exits (its input is a fifo held open on a descriptor of this shell; closing it at exit
+# stops the server, which removes its namespace and state). WORK/kube-SERVICES.served holds
+# `namespace=` and `kubeconfig=`.
+kube_server() {
+    local services=$1 waited=0
+    local hold=$WORK/kube-$services.hold served=$WORK/kube-$services.served
+    [ -p "$hold" ] && return 0
+    mkfifo "$hold"
+    echo "==> a real API server with $services Services x 10 (bench kube-apiserver)"
+    "$BENCH" kube-apiserver --services "$services" <"$hold" >"$served" 2>"$WORK/kube-$services.log" &
+    local server=$!
+    # A descriptor per size, held open until exit.
+    exec {fd}>"$hold"
+    KUBE_FDS+=("$fd")
+    KUBE_PIDS+=("$server")
+    until grep -q '^kubeconfig=' "$served"; do
+        if [ $waited -ge 1800 ] || ! kill -0 "$server" 2>/dev/null; then
+            echo "profile.sh: the API server did not come up; see $WORK/kube-$services.log" >&2
+            tail -n 20 "$WORK/kube-$services.log" >&2
+            exit 1
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    echo "    up and loaded after ${waited} s"
+}
+
+# Stops the real API servers (closing their input) and waits for them to clean up.
+stop_kube_servers() {
+    local fd pid
+    for fd in "${KUBE_FDS[@]}"; do exec {fd}>&-; done
+    for pid in "${KUBE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    KUBE_FDS=()
+    KUBE_PIDS=()
+}
+
+# binary_profile TOOL NAME MODE SERVICES [SOURCE]: TOOL (heaptrack, or perf: every process of
+# the namespace's kube-proxy, user and kernel code) of the kube-proxy binary in MODE (bench's
+# name) on bench's cluster of SERVICES x 10 endpoints, with the flags bench gives it, in a network
+# namespace, from its start until SIGTERM a few seconds after it logs its first full sync. The
+# peak is the binary's own, source and dataplane together. SOURCE is `manifests` (default: a
+# JSON manifest directory, in a namespace of its own), `manifests-yaml` (the same as YAML, 100
+# Services per file) or `kube-apiserver` (`bench kube-apiserver`: a real API server loaded with
+# the cluster, read with --kubeconfig from the namespace bridged to it; the binary's "listed"
+# lines tell the list's time apart from the API server's answer).
+binary_profile() {
+    local tool=$1 name=$2 mode=$3 services=$4 source=${5:-manifests}
+    local dir=$WORK/$name-manifests log=$WORK/$name.out flags pid waited=0 args described
+    local format=json wrapper
+    [ "$source" = manifests-yaml ] && format=yaml
+    mapfile -t flags < <("$BENCH" manifests --services "$services" --mode "$mode" --out "$dir" \
+        --format "$format")
+    local proxy=$PROXY
+    if [ "$tool" = perf ]; then
+        wrapper=(perf record -q -F "$FREQ" -g -o "$WORK/$name.data" --)
+    else
+        wrapper=(heaptrack -o "$WORK/$name")
+        proxy=$PROXY_SYSTEM_ALLOCATOR
+    fi
+    if [ "$source" = kube-apiserver ]; then
+        kube_server "$services"
+        PROFILE_NS=$(sed -n 's/^namespace=//p' "$WORK/kube-$services.served")
+        # Each profile starts from a node without rules (an earlier one at this size left its).
+        ip netns exec "$PROFILE_NS" nft flush ruleset
+        args=(--kubeconfig "$(sed -n 's/^kubeconfig=//p' "$WORK/kube-$services.served")")
+        described="--kubeconfig KUBECONFIG (bench kube-apiserver --services $services: a real API server, system:kube-proxy's kubeconfig, in the namespace bridged to it)"
+    else
+        PROFILE_NS=kpprof-$$-$name
+        ip netns add "$PROFILE_NS"
+        ip -n "$PROFILE_NS" link set lo up
+        args=(--manifests "$dir")
+        described="--manifests DIR (bench manifests --services $services --mode $mode --out DIR --format $format), in a namespace of its own"
+    fi
+    echo "==> $name: ${wrapper[*]} kube-proxy ${flags[*]} ${args[0]} ... (namespace $PROFILE_NS)"
+    header "$name" "${wrapper[*]} kube-proxy ${flags[*]} $described"
     ip netns exec "$PROFILE_NS" env -u KUBECONFIG -u KUBERNETES_SERVICE_HOST HOME=/nonexistent \
-        heaptrack -o "$WORK/$name" "$PROXY" "${flags[@]}" --manifests "$dir" >"$log" 2>&1 &
+        "${wrapper[@]}" "$proxy" "${flags[@]}" "${args[@]}" >"$log" 2>&1 &
+    pid=$!
     until grep -q "programmed the kernel" "$log"; do
-        if [ $waited -ge 600 ] || ! kill -0 $! 2>/dev/null; then
+        if [ $waited -ge 600 ] || ! kill -0 $pid 2>/dev/null; then
             echo "profile.sh: $name: no full sync within ${waited} s; see $log" >&2
             tail -n 20 "$log" >&2
             exit 1
@@ -383,14 +470,30 @@ binary_heap_profile() {
     done
     echo "    first full sync logged after ~${waited} s; stopping in 3 s"
     sleep 3
-    for pid in $(ip netns pids "$PROFILE_NS"); do
-        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = kube-proxy ]; then
-            kill -TERM "$pid"
+    for p in $(ip netns pids "$PROFILE_NS"); do
+        if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = kube-proxy ]; then
+            kill -TERM "$p"
         fi
     done
-    wait || true
-    drop_profile_ns
-    heap_summary "$name"
+    wait $pid || true
+    if [ "$source" = kube-apiserver ]; then
+        # The namespace is the server's (kept for the next profile at this size).
+        PROFILE_NS=
+    else
+        drop_profile_ns
+    fi
+    if [ "$tool" = perf ]; then
+        {
+            echo "#"
+            echo "# the measurement's own output:"
+            sed 's/^/#   /' "$log" | tail -n 25
+            echo
+            perf_shares "$WORK/$name.data"
+        } >>"$OUT/$name.txt"
+        echo "    wrote bench/profiles/$name.txt"
+    else
+        heap_summary "$name"
+    fi
 }
 
 # Deletes the namespace a profile made, with anything still running in it.
@@ -430,7 +533,15 @@ for name in "${NAMES[@]}"; do
         userspace-datapath-direct-30k) datapath_profile "$name" direct userspace ;;
         userspace-bulk-vip-30k) datapath_profile "$name" vip-bulk userspace ;;
         userspace-bulk-direct-30k) datapath_profile "$name" direct-bulk userspace ;;
-        userspace-memory-10k) binary_heap_profile "$name" userspace 10000 ;;
+        userspace-memory-10k) binary_profile heaptrack "$name" userspace 10000 ;;
+        nftables-memory-kube-apiserver-10k)
+            binary_profile heaptrack "$name" nftables 10000 kube-apiserver ;;
+        nftables-memory-kube-apiserver-30k)
+            binary_profile heaptrack "$name" nftables 30000 kube-apiserver ;;
+        nftables-startup-kube-apiserver-10k)
+            binary_profile perf "$name" nftables 10000 kube-apiserver ;;
+        nftables-startup-yaml-10k)
+            binary_profile perf "$name" nftables 10000 manifests-yaml ;;
     esac
 done
 echo "==> done: bench/profiles/ (bench report redraws BENCHMARKS.md with them)"

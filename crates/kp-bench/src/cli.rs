@@ -53,6 +53,15 @@ pub struct RunArgs {
     /// is reported beside each latency.
     #[arg(long)]
     pub latency_changes: Option<usize>,
+    /// Spread each programming-latency run's changes evenly over at least this many seconds
+    /// (at least 20 ms apart), so periodic full syncs (every 30 s by default) fall among them;
+    /// how many did is reported [default: one change after another].
+    #[arg(long)]
+    pub latency_span: Option<f64>,
+    /// Changes in upstream kube-proxy's latency run [default: as --latency-changes]; each
+    /// costs it seconds at 10k Services.
+    #[arg(long)]
+    pub upstream_changes: Option<usize>,
     /// First full syncs and bare loads per size, each into a fresh namespace; the median is
     /// reported [default: 3; with --quick: 1].
     #[arg(long)]
@@ -60,6 +69,10 @@ pub struct RunArgs {
     /// Skip the data-path measurements.
     #[arg(long)]
     pub skip_datapath: bool,
+    /// Do not pin the data path's client and server to CPUs of their own (by default, on a
+    /// machine with two CPUs or more, the client runs on CPU 0 and the server on CPU 1).
+    #[arg(long)]
+    pub no_pin: bool,
     /// Skip the kube-proxy binary runs (programming latency and memory).
     #[arg(long)]
     pub skip_proxy: bool,
@@ -153,6 +166,24 @@ pub enum Command {
         /// The directory to write (created; files of the same names are replaced).
         #[arg(long)]
         out: PathBuf,
+        /// The files' format: json (one `List` per file) or yaml (one document per object,
+        /// `apiVersion` and `kind` first).
+        #[arg(long, default_value = "json")]
+        format: String,
+    },
+    /// Starts a real API server (etcd + kube-apiserver v1.28.7 on loopback) loaded with the
+    /// benchmark's cluster of N Services × E endpoints, and a network namespace bridged to it,
+    /// for profiling the binary against it outside the harness (scripts/profile.sh
+    /// nftables-memory-kube-apiserver-10k). Prints `namespace=NAME` and `kubeconfig=PATH` (the
+    /// `system:kube-proxy` user's, valid inside the namespace) once ready, then holds everything
+    /// until its standard input closes, and removes it all.
+    KubeApiserver {
+        /// Services N.
+        #[arg(long)]
+        services: usize,
+        /// Endpoints per Service E.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
     },
     /// The data-path server (runs inside a pod namespace).
     #[command(hide = true)]
@@ -350,7 +381,7 @@ impl RunArgs {
                 .map(|n| crate::proxy::Source::parse(n))
                 .collect::<anyhow::Result<Vec<_>>>()?,
             None => {
-                let mut all = crate::proxy::Source::ALL.to_vec();
+                let mut all = crate::proxy::Source::DEFAULT.to_vec();
                 if let Some(why) = kp_test::kube_apiserver::unavailable() {
                     eprintln!("bench: no kube-apiserver source (and no upstream baseline): {why}");
                     all.retain(|s| *s != crate::proxy::Source::KubeApiServer);
@@ -363,6 +394,10 @@ impl RunArgs {
             && !self.skip_proxy
             && sources.contains(&crate::proxy::Source::KubeApiServer))
         .then_some(upstream_backend);
+        let latency_changes =
+            self.latency_changes
+                .or(self.changes)
+                .unwrap_or(if q { 20 } else { 100 });
         Ok(Options {
             modes,
             sizes,
@@ -372,11 +407,12 @@ impl RunArgs {
             skip_sync: self.skip_sync,
             endpoints: self.endpoints,
             changes: self.changes.unwrap_or(if q { 20 } else { 100 }),
-            latency_changes: self.latency_changes.or(self.changes).unwrap_or(if q {
-                20
-            } else {
-                100
-            }),
+            latency_changes,
+            upstream_changes: self.upstream_changes.unwrap_or(latency_changes),
+            latency_span: self
+                .latency_span
+                .filter(|s| *s > 0.0)
+                .map(std::time::Duration::from_secs_f64),
             repeats: self.repeats.unwrap_or(if q { 1 } else { 3 }).max(1),
             skip_datapath: self.skip_datapath,
             skip_proxy: self.skip_proxy,
@@ -386,6 +422,13 @@ impl RunArgs {
                 .bulk_bytes
                 .unwrap_or(if q { 100_000_000 } else { 1_000_000_000 }),
             bulk_repeats: self.bulk_repeats.unwrap_or(if q { 1 } else { 3 }),
+            pinning: if self.no_pin {
+                None
+            } else {
+                crate::datapath::Pinning::for_machine(
+                    std::thread::available_parallelism().map_or(1, |n| n.get()),
+                )
+            },
             perf,
             proxy_binary,
             bench_binary: bench,

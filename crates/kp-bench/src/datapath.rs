@@ -428,14 +428,43 @@ pub struct Plan {
     /// a cgroup ([`crate::mode::SyncTarget::client_cgroup`]); it must be reachable under
     /// `ip netns exec`, which remounts `/sys`.
     pub cgroup: Option<PathBuf>,
+    /// The CPU the client runs on (`taskset`), the server on another ([`Pinning`]).
+    pub pinning: Option<Pinning>,
+}
+
+/// The CPUs the data path's two processes are pinned to, so neither competes with the other
+/// for a core and a tail latency measures the path rather than the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pinning {
+    /// The client's CPU.
+    pub client: usize,
+    /// The server's CPU.
+    pub server: usize,
+}
+
+impl Pinning {
+    /// The client on CPU 0 and the server on CPU 1, on a machine with at least two CPUs.
+    pub fn for_machine(cpus: usize) -> Option<Pinning> {
+        (cpus >= 2).then_some(Pinning {
+            client: 0,
+            server: 1,
+        })
+    }
+
+    /// The command prefix that runs a process on `cpu`.
+    pub fn taskset(cpu: usize) -> [String; 3] {
+        ["taskset".into(), "-c".into(), cpu.to_string()]
+    }
 }
 
 fn client(
     ns: &kp_test::Netns,
     bench: &Path,
-    cgroup: Option<&Path>,
+    plan: &Plan,
     args: &[String],
 ) -> anyhow::Result<String> {
+    let cgroup = plan.cgroup.as_deref();
+    let pin = plan.pinning.map(|p| Pinning::taskset(p.client));
     let exe = bench.to_string_lossy().into_owned();
     let procs = cgroup.map(|c| c.join("cgroup.procs").to_string_lossy().into_owned());
     let mut all: Vec<&str> = Vec::new();
@@ -449,6 +478,9 @@ fn client(
             "sh",
             procs,
         ]);
+    }
+    if let Some(pin) = &pin {
+        all.extend(pin.iter().map(String::as_str));
     }
     all.extend([exe.as_str(), "datapath-client"]);
     all.extend(args.iter().map(String::as_str));
@@ -466,12 +498,12 @@ fn client(
 fn connect_in(
     ns: &kp_test::Netns,
     bench: &Path,
-    cgroup: Option<&Path>,
+    plan: &Plan,
     target: SocketAddr,
     seconds: f64,
-    threads: usize,
     perf: Option<&PerfSwitch>,
 ) -> anyhow::Result<ConnectSamples> {
+    let threads = plan.threads;
     let mut args = vec![
         "connect".into(),
         "--target".into(),
@@ -484,7 +516,7 @@ fn connect_in(
     if let Some(perf) = perf {
         args.extend(perf.args());
     }
-    let out = client(ns, bench, cgroup, &args)?;
+    let out = client(ns, bench, plan, &args)?;
     Ok(serde_json::from_str(&out)?)
 }
 
@@ -492,18 +524,18 @@ fn connect_in(
 fn bulk_in(
     ns: &kp_test::Netns,
     bench: &Path,
-    cgroup: Option<&Path>,
+    plan: &Plan,
     target: SocketAddr,
-    bytes: u64,
     perf: Option<&PerfSwitch>,
 ) -> anyhow::Result<f64> {
+    let bytes = plan.bulk_bytes;
     if let Some(perf) = perf {
         perf.set(true)?;
     }
     let out = client(
         ns,
         bench,
-        cgroup,
+        plan,
         &[
             "bulk".into(),
             "--target".into(),
@@ -577,10 +609,9 @@ pub fn measure_unloaded(
         runs.push(connect_in(
             client_ns,
             bench,
-            plan.cgroup.as_deref(),
+            plan,
             plan.direct_connect,
             half,
-            plan.threads,
             None,
         )?);
     }
@@ -615,20 +646,18 @@ pub fn measure(
                 vip.push(connect_in(
                     client_ns,
                     bench,
-                    plan.cgroup.as_deref(),
+                    plan,
                     plan.vip_connect,
                     half,
-                    plan.threads,
                     perf,
                 )?);
             } else {
                 direct.push(connect_in(
                     client_ns,
                     bench,
-                    plan.cgroup.as_deref(),
+                    plan,
                     plan.direct_connect,
                     half,
-                    plan.threads,
                     perf,
                 )?);
             }
@@ -645,14 +674,7 @@ pub fn measure(
                 true => (plan.vip_bulk, &mut bv),
                 false => (plan.direct_bulk, &mut bd),
             };
-            into.push(bulk_in(
-                client_ns,
-                bench,
-                plan.cgroup.as_deref(),
-                target,
-                plan.bulk_bytes,
-                perf,
-            )?);
+            into.push(bulk_in(client_ns, bench, plan, target, perf)?);
         }
     }
     let vip = summarise(&vip);
@@ -670,6 +692,7 @@ pub fn measure(
         unloaded: None,
         unloaded_ratio_p50: None,
         unloaded_ratio_p99: None,
+        pinned: plan.pinning.is_some(),
     })
 }
 

@@ -20,16 +20,17 @@ use crate::progress::Progress;
 use crate::results::ProxyRun;
 use crate::stats::Summary;
 
-/// Services per manifest file.
-const CHUNK: usize = 1000;
 /// Pause between two changes, so one change's sync never overlaps the next change.
 const GAP: Duration = Duration::from_millis(20);
 
 /// A source the binary can read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
-    /// `--manifests DIR`.
+    /// `--manifests DIR` of JSON files (one `List` per file).
     Manifests,
+    /// `--manifests DIR` of YAML files, one document per object as people write them
+    /// (`apiVersion` and `kind` first), separated by `---`: the embedded default's usual input.
+    ManifestsYaml,
     /// `--master URL` of a fake API server in the node namespace.
     ApiServer,
     /// `--kubeconfig` (user `system:kube-proxy`) of a real API server on loopback, bridged into
@@ -40,12 +41,22 @@ pub enum Source {
 
 impl Source {
     /// All, in report order.
-    pub const ALL: [Source; 3] = [Source::Manifests, Source::ApiServer, Source::KubeApiServer];
+    pub const ALL: [Source; 4] = [
+        Source::Manifests,
+        Source::ManifestsYaml,
+        Source::ApiServer,
+        Source::KubeApiServer,
+    ];
+
+    /// What runs when no `--sources` is given: all but the YAML directory, which differs
+    /// from the JSON one only in its parsing (asked for by name).
+    pub const DEFAULT: [Source; 3] = [Source::Manifests, Source::ApiServer, Source::KubeApiServer];
 
     /// The name in results and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Source::Manifests => "manifests",
+            Source::ManifestsYaml => "manifests-yaml",
             Source::ApiServer => "apiserver",
             Source::KubeApiServer => "kube-apiserver",
         }
@@ -57,7 +68,9 @@ impl Source {
             .into_iter()
             .find(|s| s.name() == name)
             .ok_or_else(|| {
-                anyhow::anyhow!("unknown source {name:?}: manifests, apiserver or kube-apiserver")
+                anyhow::anyhow!(
+                    "unknown source {name:?}: manifests, manifests-yaml, apiserver or kube-apiserver"
+                )
             })
     }
 }
@@ -70,6 +83,8 @@ pub struct Setup<'a> {
     pub cluster: &'a Cluster,
     /// Changes to time.
     pub changes: usize,
+    /// The shortest time the changes are spread over (`--latency-span`).
+    pub span: Option<Duration>,
     /// Progress lines.
     pub progress: &'a Progress,
     /// The real API server holding `cluster`, for the `kube-apiserver` source.
@@ -80,6 +95,7 @@ pub struct Setup<'a> {
 enum Feed<'a> {
     Dir {
         dir: PathBuf,
+        format: Format,
     },
     Server(FakeApiServer),
     Real {
@@ -90,19 +106,97 @@ enum Feed<'a> {
 
 impl Drop for Feed<'_> {
     fn drop(&mut self) {
-        if let Feed::Dir { dir } = self {
+        if let Feed::Dir { dir, .. } = self {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+/// How a manifest directory's files are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON `List` per file.
+    Json,
+    /// One YAML document per object.
+    Yaml,
+}
+
+impl Format {
+    /// The format called `name` (`json` or `yaml`).
+    pub fn parse(name: &str) -> anyhow::Result<Format> {
+        match name {
+            "json" => Ok(Format::Json),
+            "yaml" => Ok(Format::Yaml),
+            _ => anyhow::bail!("unknown manifest format {name:?}: json or yaml"),
+        }
+    }
+
+    /// Services per file: a thousand in a JSON `List` (a machine's output); a hundred in YAML,
+    /// as people split manifests, so an edit re-reads a file of about 110 kB.
+    pub fn services_per_file(self) -> usize {
+        match self {
+            Format::Json => 1000,
+            Format::Yaml => 100,
+        }
+    }
+
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Yaml => "yaml",
+        }
+    }
+
+    /// `objects` as one file's text.
+    fn file(self, objects: &[Value]) -> anyhow::Result<String> {
+        match self {
+            Format::Json => {
+                Ok(json!({"apiVersion": "v1", "kind": "List", "items": objects}).to_string())
+            }
+            Format::Yaml => {
+                let mut text = String::new();
+                for object in objects {
+                    text.push_str("---\n");
+                    text.push_str(&serde_saphyr::to_string(&KindFirst(object))?);
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+/// A JSON object serialized with `apiVersion` and `kind` first, as `kubectl` and people write
+/// manifests (and as the manifest source reads them in one pass); the rest in key order.
+struct KindFirst<'a>(&'a Value);
+
+impl serde::Serialize for KindFirst<'_> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Value::Object(map) = self.0 else {
+            return self.0.serialize(ser);
+        };
+        let mut out = ser.serialize_map(Some(map.len()))?;
+        const FIRST: [&str; 2] = ["apiVersion", "kind"];
+        for key in FIRST {
+            if let Some(v) = map.get(key) {
+                out.serialize_entry(key, v)?;
+            }
+        }
+        for (k, v) in map.iter().filter(|(k, _)| !FIRST.contains(&k.as_str())) {
+            out.serialize_entry(k, v)?;
+        }
+        out.end()
     }
 }
 
 fn chunk_text(
     cluster: &Cluster,
     c: usize,
+    format: Format,
     endpoints: &dyn Fn(usize) -> Vec<std::net::Ipv4Addr>,
-) -> String {
-    let from = c * CHUNK;
-    let to = (from + CHUNK).min(cluster.services);
+) -> anyhow::Result<String> {
+    let from = c * format.services_per_file();
+    let to = (from + format.services_per_file()).min(cluster.services);
     let items: Vec<Value> = (from..to)
         .flat_map(|i| {
             [
@@ -111,11 +205,11 @@ fn chunk_text(
             ]
         })
         .collect();
-    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    format.file(&items)
 }
 
-fn chunk_path(dir: &Path, c: usize) -> PathBuf {
-    dir.join(format!("services-{c:04}.json"))
+fn chunk_path(dir: &Path, c: usize, format: Format) -> PathBuf {
+    dir.join(format!("services-{c:04}.{}", format.extension()))
 }
 
 /// Writes `text` to `path` atomically (a hidden temporary file renamed over it); returns the
@@ -129,18 +223,33 @@ fn publish(path: &Path, text: &str) -> anyhow::Result<Instant> {
     Ok(t0)
 }
 
-/// Writes `cluster`, before any change, as the manifest directory `dir` (created): the Node,
-/// then the Services and their slices, [`CHUNK`] Services per file.
-pub fn write_manifests(dir: &Path, cluster: &Cluster) -> anyhow::Result<()> {
+/// Writes `cluster`, before any change, as the manifest directory `dir` (created) in
+/// `format`: the Node, then the Services and their slices,
+/// [`Format::services_per_file`] Services per file.
+pub fn write_manifests(dir: &Path, cluster: &Cluster, format: Format) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("node.json"), Cluster::node_json().to_string())?;
-    for c in 0..cluster.services.div_ceil(CHUNK) {
+    std::fs::write(
+        dir.join(format!("node.{}", format.extension())),
+        format.file(&[Cluster::node_json()])?,
+    )?;
+    for c in 0..cluster.services.div_ceil(format.services_per_file()) {
         std::fs::write(
-            chunk_path(dir, c),
-            chunk_text(cluster, c, &|i| cluster.initial_endpoints(i)),
+            chunk_path(dir, c, format),
+            chunk_text(cluster, c, format, &|i| cluster.initial_endpoints(i))?,
         )?;
     }
     Ok(())
+}
+
+/// Replaces `manifest` on the real `server`; returns when the write was sent and when it was
+/// answered (etcd had stored it).
+pub(crate) fn replace_timed(
+    server: &KubeApiServer,
+    manifest: &Value,
+) -> anyhow::Result<(Instant, Instant)> {
+    let t0 = Instant::now();
+    server.replace(manifest)?;
+    Ok((t0, Instant::now()))
 }
 
 /// Puts back the generated EndpointSlices of the Services the first `changes` changes of a
@@ -165,14 +274,19 @@ impl<'a> Feed<'a> {
         kube: Option<&'a KubeApiServer>,
     ) -> anyhow::Result<Feed<'a>> {
         match source {
-            Source::Manifests => {
+            Source::Manifests | Source::ManifestsYaml => {
+                let format = if source == Source::ManifestsYaml {
+                    Format::Yaml
+                } else {
+                    Format::Json
+                };
                 let dir = std::env::temp_dir().join(format!(
                     "kp-bench-manifests-{}-{}",
                     std::process::id(),
                     ns.name()
                 ));
-                write_manifests(&dir, cluster)?;
-                Ok(Feed::Dir { dir })
+                write_manifests(&dir, cluster, format)?;
+                Ok(Feed::Dir { dir, format })
             }
             Source::ApiServer => {
                 let server = FakeApiServer::start_in(ns)?;
@@ -198,7 +312,7 @@ impl<'a> Feed<'a> {
 
     fn source_args(&self) -> Vec<String> {
         match self {
-            Feed::Dir { dir } => vec!["--manifests".into(), dir.display().to_string()],
+            Feed::Dir { dir, .. } => vec!["--manifests".into(), dir.display().to_string()],
             Feed::Server(s) => vec!["--master".into(), s.url().to_string()],
             Feed::Real { server, .. } => vec![
                 "--kubeconfig".into(),
@@ -207,29 +321,27 @@ impl<'a> Feed<'a> {
         }
     }
 
-    /// Publishes `change`; returns when it became visible at the source.
+    /// Publishes `change`; returns when it was handed to the source (a file renamed into place,
+    /// a write sent to the API server) and when the source had it (the write answered).
     fn publish(
         &self,
         cluster: &Cluster,
         stream: &ChangeStream<'_>,
         change: &Change,
-    ) -> anyhow::Result<Instant> {
+    ) -> anyhow::Result<(Instant, Instant)> {
         match self {
-            Feed::Dir { dir } => {
-                let c = change.service / CHUNK;
-                let text = chunk_text(cluster, c, &|i| stream.endpoints(i));
-                publish(&chunk_path(dir, c), &text)
+            Feed::Dir { dir, format } => {
+                let c = change.service / format.services_per_file();
+                let text = chunk_text(cluster, c, *format, &|i| stream.endpoints(i))?;
+                let t0 = publish(&chunk_path(dir, c, *format), &text)?;
+                Ok((t0, t0))
             }
             Feed::Server(s) => {
                 let t0 = Instant::now();
                 s.upsert(Kind::EndpointSlice, change.slice.clone())?;
-                Ok(t0)
+                Ok((t0, Instant::now()))
             }
-            Feed::Real { server, .. } => {
-                let t0 = Instant::now();
-                server.replace(&change.slice)?;
-                Ok(t0)
-            }
+            Feed::Real { server, .. } => replace_timed(server, &change.slice),
         }
     }
 }
@@ -425,8 +537,8 @@ pub fn run(
         source.name()
     ));
 
-    let mut stream = ChangeStream::new(cluster);
     let mut latencies = Vec::with_capacity(setup.changes);
+    let mut taken = Vec::with_capacity(setup.changes);
     // A mode whose endpoints live in the proxy process has no kernel state to time a change by.
     let changes = if mode.probe_sees_endpoints() {
         setup.changes
@@ -438,16 +550,19 @@ pub fn run(
         ));
         0
     };
-    let result = change_loop(
+    let changes_started = Instant::now();
+    let result = time_changes(
         setup,
-        &feed,
-        &mut stream,
+        &format!("{} source", source.name()),
         probe.as_mut(),
         &proxy,
         changes,
-        source,
+        Duration::from_secs(30),
+        &mut |stream, change| feed.publish(cluster, stream, change),
         &mut latencies,
+        &mut taken,
     );
+    let changes_s = changes_started.elapsed().as_secs_f64();
     if let Feed::Real { server, .. } = &feed {
         // The next run on this server starts from the generated cluster again.
         restore(server, cluster, latencies.len() + 1)?;
@@ -463,11 +578,12 @@ pub fn run(
     let _ = proxy.terminate(Duration::from_secs(5));
     let latency_ms = Summary::of(&latencies);
     p.say(format!(
-        "  {} source: programming latency p50 {:.1} ms, p99 {:.1} ms over {} changes; peak RSS {:.1} MiB",
+        "  {} source: programming latency p50 {:.1} ms, p99 {:.1} ms over {} changes ({} periodic syncs among them); peak RSS {:.1} MiB",
         source.name(),
         latency_ms.p50,
         latency_ms.p99,
         latency_ms.n,
+        periodic_syncs(&metrics).map_or("?".to_string(), |n| n.to_string()),
         peak_rss_mib
     ));
     drop(feed);
@@ -475,42 +591,65 @@ pub fn run(
         source: source.name().into(),
         startup_s,
         latency_ms,
+        source_ms: Summary::of(&taken),
+        changes_s,
         peak_rss_mib,
         rss_mib,
         metrics,
     })
 }
 
-/// Publishes `changes` changes one at a time and times each until the kernel has it.
+/// The full syncs after the first (periodic ones, and drift checks that found nothing) in a
+/// run's metrics: `kubeproxy_sync_full_proxy_rules_duration_seconds` counts the first sync and
+/// every periodic one.
+pub fn periodic_syncs(metrics: &std::collections::BTreeMap<String, f64>) -> Option<u64> {
+    metrics
+        .get("kubeproxy_sync_full_proxy_rules_duration_seconds_count")
+        .map(|n| (*n as u64).saturating_sub(1))
+}
+
+/// Publishes `changes` changes of a fresh [`ChangeStream`] one at a time through `publish`
+/// (which returns when the change was handed to the source and when the source had taken it:
+/// the API server answered its write), and times each until `probe` reads it back from the
+/// kernel (giving up after `timeout`): the latencies go to `latencies`, the source's own share
+/// (handed to taken) to `taken`. With `setup.span`, the changes are spread evenly over it.
+/// `label` names the run in progress lines.
 #[allow(clippy::too_many_arguments)]
-fn change_loop(
+pub(crate) fn time_changes(
     setup: &Setup<'_>,
-    feed: &Feed<'_>,
-    stream: &mut ChangeStream<'_>,
+    label: &str,
     probe: &mut dyn Probe,
     proxy: &ChildGuard,
     changes: usize,
-    source: Source,
+    timeout: Duration,
+    publish: &mut dyn FnMut(&ChangeStream<'_>, &Change) -> anyhow::Result<(Instant, Instant)>,
     latencies: &mut Vec<f64>,
+    taken: &mut Vec<f64>,
 ) -> anyhow::Result<()> {
     let (cluster, p) = (setup.cluster, setup.progress);
+    let mut stream = ChangeStream::new(cluster);
     let mut reported = Instant::now();
+    let started = Instant::now();
     for n in 0..changes {
+        if let Some(span) = setup.span {
+            // Evenly over the span: change n is due at n/changes of it.
+            let due = started + span.mul_f64(n as f64 / changes as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
         p.every(&mut reported, || {
-            format!(
-                "  {} source: {n} of {} changes live",
-                source.name(),
-                changes
-            )
+            format!("  {label}: {n} of {changes} changes live")
         });
         let change = stream.next_change();
-        let t0 = feed.publish(cluster, stream, &change)?;
+        let (t0, stored) = publish(&stream, &change)?;
+        taken.push(stored.duration_since(t0).as_secs_f64() * 1000.0);
         let interval = probe.interval();
         let t1 = wait_live(
             probe,
             &target(cluster, change.service, change.new),
             interval,
-            Duration::from_secs(30),
+            timeout,
         )
         .map_err(|e| {
             anyhow::anyhow!(
@@ -528,4 +667,33 @@ fn change_loop(
 pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_files_write_every_object_as_a_document_with_api_version_and_kind_first() {
+        let cluster = Cluster::new(3, 2);
+        let text = chunk_text(&cluster, 0, Format::Yaml, &|i| cluster.initial_endpoints(i))
+            .expect("serializes");
+        let documents: Vec<&str> = text
+            .split("---\n")
+            .filter(|d| !d.trim().is_empty())
+            .collect();
+        // A Service and its slice per Service.
+        assert_eq!(documents.len(), 6, "{text}");
+        for d in documents {
+            let mut lines = d.lines();
+            assert!(lines.next().unwrap().starts_with("apiVersion: "), "{d}");
+            assert!(lines.next().unwrap().starts_with("kind: "), "{d}");
+        }
+        // The same objects as the JSON list.
+        let json: Value = serde_json::from_str(
+            &chunk_text(&cluster, 0, Format::Json, &|i| cluster.initial_endpoints(i)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json["items"].as_array().map(Vec::len), Some(6));
+    }
 }

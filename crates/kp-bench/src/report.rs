@@ -90,6 +90,15 @@ fn metric_mean(p: &crate::results::ProxyRun, name: &str) -> Option<f64> {
     (*count > 0.0).then(|| sum / count)
 }
 
+/// The API server's own share of a run's latencies (its answer to each write), if the source is
+/// one.
+fn api_write(p: &crate::results::ProxyRun) -> String {
+    if p.source_ms.n == 0 || p.source.starts_with("manifests") {
+        return "–".into();
+    }
+    format!("{:.1} · {:.1} ms", p.source_ms.p50, p.source_ms.p99)
+}
+
 /// The section comparing our binary with upstream's on the same real API server.
 fn upstream_section(o: &mut String, r: &Results) {
     if !has_real_apiserver(r) {
@@ -102,12 +111,12 @@ fn upstream_section(o: &mut String, r: &Results) {
     );
     let _ = writeln!(
         o,
-        "One real API server per size (etcd + kube-apiserver v1.28.7 on loopback, `../shared/k8s/apiserver.sh`),          loaded once with the cluster above over HTTP (the admin user, 32 requests at once); each binary in turn          runs in a network namespace of its own, reaches it through a unix-socket bridge (`socat`) at the same          `https://127.0.0.1:PORT`, and reads it with the `system:kube-proxy` user's kubeconfig. Real objects carry          `managedFields` and the rest of the metadata the fake API server leaves out. After each run the changed          EndpointSlices are put back, so every binary starts from the same objects. Upstream is kube-proxy {}          in iptables mode with `--iptables-min-sync-period=0s` ({}), measured by the same probes: *startup* until          the last Service's endpoint is read back from the kernel, *latency* from the API server storing the          changed slice to the new endpoint read back, memory as VmHWM. *Sync mean* is each proxy's own          `kubeproxy_sync_proxy_rules_duration_seconds` (sum ÷ count over the run), *programming mean* its          `kubeproxy_network_programming_duration_seconds`. *×* is upstream's figure over ours (above 1: ours is          better). *Load* is the machine's 1-minute load average when the run started ({} CPUs).\n",
+        "One real API server per size (etcd + kube-apiserver v1.28.7 on loopback, `../shared/k8s/apiserver.sh`), loaded once with the cluster above over HTTP (the admin user, 32 requests at once); each binary in turn runs in a network namespace of its own, reaches it through a unix-socket bridge (`socat`) at the same `https://127.0.0.1:PORT`, and reads it with the `system:kube-proxy` user's kubeconfig. Real objects carry `managedFields` and the rest of the metadata the fake API server leaves out. After each run the changed EndpointSlices are put back, so every binary starts from the same objects. Upstream is kube-proxy {} in iptables mode with `--iptables-min-sync-period=0s` ({}), measured by the same probes: *startup* until the last Service's endpoint is read back from the kernel, *latency* from the write of the changed slice sent to the API server to the new endpoint read back, memory as VmHWM. *Sync mean* is each proxy's own `kubeproxy_sync_proxy_rules_duration_seconds` (sum ÷ count over the run), *programming mean* its `kubeproxy_network_programming_duration_seconds`. *×* is upstream's figure over ours (above 1: ours is better). *Load* is the machine's 1-minute load average when the run started ({} CPUs).\n",
         kp_test::kube_apiserver::UPSTREAM_VERSION,
         if r.settings.upstream_binary.is_empty() {
             "not run".to_string()
         } else {
-            "the legacy backend: its `iptables*` on PATH are links to `iptables-legacy*`, as the nft backend's              first sync at 10k takes over an hour here"
+            "the legacy backend: its `iptables*` on PATH are links to `iptables-legacy*`, as the nft backend's first sync at 10k takes over an hour here"
                 .to_string()
         },
         r.machine.cpus
@@ -213,7 +222,10 @@ fn at_least(what: impl Into<String>, measured: Option<(f64, String)>, floor: f64
 /// through the ClusterIP and straight to the pod, to set side by side).
 fn profiles_for(what: &str) -> Vec<String> {
     let mode = what.split(',').next().unwrap_or_default();
-    let size = if what.contains("30k") { "30k" } else { "10k" };
+    let size = ["100k", "30k", "10k"]
+        .into_iter()
+        .find(|s| what.contains(s))
+        .unwrap_or("10k");
     let datapath = if what.contains("connect latency via ClusterIP") {
         Some("datapath")
     } else if what.contains("bulk throughput via") {
@@ -227,16 +239,29 @@ fn profiles_for(what: &str) -> Vec<String> {
             .map(|t| format!("{mode}-{runs}-{t}-{size}"))
             .collect();
     }
-    let kind = if what.contains("full sync ≤") && !what.contains("bare") {
+    // The binary's runs on a real API server or YAML manifests have profiles of their own.
+    let source = if what.contains("real API server") {
+        "-kube-apiserver"
+    } else if what.contains("YAML") {
+        "-yaml"
+    } else {
+        ""
+    };
+    // A YAML edit costs what the start does, per file: parsing (one profile shows both).
+    let kind = if what.contains("after start") || source == "-yaml" {
+        "startup"
+    } else if what.contains("full sync ≤") && !what.contains("bare") {
         "full"
     } else if what.contains("change p99 ≤") {
         "change"
     } else if what.contains("RSS") {
         "memory"
+    } else if !source.is_empty() && what.contains("latency") {
+        "latency"
     } else {
         return Vec::new();
     };
-    vec![format!("{mode}-{kind}-{size}")]
+    vec![format!("{mode}-{kind}{source}-{size}")]
 }
 
 /// One recorded profile: `bench/profiles/<name>.txt`.
@@ -423,6 +448,99 @@ pub fn targets(results: &Results) -> Vec<Target> {
             1.10,
         ));
     }
+    t.extend(real_cluster_targets(results));
+    t
+}
+
+/// The targets of the binary against a real API server and YAML manifests, at 100k, and of the
+/// data path against a node with no rules (the performance issue's).
+fn real_cluster_targets(results: &Results) -> Vec<Target> {
+    let nft = "nftables";
+    let source = |n: usize, name: &str| {
+        results
+            .run(nft, n)
+            .and_then(|r| r.proxy.iter().find(|p| p.source == name).cloned())
+    };
+    let mut t = Vec::new();
+    for (n, label, limit) in [(10_000, "10k", 1.0), (30_000, "30k", 3.0)] {
+        t.push(target(
+            format!("{nft}, {label} × 10, real API server: cluster live ≤ {limit} s after start (list included)"),
+            source(n, REAL_SOURCE).map(|p| (p.startup_s, format!("{:.2} s", p.startup_s))),
+            limit,
+        ));
+    }
+    for (n, label, limit) in [(10_000, "10k", 48.0), (30_000, "30k", 128.0)] {
+        t.push(target(
+            format!("{nft}, {label} × 10, real API server: peak RSS ≤ {limit} MiB"),
+            source(n, REAL_SOURCE).map(|p| (p.peak_rss_mib, format!("{:.1} MiB", p.peak_rss_mib))),
+            limit,
+        ));
+    }
+    // Decided only over a run that held periodic syncs (two at least).
+    let with_periodic = source(10_000, REAL_SOURCE).and_then(|p| {
+        let periodic = crate::proxy::periodic_syncs(&p.metrics)?;
+        (periodic >= 2).then(|| {
+            (
+                p.latency_ms.p99,
+                format!(
+                    "{:.1} ms ({} changes over {}, {periodic} periodic syncs among them)",
+                    p.latency_ms.p99,
+                    p.latency_ms.n,
+                    fmt_s(p.changes_s)
+                ),
+            )
+        })
+    });
+    t.push(target(
+        format!("{nft}, 10k, real API server: programming latency p99 ≤ 20 ms over periodic syncs"),
+        with_periodic,
+        20.0,
+    ));
+    let yaml = source(10_000, "manifests-yaml");
+    t.push(target(
+        format!("{nft}, 10k × 10 as YAML manifests: cluster live ≤ 1.5 s after start"),
+        yaml.as_ref()
+            .map(|p| (p.startup_s, format!("{:.2} s", p.startup_s))),
+        1.5,
+    ));
+    t.push(target(
+        format!("{nft}, 10k as YAML manifests: programming latency of a file change p50 ≤ 20 ms"),
+        yaml.as_ref()
+            .map(|p| (p.latency_ms.p50, format!("{:.1} ms", p.latency_ms.p50))),
+        20.0,
+    ));
+    let full = results
+        .run(nft, 100_000)
+        .and_then(|r| r.full_sync.as_ref())
+        .map(|f| (f.total_s, format!("{:.2} s", f.total_s)));
+    t.push(target(
+        format!("{nft}, 100k × 10: first full sync ≤ 5 s"),
+        full,
+        5.0,
+    ));
+    let p99 = |n: usize| {
+        results
+            .run(nft, n)
+            .and_then(|r| r.incremental_ms)
+            .map(|s| s.p99)
+    };
+    t.push(target(
+        format!("{nft}, 100k: one-endpoint change p99 ≤ 2× the 1k p99 (flat in N)"),
+        p99(100_000)
+            .zip(p99(1_000))
+            .map(|(a, b)| (a / b, format!("{:.2}× ({a:.1} ms vs {b:.1} ms)", a / b))),
+        2.0,
+    ));
+    t.push(target(
+        format!("{nft}, 30k: connect latency via ClusterIP ≤ 1.15× a node with no rules (p50, pinned CPUs)"),
+        results
+            .run(nft, 30_000)
+            .and_then(|r| r.datapath.as_ref())
+            .filter(|d| d.pinned)
+            .and_then(|d| d.unloaded_ratio_p50)
+            .map(|v| (v, format!("{v:.2}×"))),
+        1.15,
+    ));
     t
 }
 
@@ -629,25 +747,35 @@ pub fn markdown(
          directory (`--manifests`), by a fake API server (`--master`; *apiserver*) or by a real one (`--kubeconfig`; \
          *kube-apiserver*, [below](#against-upstream-on-a-real-api-server)). *Startup* runs from starting the process to \
          the whole cluster being live in the kernel. *Latency* runs from the change at the source (the rename of the \
-         rewritten manifest file; the API server storing the new EndpointSlice) to the new endpoint being read back \
+         rewritten manifest file; the write of the new EndpointSlice sent to the API server, whose answer, etcd's \
+         commit included, is shown apart) to the new endpoint being read back \
          from the kernel (polled every millisecond; every 20 ms with iptables-legacy, whose listing takes the xtables lock the \
-         proxy's restores need), one change at a time, 20 ms apart (*changes*: how many; `--latency-changes`). Periodic full syncs run at the \
-         default interval (30 s) during the longer runs. Memory is the process's VmHWM (peak) and VmRSS (at the end).\n"
+         proxy's restores need), one change at a time, at least 20 ms apart (*changes*: how many; `--latency-changes`), spread evenly over \
+         `--latency-span` seconds when it is given (*over*: how long the changes took). Periodic full syncs run at the default interval (30 s); *periodic syncs* counts those \
+         that fell among the changes (the binary's `kubeproxy_sync_full_proxy_rules_duration_seconds` count, less \
+         the first sync; in nftables mode a periodic sync is a read-back off the sync loop). Memory is the process's VmHWM (peak) and VmRSS (at the end).\n"
     );
-    let _ = writeln!(o, "| mode | Services | source | startup | changes | latency p50 | latency p99 | latency max | peak RSS | RSS at end |\n|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| mode | Services | source | startup | changes | over | periodic syncs among them | latency p50 | latency p99 | latency max | of which the API write, p50 · p99 | peak RSS | RSS at end |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for run in &r.runs {
         for p in &run.proxy {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} MiB | {:.1} MiB |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {:.1} MiB | {:.1} MiB |",
                 run.mode,
                 thousands(run.services),
                 p.source,
                 fmt_s(p.startup_s),
                 p.latency_ms.n,
+                if p.changes_s > 0.0 {
+                    fmt_s(p.changes_s)
+                } else {
+                    "–".into()
+                },
+                opt(crate::proxy::periodic_syncs(&p.metrics), |n| n.to_string()),
                 p.latency_ms.p50,
                 p.latency_ms.p99,
                 p.latency_ms.max,
+                api_write(p),
                 p.peak_rss_mib,
                 p.rss_mib
             );
@@ -849,7 +977,7 @@ mod tests {
 
     #[test]
     fn each_target_kind_names_the_profiles_recorded_for_it() {
-        let cases: [(&str, &[&str]); 8] = [
+        let cases: [(&str, &[&str]); 14] = [
             ("nftables, 30k × 10: first full sync ≤ 3 s", &["nftables-full-30k"]),
             (
                 "iptables-nft, 10k: one-endpoint change p99 ≤ 300 ms",
@@ -876,6 +1004,27 @@ mod tests {
                 "userspace, 30k: one-endpoint change p99 ≤ 1 ms",
                 &["userspace-change-30k"],
             ),
+            (
+                "nftables, 10k × 10, real API server: peak RSS ≤ 48 MiB",
+                &["nftables-memory-kube-apiserver-10k"],
+            ),
+            (
+                "nftables, 10k × 10, real API server: cluster live ≤ 1 s after start (list included)",
+                &["nftables-startup-kube-apiserver-10k"],
+            ),
+            (
+                "nftables, 10k, real API server: programming latency p99 ≤ 20 ms over periodic syncs",
+                &["nftables-latency-kube-apiserver-10k"],
+            ),
+            (
+                "nftables, 10k × 10 as YAML manifests: cluster live ≤ 1.5 s after start",
+                &["nftables-startup-yaml-10k"],
+            ),
+            ("nftables, 100k × 10: first full sync ≤ 5 s", &["nftables-full-100k"]),
+            (
+                "nftables, 10k as YAML manifests: programming latency of a file change p50 ≤ 20 ms",
+                &["nftables-startup-yaml-10k"],
+            ),
         ];
         for (what, want) in cases {
             assert_eq!(profiles_for(what), want, "{what}");
@@ -885,7 +1034,8 @@ mod tests {
             .into_iter()
             .filter(|t| t.what.starts_with("nftables") && t.what.contains("connect latency"))
             .collect();
-        assert_eq!(rows.len(), 2);
+        // Two against the direct path, one against a node with no rules.
+        assert_eq!(rows.len(), 3);
         for t in rows {
             assert_eq!(
                 t.profiles,

@@ -170,6 +170,11 @@ pub struct ProxyRun {
     /// Network programming latency, milliseconds: from the change at the source to the new
     /// endpoint being read back from the kernel.
     pub latency_ms: Summary,
+    /// The source's own share of each latency, milliseconds: from handing it the change to its
+    /// answer (the API server's write, etcd's commit included; nil for a manifest file).
+    pub source_ms: Summary,
+    /// How long the timed changes took, seconds (from the first change to the last one live).
+    pub changes_s: f64,
     /// Peak resident memory of the proxy (VmHWM), MiB.
     pub peak_rss_mib: f64,
     /// Resident memory at the end (VmRSS), MiB.
@@ -222,6 +227,8 @@ pub struct Datapath {
     pub bulk_direct_gbps: f64,
     /// `bulk_vip_gbps / bulk_direct_gbps`.
     pub bulk_ratio: f64,
+    /// Whether the client and the server ran pinned to CPUs of their own.
+    pub pinned: bool,
 }
 
 impl Datapath {

@@ -32,6 +32,11 @@ pub struct Options {
     pub changes: usize,
     /// Changes per programming-latency run of the binary.
     pub latency_changes: usize,
+    /// Changes in upstream's run (each costs it seconds at 10k).
+    pub upstream_changes: usize,
+    /// The shortest time the binary's changes are spread over, so periodic syncs fall among
+    /// them; `None`: one after another.
+    pub latency_span: Option<Duration>,
     /// Full syncs and bare loads per size (the median counts).
     pub repeats: usize,
     /// Skip the data path.
@@ -54,6 +59,8 @@ pub struct Options {
     pub bulk_bytes: u64,
     /// Bulk transfers per target.
     pub bulk_repeats: usize,
+    /// The CPUs the data path's client and server are pinned to, if any.
+    pub pinning: Option<datapath::Pinning>,
     /// The data-path connect runs perf samples (`KP_PERF_CTL`, `KP_PERF_TARGET`), if any.
     pub perf: Option<datapath::PerfControl>,
     /// The kube-proxy binary.
@@ -182,7 +189,8 @@ pub fn run(opts: &Options) -> anyhow::Result<Results> {
                     let setup = proxy::Setup {
                         binary,
                         cluster: &cluster,
-                        changes: opts.latency_changes,
+                        changes: opts.upstream_changes,
+                        span: opts.latency_span,
                         progress: &p,
                         kube: Some(server),
                     };
@@ -287,6 +295,7 @@ pub fn run_one(
             binary: &opts.proxy_binary,
             cluster,
             changes: opts.latency_changes,
+            span: opts.latency_span,
             progress: p,
             kube,
         };
@@ -485,14 +494,22 @@ impl<'a> DatapathLab<'a> {
             cluster::DATAPATH_CONNECT_TARGET,
         ));
         let bulk = SocketAddr::V4(SocketAddrV4::new(server_ip, cluster::DATAPATH_BULK_TARGET));
-        let mut server = lab.pod(0).spawn(&[
-            &bench,
-            "datapath-server",
-            "--connect",
-            &connect.to_string(),
-            "--bulk",
-            &bulk.to_string(),
-        ])?;
+        let pin = opts
+            .pinning
+            .map(|p| datapath::Pinning::taskset(p.server))
+            .into_iter()
+            .flatten();
+        let mut argv: Vec<String> = pin.collect();
+        argv.extend([
+            bench,
+            "datapath-server".into(),
+            "--connect".into(),
+            connect.to_string(),
+            "--bulk".into(),
+            bulk.to_string(),
+        ]);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let mut server = lab.pod(0).spawn(&argv)?;
         server.wait_for_log(datapath::READY, Duration::from_secs(10))?;
         let vip = cluster.datapath_ip();
         Ok(DatapathLab {
@@ -508,6 +525,7 @@ impl<'a> DatapathLab<'a> {
                 bulk_repeats: opts.bulk_repeats,
                 perf: opts.perf.clone(),
                 cgroup: None,
+                pinning: opts.pinning,
             },
             server_ip,
             _server: server,

@@ -25,10 +25,12 @@ use kp_iptables::Backend;
 use kp_test::kube_apiserver::KubeApiServer;
 use kp_test::netns::Netns;
 
-use crate::cluster::{self, ChangeStream, NODE_NAME};
+use crate::cluster::{self, NODE_NAME};
 use crate::iptables::Iptables;
 use crate::mode::{wait_live, ModeUnderTest, Probe};
-use crate::proxy::{memory_mib, restore, tail, target, Setup, METRICS_ADDR};
+use crate::proxy::{
+    memory_mib, replace_timed, restore, tail, target, time_changes, Setup, METRICS_ADDR,
+};
 use crate::results::ProxyRun;
 use crate::stats::Summary;
 
@@ -204,35 +206,21 @@ pub fn run(
         "  upstream kube-proxy ({}): cluster live {startup_s:.2} s after start",
         backend.mode_name()
     ));
-    let mut stream = ChangeStream::new(cluster);
     let mut latencies = Vec::with_capacity(setup.changes);
-    let mut reported = Instant::now();
-    let result = (|| -> anyhow::Result<()> {
-        for n in 0..setup.changes {
-            p.every(&mut reported, || {
-                format!("  upstream: {n} of {} changes live", setup.changes)
-            });
-            let change = stream.next_change();
-            let t0 = Instant::now();
-            server.replace(&change.slice)?;
-            let interval = probe.interval();
-            let t1 = wait_live(
-                probe.as_mut(),
-                &target(cluster, change.service, change.new),
-                interval,
-                Duration::from_secs(60),
-            )
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "change {n}: {e}; log ends with:\n{}",
-                    tail(&proxy.log(), 10)
-                )
-            })?;
-            latencies.push(t1.duration_since(t0).as_secs_f64() * 1000.0);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
-    })();
+    let mut taken = Vec::with_capacity(setup.changes);
+    let changes_started = Instant::now();
+    let result = time_changes(
+        setup,
+        "upstream",
+        probe.as_mut(),
+        &proxy,
+        setup.changes,
+        Duration::from_secs(60),
+        &mut |_, change| replace_timed(server, &change.slice),
+        &mut latencies,
+        &mut taken,
+    );
+    let changes_s = changes_started.elapsed().as_secs_f64();
     // The next run starts from the generated cluster again, whatever happened.
     let restored = restore(server, cluster, latencies.len() + 1);
     result?;
@@ -254,6 +242,8 @@ pub fn run(
         source: SOURCE.into(),
         startup_s,
         latency_ms,
+        source_ms: Summary::of(&taken),
+        changes_s,
         peak_rss_mib,
         rss_mib,
         metrics,

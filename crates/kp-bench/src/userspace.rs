@@ -129,6 +129,15 @@ impl ModeUnderTest for Userspace {
         ProxyMode::Userspace
     }
 
+    /// The mode, with a drain of one second: a stopped userspace proxy serves on while its
+    /// rules stay (default 10 s), longer than a run waits for it to end.
+    fn proxy_args(&self) -> Vec<String> {
+        vec![
+            format!("--proxy-mode={}", self.mode().as_str()),
+            "--userspace-drain-timeout=1s".into(),
+        ]
+    }
+
     fn unavailable(&self) -> Option<String> {
         match std::process::Command::new("nft").arg("--version").output() {
             Ok(o) if o.status.success() => None,

@@ -3,6 +3,7 @@
 //! that every phase ran and produced its numbers.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kp_bench::cluster::{Cluster, MixOf};
 use kp_bench::mode::Rendered;
@@ -67,7 +68,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
                 latency_ms: summary(60.0, 90.0, 100),
                 peak_rss_mib: services as f64 / 200.0,
                 rss_mib: services as f64 / 250.0,
-                metrics: Default::default(),
+                ..ProxyRun::default()
             },
             ProxyRun {
                 source: "apiserver".into(),
@@ -75,7 +76,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
                 latency_ms: summary(5.0, 30.0, 100),
                 peak_rss_mib: services as f64 / 150.0,
                 rss_mib: services as f64 / 200.0,
-                metrics: Default::default(),
+                ..ProxyRun::default()
             },
         ],
         datapath: Some(Datapath {
@@ -90,6 +91,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
             unloaded: Some(connect(29.0)),
             unloaded_ratio_p50: Some(31.0 / 29.0),
             unloaded_ratio_p99: Some(31.0 / 29.0),
+            pinned: true,
         }),
         held: None,
         errors: Vec::new(),
@@ -364,6 +366,45 @@ fn results_of_separate_runs_merge_into_one_report_with_later_runs_winning() {
     assert!(Results::merge(Vec::new()).is_none());
 }
 
+/// The settings every smoke run starts from: `modes` at one `size` of 3 endpoints per Service,
+/// 5 changes (3 through the binary), one repeat, a short data path on pinned CPUs, the binary
+/// (if built) through the manifest directory and the fake API server, results under `root`.
+fn smoke_options(
+    modes: &[&str],
+    size: usize,
+    root: &Path,
+    proxy: Option<PathBuf>,
+) -> kp_bench::run::Options {
+    kp_bench::run::Options {
+        modes: modes.iter().map(|m| m.to_string()).collect(),
+        sizes: vec![size],
+        endpoints: 3,
+        changes: 5,
+        latency_changes: 3,
+        upstream_changes: 3,
+        latency_span: None,
+        repeats: 1,
+        skip_datapath: false,
+        skip_proxy: proxy.is_none(),
+        skip_sync: false,
+        sources: vec![Source::Manifests, Source::ApiServer],
+        upstream: None,
+        upstream_binary: None,
+        connect_seconds: 0.4,
+        connect_threads: 1,
+        bulk_bytes: 10_000_000,
+        bulk_repeats: 1,
+        pinning: kp_bench::datapath::Pinning::for_machine(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ),
+        perf: None,
+        proxy_binary: proxy.unwrap_or_default(),
+        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
+        root: root.to_path_buf(),
+        command: format!("bench --modes {} --sizes {size}", modes.join(",")),
+    }
+}
+
 /// The kube-proxy binary next to the bench binary this test was built with, if it was built.
 fn proxy_binary() -> Option<PathBuf> {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_bench"));
@@ -516,31 +557,18 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
     // perf samples the ClusterIP's connect runs: two of them, out of six runs in all.
     let (switch, perf_commands) = perf_fifo(dir.path());
     let opts = kp_bench::run::Options {
-        modes: vec!["nftables".into()],
-        sizes: vec![50],
-        endpoints: 3,
-        changes: 5,
         latency_changes: 4,
         repeats: 2,
-        skip_datapath: false,
-        skip_proxy: proxy.is_none(),
-        skip_sync: false,
-        sources: vec![Source::Manifests, Source::ApiServer],
-        upstream: None,
-        upstream_binary: None,
-        connect_seconds: 0.4,
-        connect_threads: 1,
-        bulk_bytes: 10_000_000,
-        bulk_repeats: 1,
         perf: Some(kp_bench::datapath::PerfControl {
             switch,
             vip: true,
             bulk: false,
         }),
-        proxy_binary: proxy.clone().unwrap_or_default(),
-        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
-        root: dir.path().to_path_buf(),
+        sources: vec![Source::Manifests, Source::ManifestsYaml, Source::ApiServer],
+        // Two changes a second: the run spans two seconds.
+        latency_span: Some(Duration::from_secs(2)),
         command: "bench --sizes 50".into(),
+        ..smoke_options(&["nftables"], 50, dir.path(), proxy.clone())
     };
     let results = kp_bench::run::run(&opts).unwrap();
     assert_eq!(results.runs.len(), 1);
@@ -573,9 +601,15 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
     );
     if proxy.is_some() {
         let sources: Vec<&str> = r.proxy.iter().map(|p| p.source.as_str()).collect();
-        assert_eq!(sources, ["manifests", "apiserver"]);
+        assert_eq!(sources, ["manifests", "manifests-yaml", "apiserver"]);
         for p in &r.proxy {
             assert_eq!(p.latency_ms.n, 4, "{}", p.source);
+            assert!(
+                kp_bench::proxy::periodic_syncs(&p.metrics).is_some(),
+                "{}: no full-sync count in {:?}",
+                p.source,
+                p.metrics
+            );
             assert!(p.peak_rss_mib > 0.0 && p.startup_s > 0.0, "{}", p.source);
         }
     }
@@ -591,27 +625,19 @@ fn a_tiny_run_of_both_iptables_backends_measures_sync_bare_load_and_the_binary()
     let proxy = proxy_binary();
     let dir = tempfile::tempdir().unwrap();
     let opts = kp_bench::run::Options {
-        modes: vec!["iptables-nft".into(), "iptables-legacy".into()],
-        sizes: vec![30],
         endpoints: 2,
         changes: 3,
-        latency_changes: 3,
-        repeats: 1,
         skip_datapath: true,
-        skip_proxy: proxy.is_none(),
-        skip_sync: false,
-        sources: vec![Source::Manifests, Source::ApiServer],
-        upstream: None,
-        upstream_binary: None,
         connect_seconds: 0.0,
-        connect_threads: 1,
         bulk_bytes: 0,
         bulk_repeats: 0,
-        perf: None,
-        proxy_binary: proxy.clone().unwrap_or_default(),
-        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
-        root: dir.path().to_path_buf(),
         command: "bench --sizes 30".into(),
+        ..smoke_options(
+            &["iptables-nft", "iptables-legacy"],
+            30,
+            dir.path(),
+            proxy.clone(),
+        )
     };
     let results = kp_bench::run::run(&opts).unwrap();
     let modes: Vec<&str> = results.runs.iter().map(|r| r.mode.as_str()).collect();
@@ -652,27 +678,8 @@ fn a_tiny_userspace_run_measures_sync_the_relayed_data_path_memory_per_connectio
     let proxy = proxy_binary();
     let dir = tempfile::tempdir().unwrap();
     let opts = kp_bench::run::Options {
-        modes: vec!["userspace".into()],
-        sizes: vec![40],
-        endpoints: 3,
-        changes: 5,
-        latency_changes: 3,
-        repeats: 1,
-        skip_datapath: false,
-        skip_proxy: proxy.is_none(),
-        skip_sync: false,
-        sources: vec![Source::Manifests, Source::ApiServer],
-        upstream: None,
-        upstream_binary: None,
-        connect_seconds: 0.4,
-        connect_threads: 1,
-        bulk_bytes: 10_000_000,
-        bulk_repeats: 1,
-        perf: None,
-        proxy_binary: proxy.clone().unwrap_or_default(),
-        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
-        root: dir.path().to_path_buf(),
         command: "bench --modes userspace --sizes 40".into(),
+        ..smoke_options(&["userspace"], 40, dir.path(), proxy.clone())
     };
     let results = kp_bench::run::run(&opts).unwrap();
     let r = &results.runs[0];
@@ -723,27 +730,9 @@ fn a_tiny_ebpf_run_measures_sync_the_data_path_from_its_cgroup_and_the_binary_an
     let proxy = proxy_binary();
     let dir = tempfile::tempdir().unwrap();
     let opts = kp_bench::run::Options {
-        modes: vec!["ebpf".into()],
-        sizes: vec![40],
-        endpoints: 3,
-        changes: 5,
-        latency_changes: 3,
         repeats: 2,
-        skip_datapath: false,
-        skip_proxy: proxy.is_none(),
-        skip_sync: false,
-        sources: vec![Source::Manifests, Source::ApiServer],
-        upstream: None,
-        upstream_binary: None,
-        connect_seconds: 0.4,
-        connect_threads: 1,
-        bulk_bytes: 10_000_000,
-        bulk_repeats: 1,
-        perf: None,
-        proxy_binary: proxy.clone().unwrap_or_default(),
-        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
-        root: dir.path().to_path_buf(),
         command: "bench --modes ebpf --sizes 40".into(),
+        ..smoke_options(&["ebpf"], 40, dir.path(), proxy.clone())
     };
     let results = kp_bench::run::run(&opts).unwrap();
     let r = &results.runs[0];
@@ -945,27 +934,19 @@ fn a_tiny_run_against_a_real_api_server_measures_our_binary_and_upstreams_side_b
     };
     let dir = tempfile::tempdir().unwrap();
     let opts = kp_bench::run::Options {
-        modes: vec!["nftables".into()],
-        sizes: vec![20],
         endpoints: 2,
         changes: 3,
-        latency_changes: 3,
-        repeats: 1,
         skip_datapath: true,
         skip_proxy: false,
         skip_sync: true,
         sources: vec![Source::KubeApiServer],
         upstream: Some(kp_bench::upstream::UpstreamBackend::Legacy),
-        upstream_binary: None,
         connect_seconds: 0.0,
-        connect_threads: 1,
         bulk_bytes: 0,
         bulk_repeats: 0,
-        perf: None,
         proxy_binary: proxy,
-        bench_binary: PathBuf::from(env!("CARGO_BIN_EXE_bench")),
-        root: dir.path().to_path_buf(),
         command: "bench --modes nftables --sizes 20 --sources kube-apiserver --skip-sync".into(),
+        ..smoke_options(&["nftables"], 20, dir.path(), None)
     };
     let results = kp_bench::run::run(&opts).unwrap();
     let modes: Vec<&str> = results.runs.iter().map(|r| r.mode.as_str()).collect();
