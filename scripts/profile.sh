@@ -367,7 +367,7 @@ heap_summary() {
         grep -v '^heaptrack' "$WORK/$name.out" | sed 's/^/#   /' | tail -n 25
         echo
         heaptrack_print -f "$file" --print-peaks 1 --print-allocators 0 --print-leaks 0 \
-            --print-temporary 0 --print-histogram 0 --peak-limit 12 --sub-peak-limit 3 \
+            --print-temporary 0 --peak-limit 12 --sub-peak-limit 3 \
             >"$WORK/$name.print" 2>/dev/null || true
         echo "## totals"
         grep -E '^(total runtime|calls to allocation|temporary memory|peak heap memory|peak RSS|total memory leaked)' \
