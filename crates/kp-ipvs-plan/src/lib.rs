@@ -21,9 +21,6 @@
 //!   `iptables-restore` text; [`local`]: the `Local` traffic policies' short-circuit (firewall
 //!   marks and firewall-mark virtual servers) and drops, which one virtual server per address
 //!   cannot say.
-//! - [`order`]: the order one sync's changes reach the kernel in (IPVS, sets, addresses bound,
-//!   rules, addresses unbound, virtual servers deleted), so that no new connection is refused
-//!   or sent away while a Service comes or goes, or while the mode takes over from iptables.
 //!
 //! Mirrors upstream's `pkg/proxy/ipvs/proxier.go` (`syncService`, `syncEndpoint`) and
 //! `graceful_termination.go`, with the difference that upstream re-lists IPVS on every sync
@@ -34,7 +31,6 @@
 pub mod addresses;
 pub mod ipset;
 pub mod local;
-pub mod order;
 pub mod rules;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,13 +8,6 @@
 //! applied (against `ipset save` on a full sync), addresses against a dump of the interface,
 //! and the iptables text, whose rules change only when a set turns empty or non-empty, is
 //! restored only when it differs from the last one.
-//!
-//! A sync reads first (IPVS, the addresses, the sets on a full sync) and then writes in
-//! `kp_ipvs_plan::order`'s order: virtual and real servers, sets, addresses bound, chains,
-//! addresses unbound, virtual servers deleted. A switch from the iptables mode (whose rules in
-//! the shared `KUBE-SERVICES` serve until this mode's chains replace them) refuses no new
-//! connection: when the chains stop the iptables mode's DNAT, IPVS and the addresses are
-//! ready. The kernel's operations go through [`Kernel`] so a test can record their order.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -31,9 +24,7 @@ use kp_iptables::{Backend, IptablesRunner};
 use kp_iptables_plan::PlanConfig;
 use kp_ipvs_plan::addresses::{self, DUMMY_INTERFACE};
 use kp_ipvs_plan::ipset::{self, Sets};
-use kp_ipvs_plan::order::{self, Step, SyncChanges};
-use kp_ipvs_plan::{diff, rules, Change, Config, Desired, Draining};
-use kp_netlink::ipvs::{DestinationState, Service};
+use kp_ipvs_plan::{diff, rules, Config, Desired, Draining};
 
 use crate::link::Dummy;
 use crate::{Client, Error};
@@ -115,43 +106,13 @@ pub fn conn_reuse_mode(release: &str) -> Option<&'static str> {
     ((4, 1) <= (major, minor) && (major, minor) < (5, 9)).then_some("0")
 }
 
-/// The kernel operations of a sync, in the order the sync makes them (a trait so that a test
-/// can record that order; [`System`] is the real one).
-pub(crate) trait Kernel: Send {
-    /// Every virtual server with its real servers.
-    fn ipvs_dump(&mut self) -> Result<Vec<(Service, Vec<DestinationState>)>, DataplaneError>;
-    /// IPVS changes, in order.
-    fn ipvs_apply(&mut self, changes: &[Change]) -> Result<(), DataplaneError>;
-    /// `kube-ipvs0`'s addresses.
-    fn addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError>;
-    /// The node's addresses (every interface's but `kube-ipvs0`'s, loopback, link-local).
-    fn node_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError>;
-    /// Binds an address to `kube-ipvs0`.
-    fn bind(&mut self, ip: IpAddr) -> Result<(), DataplaneError>;
-    /// Unbinds an address from `kube-ipvs0`.
-    fn unbind(&mut self, ip: IpAddr) -> Result<(), DataplaneError>;
-    /// `ipset save`.
-    fn ipset_save(&mut self) -> Result<String, DataplaneError>;
-    /// `ipset restore`.
-    fn ipset_restore(&mut self, text: &str) -> Result<(), DataplaneError>;
-    /// `iptables-restore --noflush` of one family's chains, then the jumps into them.
-    fn restore_rules(&mut self, family: IpFamily, text: &str) -> Result<(), DataplaneError>;
-}
-
-/// The real kernel: IPVS over generic netlink, `kube-ipvs0` over rtnetlink, the `ipset` and
-/// iptables tools.
-struct System {
+/// The ipvs dataplane.
+pub struct IpvsDataplane {
+    settings: IpvsSettings,
     ipvs: Client,
     dummy: Dummy,
     iptables: Box<dyn IptablesRunner>,
     backend: Backend,
-    netns: Option<String>,
-}
-
-/// The ipvs dataplane.
-pub struct IpvsDataplane {
-    settings: IpvsSettings,
-    kernel: Box<dyn Kernel>,
     sets: Vec<Sets>,
     rules: Vec<String>,
     desired: Desired,
@@ -205,29 +166,20 @@ impl IpvsDataplane {
         for (k, v) in sysctls {
             iptables.sysctl(k, v).map_err(ipt(k))?;
         }
-        let kernel = System {
+        let sets = settings.families.iter().map(|f| Sets::new(*f)).collect();
+        let rules = vec![String::new(); settings.families.len()];
+        Ok(IpvsDataplane {
+            settings,
             ipvs,
             dummy,
             iptables,
             backend,
-            netns: settings.netns.clone(),
-        };
-        Ok(IpvsDataplane::with_kernel(settings, Box::new(kernel)))
-    }
-
-    /// The dataplane over `kernel`, with nothing applied yet.
-    pub(crate) fn with_kernel(settings: IpvsSettings, kernel: Box<dyn Kernel>) -> IpvsDataplane {
-        let sets = settings.families.iter().map(|f| Sets::new(*f)).collect();
-        let rules = vec![String::new(); settings.families.len()];
-        IpvsDataplane {
-            settings,
-            kernel,
             sets,
             rules,
             desired: Desired::new(),
             draining: Vec::new(),
             next_check: None,
-        }
+        })
     }
 
     /// The real servers being drained after the last sync or tick.
@@ -240,47 +192,63 @@ impl IpvsDataplane {
         &self.desired
     }
 
-    /// Keeps `draining` and schedules the next drain check.
-    fn drain_later(&mut self, draining: Vec<Draining>, now: Instant) {
-        self.draining = draining;
-        self.next_check = if self.draining.is_empty() {
-            None
-        } else {
-            Some(now + DRAIN_CHECK)
-        };
-    }
-
-    /// The drain check: the IPVS diff of the last desired state against a fresh dump, applied
-    /// but for virtual-server deletions (a sync makes those, after the addresses and rules
-    /// that lead to them are gone).
-    fn reconcile_ipvs(&mut self, now: Instant) -> Result<usize, DataplaneError> {
-        let kernel = self.kernel.ipvs_dump()?;
-        let plan = diff(&self.desired, &kernel, &self.settings.ipvs);
-        let changes: Vec<Change> = plan
-            .changes
-            .into_iter()
-            .filter(|c| !matches!(c, Change::DeleteService(_)))
-            .collect();
-        self.kernel.ipvs_apply(&changes)?;
-        self.drain_later(plan.draining, now);
-        Ok(changes.len())
-    }
-}
-
-impl System {
-    fn ipset_command(&self, verb: &str) -> Command {
-        match &self.netns {
+    fn ipset_restore(&self, text: &str) -> Result<(), DataplaneError> {
+        let mut cmd = match &self.settings.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "ipset", verb]);
+                c.args(["netns", "exec", ns, "ipset", "restore"]);
                 c
             }
             None => {
                 let mut c = Command::new("ipset");
-                c.arg(verb);
+                c.arg("restore");
                 c
             }
+        };
+        let tool = |detail: String| {
+            DataplaneError::transient(Error::Tool {
+                op: "ipset restore".into(),
+                detail,
+            })
+        };
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| tool(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|e| tool(e.to_string()))?;
         }
+        let out = child.wait_with_output().map_err(|e| tool(e.to_string()))?;
+        if !out.status.success() {
+            return Err(tool(String::from_utf8_lossy(&out.stderr).into_owned()));
+        }
+        Ok(())
+    }
+
+    fn ipset_save(&self) -> Result<String, DataplaneError> {
+        let mut cmd = match &self.settings.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "ipset", "save"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("ipset");
+                c.arg("save");
+                c
+            }
+        };
+        let out = cmd.output().map_err(|e| {
+            DataplaneError::transient(Error::Tool {
+                op: "ipset save".into(),
+                detail: e.to_string(),
+            })
+        })?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     fn ensure_jumps(&self, family: IpFamily) -> Result<(), DataplaneError> {
@@ -310,74 +278,20 @@ impl System {
         }
         Ok(())
     }
-}
 
-impl Kernel for System {
-    fn ipvs_dump(&mut self) -> Result<Vec<(Service, Vec<DestinationState>)>, DataplaneError> {
-        self.ipvs.dump().map_err(dp)
-    }
-
-    fn ipvs_apply(&mut self, changes: &[Change]) -> Result<(), DataplaneError> {
-        self.ipvs.apply(changes).map_err(dp)
-    }
-
-    fn addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
-        self.dummy.addresses().map_err(dp)
-    }
-
-    fn node_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
-        self.dummy.node_addresses().map_err(dp)
-    }
-
-    fn bind(&mut self, ip: IpAddr) -> Result<(), DataplaneError> {
-        self.dummy.bind(ip).map_err(dp)
-    }
-
-    fn unbind(&mut self, ip: IpAddr) -> Result<(), DataplaneError> {
-        self.dummy.unbind(ip).map_err(dp)
-    }
-
-    fn ipset_save(&mut self) -> Result<String, DataplaneError> {
-        let out = self.ipset_command("save").output().map_err(|e| {
-            DataplaneError::transient(Error::Tool {
-                op: "ipset save".into(),
-                detail: e.to_string(),
-            })
-        })?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    fn ipset_restore(&mut self, text: &str) -> Result<(), DataplaneError> {
-        let tool = |detail: String| {
-            DataplaneError::transient(Error::Tool {
-                op: "ipset restore".into(),
-                detail,
-            })
+    /// Applies an IPVS diff of the last desired state against a fresh dump, and schedules the
+    /// next drain check.
+    fn reconcile_ipvs(&mut self, now: Instant) -> Result<usize, DataplaneError> {
+        let kernel = self.ipvs.dump().map_err(dp)?;
+        let plan = diff(&self.desired, &kernel, &self.settings.ipvs);
+        self.ipvs.apply(&plan.changes).map_err(dp)?;
+        self.draining = plan.draining;
+        self.next_check = if self.draining.is_empty() {
+            None
+        } else {
+            Some(now + DRAIN_CHECK)
         };
-        let mut child = self
-            .ipset_command("restore")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| tool(e.to_string()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(text.as_bytes())
-                .map_err(|e| tool(e.to_string()))?;
-        }
-        let out = child.wait_with_output().map_err(|e| tool(e.to_string()))?;
-        if !out.status.success() {
-            return Err(tool(String::from_utf8_lossy(&out.stderr).into_owned()));
-        }
-        Ok(())
-    }
-
-    fn restore_rules(&mut self, family: IpFamily, text: &str) -> Result<(), DataplaneError> {
-        self.iptables
-            .restore(self.backend, family, text)
-            .map_err(ipt("iptables-restore"))?;
-        self.ensure_jumps(family)
+        Ok(plan.changes.len())
     }
 }
 
@@ -399,7 +313,7 @@ impl Dataplane for IpvsDataplane {
             ),
             Some(r) => {
                 let node = NodeContext::resolve(&r.detect_local, &r.node_ports, state);
-                let local = self.kernel.node_addresses()?;
+                let local = self.dummy.node_addresses().map_err(dp)?;
                 let np = node_port_addresses(&r.node_ports, &node, &local);
                 (node, np)
             }
@@ -420,71 +334,47 @@ impl Dataplane for IpvsDataplane {
                 }
             }
         }
-        // Read everything first: IPVS, the addresses, the sets on a full sync.
-        let ipvs = diff(&desired, &self.kernel.ipvs_dump()?, &self.settings.ipvs);
-        let current = self.kernel.addresses()?;
-        let addresses = addresses::diff(desired.bind_addresses(), &current);
-        let saved = if full {
-            Some(self.kernel.ipset_save()?)
-        } else {
-            None
-        };
-        let mut changes = SyncChanges {
-            ipvs: ipvs.changes,
-            addresses,
-            ..SyncChanges::default()
-        };
+        let mut operations = 0;
+        // Addresses first: IPVS answers on them only once they are local.
+        let current = self.dummy.addresses().map_err(dp)?;
+        let want: BTreeSet<IpAddr> = desired.bind_addresses().clone();
+        let addr = addresses::diff(&want, &current);
+        for ip in &addr.bind {
+            self.dummy.bind(*ip).map_err(dp)?;
+        }
+        // Sets before the rules that match them; removals after the IPVS change.
         for (i, s) in sets.iter().enumerate() {
             let family = s.family();
-            let had = match &saved {
-                Some(text) => Sets::parse_save(family, text),
-                None => self.sets[i].clone(),
+            let had = if full {
+                Sets::parse_save(family, &self.ipset_save()?)
+            } else {
+                self.sets[i].clone()
             };
-            let set_changes = ipset::diff(s, &had);
-            if full || !set_changes.is_empty() {
-                changes.sets.push((family, set_changes));
+            let changes = ipset::diff(s, &had);
+            if full || !changes.is_empty() {
+                self.ipset_restore(&ipset::restore_text(family, &changes))?;
             }
+            operations += changes.len();
             let mut cfg = PlanConfig::new(family);
             cfg.masquerade_bit = self.settings.masquerade_bit;
             cfg.masquerade_all = self.settings.masquerade_all;
             let text = rules::render_with(s, &cfg, &node, Some(desired.local()));
             if full || text != self.rules[i] {
-                changes.rules.push((family, text));
-            }
-        }
-        // Then write, in the order that never steers a packet to something not there yet.
-        self.desired = desired;
-        let mut operations = 0;
-        for step in order::steps(changes) {
-            match step {
-                Step::Ipvs(c) => {
-                    self.kernel.ipvs_apply(&c)?;
-                    operations += c.len();
-                }
-                Step::Sets { family, changes } => {
-                    self.kernel
-                        .ipset_restore(&ipset::restore_text(family, &changes))?;
-                    operations += changes.len();
-                }
-                Step::Bind(ip) => {
-                    self.kernel.bind(ip)?;
-                    operations += 1;
-                }
-                Step::Rules { family, text } => {
-                    self.kernel.restore_rules(family, &text)?;
-                    if let Some(i) = self.settings.families.iter().position(|f| *f == family) {
-                        self.rules[i] = text;
-                    }
-                    operations += 1;
-                }
-                Step::Unbind(ip) => {
-                    self.kernel.unbind(ip)?;
-                    operations += 1;
-                }
+                self.iptables
+                    .restore(self.backend, family, &text)
+                    .map_err(ipt("iptables-restore"))?;
+                self.ensure_jumps(family)?;
+                self.rules[i] = text;
+                operations += 1;
             }
         }
         self.sets = sets;
-        self.drain_later(ipvs.draining, Instant::now());
+        self.desired = desired;
+        operations += self.reconcile_ipvs(Instant::now())?;
+        for ip in &addr.unbind {
+            self.dummy.unbind(*ip).map_err(dp)?;
+        }
+        operations += addr.bind.len() + addr.unbind.len();
         Ok(SyncReport {
             full,
             operations,
@@ -494,11 +384,11 @@ impl Dataplane for IpvsDataplane {
 
     fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
         let mut out = Vec::new();
-        let kernel = self.kernel.ipvs_dump()?;
+        let kernel = self.ipvs.dump().map_err(dp)?;
         for c in diff(&self.desired, &kernel, &self.settings.ipvs).changes {
             out.push(format!("ipvs: {c:?}"));
         }
-        let current = self.kernel.addresses()?;
+        let current = self.dummy.addresses().map_err(dp)?;
         let a = addresses::diff(self.desired.bind_addresses(), &current);
         out.extend(
             a.bind
@@ -510,7 +400,7 @@ impl Dataplane for IpvsDataplane {
                 .iter()
                 .map(|ip| format!("{DUMMY_INTERFACE}: {ip} extra")),
         );
-        let saved = self.kernel.ipset_save()?;
+        let saved = self.ipset_save()?;
         for s in &self.sets {
             for c in ipset::diff(s, &Sets::parse_save(s.family(), &saved)) {
                 out.push(format!("ipset: {c:?}"));
@@ -521,15 +411,14 @@ impl Dataplane for IpvsDataplane {
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
         self.desired = Desired::new();
-        // The addresses first (nothing reaches IPVS after), then every virtual server but the
-        // excluded ones and others' firewall-mark ones (the diff against nothing), not a flush
-        // of the whole namespace.
-        for ip in self.kernel.addresses()? {
-            self.kernel.unbind(ip)?;
-        }
-        let kernel = self.kernel.ipvs_dump()?;
+        // Every virtual server but the excluded ones and others' firewall-mark ones (the diff
+        // against nothing), not a flush of the whole namespace.
+        let kernel = self.ipvs.dump().map_err(dp)?;
         let plan = diff(&self.desired, &kernel, &self.settings.ipvs);
-        self.kernel.ipvs_apply(&plan.changes)?;
+        self.ipvs.apply(&plan.changes).map_err(dp)?;
+        for ip in self.dummy.addresses().map_err(dp)? {
+            self.dummy.unbind(ip).map_err(dp)?;
+        }
         self.draining.clear();
         self.next_check = None;
         Ok(())
