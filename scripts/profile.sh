@@ -32,7 +32,12 @@
 #   nftables-memory-kube-apiserver-30k  the same at 30k
 #   nftables-startup-kube-apiserver-10k perf of the same binary, from its start to a few seconds
 #                                after its first full sync (where the list and first sync go)
+#   nftables-startup-kube-apiserver-30k the same at 30k
 #   nftables-startup-yaml-10k    the same reading bench's 10k x 10 cluster as YAML manifests
+#   nftables-full-100k           perf of bench's in-process first full sync (planning and
+#                                applying), nftables mode, 100k Services x 10
+#   nftables-change-100k         perf of bench's in-process one-endpoint changes at 100k (the
+#                                partial syncs alone)
 #
 # perf samples the process and every child it starts (nft, iptables-restore), user and kernel
 # code, with the cpu-clock event (this VM has no hardware counters). Change profiles start with
@@ -68,7 +73,8 @@ ALL=(nftables-full-10k nftables-full-30k nftables-change-30k
     userspace-datapath-vip-30k userspace-datapath-direct-30k
     userspace-bulk-vip-30k userspace-bulk-direct-30k userspace-memory-10k
     nftables-memory-kube-apiserver-10k nftables-memory-kube-apiserver-30k
-    nftables-startup-kube-apiserver-10k nftables-startup-yaml-10k)
+    nftables-startup-kube-apiserver-10k nftables-startup-kube-apiserver-30k
+    nftables-startup-yaml-10k nftables-full-100k nftables-change-100k)
 for arg in "$@"; do
     case $arg in
         --no-build) BUILD=0 ;;
@@ -340,6 +346,17 @@ datapath_profile() {
         "$BENCH" --modes "$mode" --sizes 30000 --skip-proxy --repeats 1 --root "$root"
 }
 
+# sync_profile NAME TARGET SERVICES: perf of bench's in-process nftables dataplane (bench's own
+# allocator) at SERVICES x 10, while it samples TARGET: `full-sync` (the first full sync) or
+# `changes` (the one-endpoint changes), in a scratch root.
+sync_profile() {
+    local name=$1 target=$2 services=$3
+    local root=$WORK/$name-root
+    mkdir -p "$root"
+    perf_profile "$name" --controlled KP_PERF_TARGET="$target" -- "$BENCH" --modes nftables \
+        --sizes "$services" --skip-proxy --skip-datapath --repeats 1 --changes 200 --root "$root"
+}
+
 # heap_profile NAME ENV... -- COMMAND...: heaptrack of COMMAND, summarised.
 heap_profile() {
     local name=$1
@@ -545,8 +562,12 @@ for name in "${NAMES[@]}"; do
             binary_profile heaptrack "$name" nftables 30000 kube-apiserver ;;
         nftables-startup-kube-apiserver-10k)
             binary_profile perf "$name" nftables 10000 kube-apiserver ;;
+        nftables-startup-kube-apiserver-30k)
+            binary_profile perf "$name" nftables 30000 kube-apiserver ;;
         nftables-startup-yaml-10k)
             binary_profile perf "$name" nftables 10000 manifests-yaml ;;
+        nftables-full-100k) sync_profile "$name" full-sync 100000 ;;
+        nftables-change-100k) sync_profile "$name" changes 100000 ;;
     esac
 done
 echo "==> done: bench/profiles/ (bench report redraws BENCHMARKS.md with them)"

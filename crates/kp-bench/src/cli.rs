@@ -20,8 +20,10 @@ use crate::run::Options;
 /// `enable` to CTL when their measured seconds start and `disable` when they end (waiting for
 /// perf's `ack` on ACK), so nothing else is sampled; KP_PERF_TARGET=vip-bulk (or direct-bulk)
 /// does the same around each bulk transfer instead; KP_PERF_EVENT=NAME switches that event alone
-/// (`enable NAME`), which keeps perf tracking processes started in between. Give one mode and one
-/// size (scripts/profile.sh nftables-datapath-vip-30k does).
+/// (`enable NAME`), which keeps perf tracking processes started in between. KP_PERF_TARGET=full-sync
+/// (or changes) samples the in-process dataplane's first full sync (or its one-endpoint changes)
+/// instead. Give one mode and one size (scripts/profile.sh nftables-datapath-vip-30k and
+/// nftables-full-100k do).
 #[derive(Debug, Parser)]
 #[command(name = "bench", version)]
 pub struct Cli {
@@ -185,6 +187,13 @@ pub enum Command {
         #[arg(long, default_value_t = 10)]
         endpoints: usize,
     },
+    /// The ipvs mode inside the kp-vm guest (this kernel has no IP_VS) beside nftables in the
+    /// same guest and on the host: full sync, one-endpoint changes p50/p99, peak RSS, and the
+    /// change applied by a full re-list as upstream does (src/vm.rs).
+    Vm(crate::vm::VmArgs),
+    /// One measurement of `bench vm`, in this process; prints its result line.
+    #[command(hide = true)]
+    VmMeasure(crate::vm::MeasureArgs),
     /// The data-path server (runs inside a pod namespace).
     #[command(hide = true)]
     DatapathServer {

@@ -20,8 +20,9 @@
 //! started while sampling is off (the second run's client) still has its name and symbols.
 //! scripts/profile.sh records `nftables-datapath-vip-30k` and `-direct-30k` this way. Every size
 //! and mode of the run is profiled alike: give one of each. The fifo without the target or the
-//! other way round, a target other than `vip` or `direct`, or a path that is not a fifo is refused
-//! before anything runs.
+//! other way round, an unknown target, or a path that is not a fifo is refused before anything
+//! runs. The same switch serves the sync phase ([`PerfTarget::FullSync`],
+//! [`PerfTarget::Changes`]; see `run.rs`).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -222,15 +223,53 @@ impl PerfSwitch {
     }
 }
 
+/// What perf samples: the data path's connect runs or bulk transfers to one target, or the
+/// in-process sync phase's first full sync or its one-endpoint changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerfTarget {
+    /// The new-connection runs through the ClusterIP (`vip: true`, `vip`) or straight to the
+    /// pod (`direct`).
+    Connect {
+        /// Through the ClusterIP.
+        vip: bool,
+    },
+    /// The bulk transfers through the ClusterIP (`vip-bulk`) or straight to the pod
+    /// (`direct-bulk`).
+    Bulk {
+        /// Through the ClusterIP.
+        vip: bool,
+    },
+    /// The first full sync of the in-process dataplane (`full-sync`): planning and applying.
+    FullSync,
+    /// The in-process one-endpoint changes (`changes`), each a partial sync.
+    Changes,
+}
+
+impl PerfTarget {
+    /// The target `KP_PERF_TARGET` names.
+    fn parse(name: &str) -> anyhow::Result<PerfTarget> {
+        Ok(match name {
+            "vip" => PerfTarget::Connect { vip: true },
+            "direct" => PerfTarget::Connect { vip: false },
+            "vip-bulk" => PerfTarget::Bulk { vip: true },
+            "direct-bulk" => PerfTarget::Bulk { vip: false },
+            "full-sync" => PerfTarget::FullSync,
+            "changes" => PerfTarget::Changes,
+            other => anyhow::bail!(
+                "{PERF_TARGET_ENV}={other}: expected vip, direct, vip-bulk, direct-bulk, full-sync \
+                 or changes"
+            ),
+        })
+    }
+}
+
 /// Which runs perf samples, and how they switch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PerfControl {
     /// The fifos and the event.
     pub switch: PerfSwitch,
-    /// `true`: the ClusterIP runs; `false`: the runs straight to the pod.
-    pub vip: bool,
-    /// `true`: the bulk transfers (`vip-bulk`, `direct-bulk`); `false`: the connect runs.
-    pub bulk: bool,
+    /// What is sampled.
+    pub target: PerfTarget,
 }
 
 impl PerfControl {
@@ -259,7 +298,9 @@ impl PerfControl {
             (None, None) => return Ok(None),
             (Some(c), Some(t)) => (c, t),
             (Some(_), None) => {
-                anyhow::bail!("{PERF_CTL_ENV} is set but {PERF_TARGET_ENV} is not (vip or direct)")
+                anyhow::bail!(
+                    "{PERF_CTL_ENV} is set but {PERF_TARGET_ENV} is not (vip, direct, ...)"
+                )
             }
             (None, Some(_)) => {
                 anyhow::bail!(
@@ -267,26 +308,15 @@ impl PerfControl {
                 )
             }
         };
-        let (vip, bulk) = match target {
-            "vip" => (true, false),
-            "direct" => (false, false),
-            "vip-bulk" => (true, true),
-            "direct-bulk" => (false, true),
-            other => anyhow::bail!(
-                "{PERF_TARGET_ENV}={other}: expected vip, direct, vip-bulk or direct-bulk"
-            ),
-        };
         Ok(Some(PerfControl {
+            target: PerfTarget::parse(target)?,
             switch: PerfSwitch::parse(ctl, event)?,
-            vip,
-            bulk,
         }))
     }
 
-    /// The switch, when the connect runs (`bulk` false) or bulk transfers to the ClusterIP
-    /// (`vip`) or to the pod are the ones sampled.
-    fn switch_for(&self, vip: bool, bulk: bool) -> Option<&PerfSwitch> {
-        (self.vip == vip && self.bulk == bulk).then_some(&self.switch)
+    /// The switch, when `target` is the one sampled.
+    pub fn switch_for(&self, target: PerfTarget) -> Option<&PerfSwitch> {
+        (self.target == target).then_some(&self.switch)
     }
 }
 
@@ -641,7 +671,7 @@ pub fn measure(
             let perf = plan
                 .perf
                 .as_ref()
-                .and_then(|p| p.switch_for(vip_turn, false));
+                .and_then(|p| p.switch_for(PerfTarget::Connect { vip: vip_turn }));
             if vip_turn {
                 vip.push(connect_in(
                     client_ns,
@@ -669,7 +699,7 @@ pub fn measure(
             let perf = plan
                 .perf
                 .as_ref()
-                .and_then(|p| p.switch_for(vip_turn, true));
+                .and_then(|p| p.switch_for(PerfTarget::Bulk { vip: vip_turn }));
             let (target, into) = match vip_turn {
                 true => (plan.vip_bulk, &mut bv),
                 false => (plan.direct_bulk, &mut bd),
@@ -723,22 +753,35 @@ mod tests {
             ack: None,
             event: None,
         };
-        assert_eq!(vip.switch_for(true, false), Some(&plain));
-        assert_eq!(vip.switch_for(false, false), None);
-        assert_eq!(vip.switch_for(true, true), None);
+        assert_eq!(
+            vip.switch_for(PerfTarget::Connect { vip: true }),
+            Some(&plain)
+        );
+        assert_eq!(vip.switch_for(PerfTarget::Connect { vip: false }), None);
+        assert_eq!(vip.switch_for(PerfTarget::Bulk { vip: true }), None);
         let bulk = PerfControl::parse(Some(c), None, Some("vip-bulk"))
             .unwrap()
             .unwrap();
-        assert_eq!(bulk.switch_for(true, true), Some(&plain));
-        assert_eq!(bulk.switch_for(true, false), None);
-        assert_eq!(bulk.switch_for(false, true), None);
+        assert_eq!(
+            bulk.switch_for(PerfTarget::Bulk { vip: true }),
+            Some(&plain)
+        );
+        assert_eq!(bulk.switch_for(PerfTarget::Connect { vip: true }), None);
+        assert_eq!(bulk.switch_for(PerfTarget::Bulk { vip: false }), None);
         assert_eq!(plain.args(), ["--perf-ctl", c]);
+        let changes = PerfControl::parse(Some(c), None, Some("changes"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(changes.switch_for(PerfTarget::Changes), Some(&plain));
+        assert_eq!(changes.switch_for(PerfTarget::FullSync), None);
         let both = format!("{c},{}", ack.display());
         let direct = PerfControl::parse(Some(&both), Some("cpu-clock"), Some("direct"))
             .unwrap()
             .unwrap();
-        assert_eq!(direct.switch_for(true, false), None);
-        let full = direct.switch_for(false, false).unwrap();
+        assert_eq!(direct.switch_for(PerfTarget::Connect { vip: true }), None);
+        let full = direct
+            .switch_for(PerfTarget::Connect { vip: false })
+            .unwrap();
         assert_eq!(full.ack.as_deref(), Some(ack.as_path()));
         assert_eq!(full.event.as_deref(), Some("cpu-clock"));
         assert_eq!(
@@ -758,7 +801,7 @@ mod tests {
             (
                 Some(c),
                 Some("pod"),
-                "expected vip, direct, vip-bulk or direct-bulk",
+                "expected vip, direct, vip-bulk, direct-bulk, full-sync or changes",
             ),
             (Some("/nonexistent/ctl"), Some("vip"), "/nonexistent/ctl"),
             (regular.to_str(), Some("vip"), "is not a fifo"),

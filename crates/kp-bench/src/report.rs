@@ -70,6 +70,7 @@ pub fn write_all(
         &report,
         markdown(results, &plot_errors, &profiles, notes.as_deref()),
     )?;
+    crate::report_vm::update_report(root)?;
     written.push(report);
     Ok(written)
 }
@@ -390,13 +391,19 @@ pub fn targets(results: &Results) -> Vec<Target> {
                 .map(|p| (p.peak_rss_mib, p.source.clone()))
                 .max_by(|a, b| a.0.total_cmp(&b.0))
         });
-        t.push(target(
+        let from_real_api_server = rss.as_ref().is_some_and(|(_, s)| s == "kube-apiserver");
+        let mut row = target(
             format!(
                 "{mode}, 10k × 10: peak RSS of kube-proxy ≤ 64 MiB (larger of the two sources)"
             ),
             rss.map(|(v, s)| (v, format!("{v:.1} MiB ({s})"))),
             64.0,
-        ));
+        );
+        // The larger peak was the real API server's: its memory profile is the one to read.
+        if from_real_api_server {
+            row.profiles = vec![format!("{mode}-memory-kube-apiserver-10k")];
+        }
+        t.push(row);
         let overhead = run(&mode, 10_000)
             .and_then(|r| r.bare.as_ref())
             .map(|b| (b.overhead, format!("{:.2}×", b.overhead)));

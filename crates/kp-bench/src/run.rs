@@ -10,7 +10,7 @@ use kp_test::lab::Lab;
 use kp_test::netns::Netns;
 
 use crate::cluster::{self, ChangeStream, Cluster, MixOf};
-use crate::datapath;
+use crate::datapath::{self, PerfTarget};
 use crate::mode::{bare_load, KernelInput, ModeUnderTest, Rendered};
 use crate::progress::Progress;
 use crate::proxy::{self, Source};
@@ -61,7 +61,7 @@ pub struct Options {
     pub bulk_repeats: usize,
     /// The CPUs the data path's client and server are pinned to, if any.
     pub pinning: Option<datapath::Pinning>,
-    /// The data-path connect runs perf samples (`KP_PERF_CTL`, `KP_PERF_TARGET`), if any.
+    /// What perf samples (`KP_PERF_CTL`, `KP_PERF_TARGET`), if anything.
     pub perf: Option<datapath::PerfControl>,
     /// The kube-proxy binary.
     pub proxy_binary: PathBuf,
@@ -367,9 +367,18 @@ fn in_process(
         None => {}
     }
     let mut dp = mode.dataplane(node.name());
+    let sampled = |target| opts.perf.as_ref().and_then(|p| p.switch_for(target));
+    let full_switch = sampled(PerfTarget::FullSync);
+    if let Some(s) = full_switch {
+        s.set(true)?;
+    }
     let t = Instant::now();
-    let report = dp.sync(&state, &Default::default(), true)?;
+    let report = dp.sync(&state, &Default::default(), true);
     let mut totals = vec![t.elapsed().as_secs_f64()];
+    if let Some(s) = full_switch {
+        s.set(false)?;
+    }
+    let report = report?;
     // More first full syncs, each into a fresh namespace with a fresh dataplane.
     for _ in 1..opts.repeats.max(1) {
         let ns = Netns::new("bench-full")?;
@@ -405,6 +414,8 @@ fn in_process(
     let mut stream = ChangeStream::new(cluster);
     let mut times = Vec::with_capacity(opts.changes);
     let mut reported = Instant::now();
+    // Only the partial syncs are sampled, not building each change.
+    let change_switch = sampled(PerfTarget::Changes);
     for done in 0..opts.changes {
         p.every(&mut reported, || {
             format!("  one-endpoint changes: {done} of {} done", opts.changes)
@@ -415,9 +426,16 @@ fn in_process(
             .apply(SourceEvent::Upsert(object))
             .map_err(|e| anyhow::anyhow!("change {}: {e}", change.k))?;
         let changes = state.take_changes();
+        if let Some(s) = change_switch {
+            s.set(true)?;
+        }
         let t = Instant::now();
-        dp.sync(&state, &changes, false)?;
+        let synced = dp.sync(&state, &changes, false);
         times.push(ms(t.elapsed()));
+        if let Some(s) = change_switch {
+            s.set(false)?;
+        }
+        synced?;
     }
     let inc = Summary::of(&times);
     p.say(format!(
