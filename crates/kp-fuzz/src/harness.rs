@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 
 use crate::generate::{self, Generator, NAMESPACES};
 use crate::hostile::{self, smuggled, smuggled_bytes};
+use crate::modes;
 use crate::report::{short, Check, Report};
 use crate::rng::Rng;
 
@@ -93,6 +94,8 @@ struct Setup {
     localhost_node_ports: bool,
     /// Chains per iptables-restore input.
     step: usize,
+    /// The userspace, ipvs and ebpf modes' settings.
+    modes: modes::ModeSetup,
 }
 
 impl Setup {
@@ -126,6 +129,11 @@ impl Setup {
             },
             localhost_node_ports: r.chance(1, 3),
             step: 1 + r.below(40),
+            modes: modes::ModeSetup {
+                proxy_port: 1 + r.below(65535) as u16,
+                transparent_mark: 1 << r.below(32),
+                scheduler: r.pick::<&str>(modes::SCHEDULERS),
+            },
         }
     }
 
@@ -163,6 +171,8 @@ struct Planners {
     ipt: Vec<ipt::Planner>,
     /// Holds what `ipt` sent, both families.
     ipt_tracer: kp_iptables_test::IptablesTracer,
+    /// The userspace, ipvs and ebpf planners.
+    modes: modes::ModePlanners,
     /// Plans made in this epoch.
     plans: u32,
 }
@@ -482,7 +492,7 @@ impl Harness {
         let converge = planners.plans % CONVERGE_EVERY == 0;
         let (state, report) = (&self.state, &mut self.report);
         let outcome = guard(AssertUnwindSafe(|| {
-            partial(&mut planners, state, &changes, i, report)
+            partial(&mut planners, state, &changes, converge, i, report)
                 && (!converge || converged(&planners, state, i, report))
         }));
         match outcome {
@@ -514,6 +524,12 @@ impl Harness {
                     .map(|f| ipt::Planner::new(setup.ipt(f)))
                     .into(),
                 ipt_tracer: kp_iptables_test::IptablesTracer::new(kp_flows::node_addresses()),
+                modes: modes::ModePlanners::new(
+                    setup.modes.clone(),
+                    setup.masquerade_all,
+                    setup.detect_local.clone(),
+                    setup.node_ports != NodePortAddresses::AllLocal,
+                ),
                 setup: setup.clone(),
                 plans: 0,
             };
@@ -573,7 +589,7 @@ fn node_context(setup: &Setup, state: &ProxyState) -> NodeContext {
 
 /// Checks one rendered text: no marker, no control character but line breaks. False if
 /// anything was wrong.
-fn check_text(what: &str, text: &str, i: u64, report: &mut Report) -> bool {
+pub(crate) fn check_text(what: &str, text: &str, i: u64, report: &mut Report) -> bool {
     report.bytes += text.len() as u64;
     let mut ok = true;
     if smuggled(text) {
@@ -680,7 +696,17 @@ fn full(p: &mut Planners, state: &ProxyState, i: u64, report: &mut Report) -> bo
             ok &= check_text("iptables jump rule", &j.args, i, report);
         }
     }
-    ok
+    let ipt = p.setup.ipt(IpFamily::V4);
+    ok & p.modes.sync(
+        state,
+        &node,
+        &p.setup.node_ports,
+        &ipt,
+        None,
+        false,
+        i,
+        report,
+    )
 }
 
 /// A partial plan of `changes`, with every planner.
@@ -688,6 +714,7 @@ fn partial(
     p: &mut Planners,
     state: &ProxyState,
     changes: &Changes,
+    converge: bool,
     i: u64,
     report: &mut Report,
 ) -> bool {
@@ -718,7 +745,17 @@ fn partial(
         report.plans += 1;
         ok &= check_restore(p, family, &restore, i, report);
     }
-    ok
+    let ipt = p.setup.ipt(IpFamily::V4);
+    ok & p.modes.sync(
+        state,
+        &node,
+        &p.setup.node_ports,
+        &ipt,
+        Some(changes),
+        converge,
+        i,
+        report,
+    )
 }
 
 /// What a divergence note says when every differing element's key is wanted by more than one

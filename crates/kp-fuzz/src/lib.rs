@@ -10,6 +10,8 @@
 //! - [`hostile`]: the hostile values, and the [marker](hostile::MARKER) whose appearance in
 //!   rendered text proves smuggling (why it cannot appear legitimately is explained there).
 //! - [`harness`]: the pipeline and its checks ([`Check`] lists them).
+//! - [`modes`]: the userspace, ipvs and ebpf planners, and their checks (keys only from
+//!   validated addresses and ports).
 //! - [`report`]: the counts and violations of a run.
 //!
 //! [`run`] is the whole thing: `run(seed, objects)` is reproducible from its arguments alone
@@ -25,6 +27,7 @@
 pub mod generate;
 pub mod harness;
 pub mod hostile;
+pub mod modes;
 pub mod report;
 pub mod rng;
 

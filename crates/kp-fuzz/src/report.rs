@@ -29,6 +29,10 @@ pub enum Check {
     /// The iptables planner refused its own shared or fixed rules (`PlanError::Shared`): one
     /// object stops every iptables sync.
     SharedRuleRefused,
+    /// A key the userspace, ipvs or ebpf planners made (a table element, a route, a virtual
+    /// or real server, an ipset entry, a map entry) holds an address, port or network that is
+    /// not one validation accepted for it.
+    KeyNotValidated,
 }
 
 impl fmt::Display for Check {
@@ -43,6 +47,7 @@ impl fmt::Display for Check {
             Check::EncodeError => "netlink element encode error",
             Check::Diverged => "partial plans diverge from a full plan",
             Check::SharedRuleRefused => "iptables shared rule refused",
+            Check::KeyNotValidated => "key from an unvalidated address, port or network",
         })
     }
 }
@@ -60,11 +65,18 @@ pub struct KnownDefect {
 }
 
 /// The known defects.
-pub const KNOWN_DEFECTS: &[KnownDefect] = &[KnownDefect {
-    name: "nftables_partial_sync_keeps_the_old_owner_of_a_shared_external_ip",
-    check: Check::Diverged,
-    needle: crate::harness::CONTESTED,
-}];
+pub const KNOWN_DEFECTS: &[KnownDefect] = &[
+    KnownDefect {
+        name: "nftables_partial_sync_keeps_the_old_owner_of_a_shared_external_ip",
+        check: Check::Diverged,
+        needle: crate::harness::CONTESTED,
+    },
+    KnownDefect {
+        name: "ebpf_planner_loses_a_frontend_two_service_ports_share",
+        check: Check::Diverged,
+        needle: crate::modes::EBPF_CONTESTED,
+    },
+];
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +129,25 @@ pub struct Report {
     /// Services the iptables planner left out because a rule failed its validation
     /// (`PlanError::Service`): by design, but each is a rule shape validation caught late.
     pub iptables_left_out: u64,
+    /// Userspace mode: redirect table plans (text replayed into the tracer, balancer synced).
+    pub userspace_plans: u64,
+    /// Userspace mode: redirect table elements checked, over every plan.
+    pub userspace_elements: u64,
+    /// Userspace mode: balancer picks asked of validated frontends.
+    pub userspace_picks: u64,
+    /// ipvs mode: plans (virtual servers, ipsets, iptables chains).
+    pub ipvs_plans: u64,
+    /// ipvs mode: virtual servers checked, over every plan.
+    pub ipvs_virtual_servers: u64,
+    /// ipvs mode: ipset entries checked, over every plan.
+    pub ipset_entries: u64,
+    /// ebpf mode: plans (map updates of the changed Services).
+    pub ebpf_plans: u64,
+    /// ebpf mode: map updates checked.
+    pub ebpf_ops: u64,
+    /// ebpf mode: plans the planner refused (out of backend or reverse-NAT ids): by design,
+    /// the mode then starts over.
+    pub ebpf_errors: u64,
     /// The first few `PlanError::Service` texts, for the report.
     pub left_out_examples: Vec<String>,
     /// Wall-clock time.
@@ -178,6 +209,9 @@ impl Report {
             "seed={} objects={} hostile={} decoded={} accepted={} hostile_accepted={} \
              rejected={} deletes={} manifests={} \
              manifest_errors={} plans={} bytes={} batch_elements={} iptables_left_out={} \
+             userspace_plans={} userspace_elements={} userspace_picks={} \
+             ipvs_plans={} ipvs_virtual_servers={} ipset_entries={} \
+             ebpf_plans={} ebpf_ops={} ebpf_errors={} \
              violations={} known_defect_hits={} elapsed={:.1}s rate={:.0}/s",
             self.seed,
             self.objects,
@@ -193,6 +227,15 @@ impl Report {
             self.bytes,
             self.batch_elements,
             self.iptables_left_out,
+            self.userspace_plans,
+            self.userspace_elements,
+            self.userspace_picks,
+            self.ipvs_plans,
+            self.ipvs_virtual_servers,
+            self.ipset_entries,
+            self.ebpf_plans,
+            self.ebpf_ops,
+            self.ebpf_errors,
             self.violation_count(),
             self.known.values().sum::<u64>(),
             self.elapsed.as_secs_f64(),

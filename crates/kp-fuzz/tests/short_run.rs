@@ -17,6 +17,12 @@ fn fuzz_short_run() {
     assert!(report.rejected > OBJECTS / 10, "{}", report.summary());
     assert!(report.plans > 100, "{}", report.summary());
     assert!(report.batch_elements > 0, "{}", report.summary());
+    // The later modes' planners ran and had keys to check.
+    assert!(report.userspace_elements > 0, "{}", report.summary());
+    assert!(report.userspace_picks > 0, "{}", report.summary());
+    assert!(report.ipvs_virtual_servers > 0, "{}", report.summary());
+    assert!(report.ipset_entries > 0, "{}", report.summary());
+    assert!(report.ebpf_ops > 0, "{}", report.summary());
     assert_eq!(report.violation_count(), 0, "{report}");
 }
 
