@@ -1,7 +1,9 @@
 //! Faults injected into a running kube-proxy, in each kernel mode: the kernel tool (`nft`,
-//! `iptables-restore`) failing N times in a row, and the manifest directory vanishing and
-//! coming back. Existing Services must keep answering throughout, the failures must be counted,
-//! and the proxy must recover with the first attempt after the fault ends.
+//! `iptables-restore`; userspace mode's `nft` for its redirect table) failing N times in a
+//! row, and the manifest directory vanishing and coming back. Existing Services must keep
+//! answering throughout, the failures must be counted, and the proxy must recover with the
+//! first attempt after the fault ends. Then tampering: rules, table elements or ebpf map
+//! entries deleted behind the proxy's back, repaired by its periodic check.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -21,7 +23,7 @@ use common::{
 /// back to iptables-save when that fails.)
 fn applying_tools(mode: &str) -> &'static [&'static str] {
     match mode {
-        "nftables" => &["nft"],
+        "nftables" | "userspace" => &["nft"],
         _ => &[
             "iptables-nft-restore",
             "ip6tables-nft-restore",
@@ -105,14 +107,41 @@ fn answers(lab: &Lab, ip: &str) -> bool {
             .all(|k| k.starts_with("pod-") || k.starts_with("remote-"))
 }
 
+/// How a mode counts failed syncs: a metric of its own, or (modes without one) the sync loop's
+/// log line for each failed sync.
+#[derive(Clone, Copy)]
+enum Failures {
+    Metric(&'static str),
+    LogLines,
+}
+
+/// The sync loop's line for a failed sync (one per failure).
+const SYNC_FAILED: &str = "sync failed; retrying with a full sync";
+
+impl Failures {
+    fn count(self, lab: &Lab, proxy: &ChildGuard) -> f64 {
+        match self {
+            Failures::Metric(name) => metric_sum(lab.node(), name),
+            Failures::LogLines => proxy.log().matches(SYNC_FAILED).count() as f64,
+        }
+    }
+}
+
+/// A stopping userspace proxy serves on for its drain timeout: short here, so each stop is quick.
+const USERSPACE_DRAIN: &str = "--userspace-drain-timeout=1s";
+
 fn start(lab: &Lab, mode: &str, manifests: &Path, tools: &Path) -> ChildGuard {
+    start_with(lab, mode, manifests, tools, &[])
+}
+
+fn start_with(lab: &Lab, mode: &str, manifests: &Path, tools: &Path, extra: &[&str]) -> ChildGuard {
     let path = format!("PATH={}:/usr/sbin:/usr/bin:/sbin:/bin", tools.display());
-    let mut proxy = common::spawn_proxy_in_mode(
-        lab,
-        mode,
-        &["env", &path],
-        &["--manifests", manifests.to_str().unwrap()],
-    );
+    let mut source = vec!["--manifests", manifests.to_str().unwrap()];
+    if mode == "userspace" {
+        source.push(USERSPACE_DRAIN);
+    }
+    source.extend(extra);
+    let mut proxy = common::spawn_proxy_in_mode(lab, mode, &["env", &path], &source);
     proxy
         .wait_for_log(PROGRAMMED, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{mode}: first sync: {e}\n{}", proxy.log()));
@@ -125,7 +154,7 @@ fn start(lab: &Lab, mode: &str, manifests: &Path, tools: &Path) -> ChildGuard {
 }
 
 /// The kernel tool fails `FAILURES` times in a row while a new Service waits to be programmed.
-fn tool_failures_are_survived(mode: &str, legacy: bool, failure_metric: &str) {
+fn tool_failures_are_survived(mode: &str, legacy: bool, failures: Failures) {
     const FAILURES: u32 = 3;
     if !kp_test::netns::require_root() {
         return;
@@ -139,7 +168,7 @@ fn tool_failures_are_survived(mode: &str, legacy: bool, failure_metric: &str) {
         &kp_flows::manifest_list(),
     );
     let proxy = start(&lab, mode, &manifests.0, &tools.0);
-    assert_eq!(metric_sum(lab.node(), failure_metric), 0.0);
+    assert_eq!(failures.count(&lab, &proxy), 0.0);
 
     std::fs::write(tools.0.join("fail-count"), FAILURES.to_string()).unwrap();
     write_atomically(&manifests.0.join("faulty.json"), &faulty_service());
@@ -165,7 +194,7 @@ fn tool_failures_are_survived(mode: &str, legacy: bool, failure_metric: &str) {
     // Recovered by the first attempt after the fault ended: exactly the injected failures
     // were counted, none more.
     assert_eq!(
-        metric_sum(lab.node(), failure_metric),
+        failures.count(&lab, &proxy),
         f64::from(FAILURES),
         "{mode}: {}",
         proxy.log()
@@ -193,8 +222,16 @@ fn nftables_mode_survives_nft_failing_three_times() {
     tool_failures_are_survived(
         "nftables",
         false,
-        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        Failures::Metric("kubeproxy_sync_proxy_rules_nftables_sync_failures_total"),
     );
+}
+
+/// Userspace mode programs its redirect table with `nft`; it has no failure metric of its own,
+/// so the failed syncs are counted from the sync loop's log.
+#[test]
+#[ignore = "needs root"]
+fn userspace_mode_survives_nft_failing_three_times() {
+    tool_failures_are_survived("userspace", false, Failures::LogLines);
 }
 
 #[test]
@@ -203,7 +240,7 @@ fn iptables_mode_on_nft_survives_iptables_restore_failing_three_times() {
     tool_failures_are_survived(
         "iptables",
         false,
-        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        Failures::Metric("kubeproxy_sync_proxy_rules_iptables_restore_failures_total"),
     );
 }
 
@@ -213,7 +250,7 @@ fn iptables_mode_on_legacy_survives_iptables_restore_failing_three_times() {
     tool_failures_are_survived(
         "iptables",
         true,
-        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        Failures::Metric("kubeproxy_sync_proxy_rules_iptables_restore_failures_total"),
     );
 }
 
@@ -260,13 +297,33 @@ fn the_manifest_directory_vanishing_and_returning_removes_nothing() {
     );
 }
 
+/// How a mode counts what its periodic check found: a metric of its own, or (modes without
+/// one) a log line for each difference it repairs.
+#[derive(Clone, Copy)]
+enum Repairs {
+    Metric(&'static str),
+    LogLines(&'static str),
+}
+
+/// Userspace mode's own line for each difference its redirect table's check finds.
+const USERSPACE_DRIFT: &str = "the userspace redirect table differs from the plan; rebuilding";
+
+impl Repairs {
+    fn count(self, lab: &Lab, proxy: &ChildGuard) -> f64 {
+        match self {
+            Repairs::Metric(name) => metric_sum(lab.node(), name),
+            Repairs::LogLines(line) => proxy.log().matches(line).count() as f64,
+        }
+    }
+}
+
 /// Something deletes part of our rules behind the proxy's back; the periodic check (every
 /// `--iptables-sync-period`, 1 s in these tests) finds and repairs it.
 fn tampering_is_repaired_within_one_sync_period(
     mode: &str,
     legacy: bool,
     tamper: &[&[&str]],
-    mismatch_metric: &str,
+    repairs: Repairs,
 ) {
     if !kp_test::netns::require_root() {
         return;
@@ -296,7 +353,7 @@ fn tampering_is_repaired_within_one_sync_period(
         || answers(&lab, "10.96.0.10"),
     );
     assert!(
-        metric_sum(lab.node(), mismatch_metric) >= 1.0,
+        repairs.count(&lab, &proxy) >= 1.0,
         "{mode}: the repair is counted\n{}",
         proxy.log()
     );
@@ -322,7 +379,7 @@ fn nftables_mode_repairs_an_element_deleted_behind_its_back() {
             "vips-3",
             "{ 10.96.0.10 . tcp . 80 }",
         ]],
-        "kubeproxy_rs_nftables_readback_mismatches_total",
+        Repairs::Metric("kubeproxy_rs_nftables_readback_mismatches_total"),
     );
 }
 
@@ -333,7 +390,7 @@ fn iptables_mode_on_nft_repairs_a_chain_flushed_behind_its_back() {
         "iptables",
         false,
         &[&["iptables-nft", "-t", "nat", "-F", "KUBE-SERVICES"]],
-        "kubeproxy_rs_iptables_readback_mismatches_total",
+        Repairs::Metric("kubeproxy_rs_iptables_readback_mismatches_total"),
     );
 }
 
@@ -344,6 +401,25 @@ fn iptables_mode_on_legacy_repairs_a_chain_flushed_behind_its_back() {
         "iptables",
         true,
         &[&["iptables-legacy", "-t", "nat", "-F", "KUBE-SERVICES"]],
-        "kubeproxy_rs_iptables_readback_mismatches_total",
+        Repairs::Metric("kubeproxy_rs_iptables_readback_mismatches_total"),
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn userspace_mode_repairs_an_element_deleted_behind_its_back() {
+    tampering_is_repaired_within_one_sync_period(
+        "userspace",
+        false,
+        &[&[
+            "nft",
+            "delete",
+            "element",
+            "inet",
+            "kube-proxy-userspace",
+            "redirect-vips-v4",
+            "{ 10.96.0.10 . tcp . 80 }",
+        ]],
+        Repairs::LogLines(USERSPACE_DRIFT),
     );
 }
