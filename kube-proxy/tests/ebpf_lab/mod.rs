@@ -1,0 +1,174 @@
+//! What ebpf mode needs in the flow lab, all of the test's own: a cgroup v2 directory its
+//! socket hooks attach to (`--bpf-cgroup-root`), with the test process inside so the clients
+//! it starts are too, and a bpffs mounted on a fresh directory for its pins
+//! (`--bpf-pin-dir`). Nothing is attached to the machine's own cgroups or pinned on its bpffs;
+//! dropping the sandbox moves the test back out, kills what is left in the cgroup, removes it
+//! (which detaches the programs) and unmounts the bpffs.
+//!
+//! The proxy runs in the lab's node through `ip netns exec`, which mounts a sysfs of the
+//! namespace's own over /sys: the cgroup hierarchy under /sys/fs/cgroup is not visible there.
+//! So the hierarchy is mounted once more on a directory of the test's (the same hierarchy:
+//! the cgroup made under /sys/fs/cgroup appears there too), and the proxy is given that path.
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Where the cgroup v2 hierarchy is mounted, from /proc/self/mountinfo.
+fn cgroup2_root() -> PathBuf {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("reading mountinfo");
+    text.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let point = left.split_whitespace().nth(4)?;
+            (right.split_whitespace().next() == Some("cgroup2")).then(|| PathBuf::from(point))
+        })
+        .expect("no cgroup v2 hierarchy is mounted")
+}
+
+/// This process's cgroup v2 directory (`0::PATH` in /proc/self/cgroup).
+fn own_cgroup(root: &Path) -> PathBuf {
+    let text = std::fs::read_to_string("/proc/self/cgroup").expect("reading /proc/self/cgroup");
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("this process is in no cgroup v2");
+    root.join(path.trim_start_matches('/'))
+}
+
+fn move_pid(pid: u32, cgroup: &Path) -> std::io::Result<()> {
+    std::fs::write(cgroup.join("cgroup.procs"), pid.to_string())
+}
+
+/// A cgroup and a bpffs of the test's own, with the test process inside the cgroup.
+pub struct Sandbox {
+    /// The cgroup (`--bpf-cgroup-root`).
+    pub cgroup: PathBuf,
+    /// The pin directory on the bpffs (`--bpf-pin-dir`).
+    pub pins: PathBuf,
+    /// The cgroup under /sys/fs/cgroup, where this process moves in and out.
+    real: PathBuf,
+    home: PathBuf,
+    /// The test's directory: the bpffs and the second cgroup2 mount under it.
+    dir: PathBuf,
+}
+
+fn mount(fs: &str, at: &Path) {
+    std::fs::create_dir(at).expect("creating a mount point");
+    let status = Command::new("mount")
+        .args(["-t", fs, fs])
+        .arg(at)
+        .status()
+        .expect("running mount");
+    assert!(status.success(), "mount -t {fs} failed");
+}
+
+impl Sandbox {
+    /// Creates both and moves this process into the cgroup.
+    pub fn new(tag: &str) -> Sandbox {
+        let name = format!("kpt-h-{}-{tag}", std::process::id());
+        let root = cgroup2_root();
+        let real = root.join(&name);
+        std::fs::create_dir(&real).expect("creating a test cgroup");
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir(&dir).expect("creating the test's directory");
+        let sandbox = Sandbox {
+            pins: dir.join("bpffs").join("kube-proxy-rs"),
+            cgroup: dir.join("cgroup2").join(&name),
+            home: own_cgroup(&root),
+            real,
+            dir,
+        };
+        mount("bpf", &sandbox.dir.join("bpffs"));
+        mount("cgroup2", &sandbox.dir.join("cgroup2"));
+        assert!(
+            sandbox.cgroup.is_dir(),
+            "the second cgroup2 mount shows the test cgroup"
+        );
+        move_pid(std::process::id(), &sandbox.real).expect("moving the test into its cgroup");
+        sandbox
+    }
+
+    /// The flags that point ebpf mode at this sandbox.
+    pub fn flags(&self) -> Vec<String> {
+        vec![
+            format!("--bpf-cgroup-root={}", self.cgroup.display()),
+            format!("--bpf-pin-dir={}", self.pins.display()),
+        ]
+    }
+
+    /// Deletes one entry from a pinned map behind the proxy's back (the `bpf` syscall through
+    /// Python's ctypes: no bpftool here, and the workspace forbids `unsafe`).
+    pub fn delete_map_entry(&self, map: &str, key: &[u8]) {
+        const SCRIPT: &str = r#"
+import ctypes, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_BPF, OBJ_GET, DELETE = 321, 7, 3
+path = ctypes.create_string_buffer(sys.argv[1].encode())
+attr = ctypes.create_string_buffer(struct.pack("QII", ctypes.addressof(path), 0, 0), 16)
+fd = libc.syscall(SYS_BPF, OBJ_GET, attr, 16)
+if fd < 0:
+    sys.exit("BPF_OBJ_GET: errno %d" % ctypes.get_errno())
+key = ctypes.create_string_buffer(bytes.fromhex(sys.argv[2]), len(sys.argv[2]) // 2)
+attr = ctypes.create_string_buffer(struct.pack("IIQQQ", fd, 0, ctypes.addressof(key), 0, 0), 32)
+if libc.syscall(SYS_BPF, DELETE, attr, 32) != 0:
+    sys.exit("BPF_MAP_DELETE_ELEM: errno %d" % ctypes.get_errno())
+"#;
+        assert_eq!(
+            std::env::consts::ARCH,
+            "x86_64",
+            "the bpf syscall number is x86_64's"
+        );
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        let out = Command::new("python3")
+            .args(["-c", SCRIPT])
+            .arg(self.pins.join(map))
+            .arg(&hex)
+            .output()
+            .expect("running python3");
+        assert!(
+            out.status.success(),
+            "deleting {hex} from {map}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A services map key (kp-ebpf-plan's layout): the IPv4 frontend `ip:port`, TCP, the socket
+/// scope, slot 0 (the frontend's head: its backend count).
+pub fn tcp_frontend_head(ip: std::net::Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut key = ip.to_ipv6_mapped().octets().to_vec();
+    key.extend(port.to_be_bytes());
+    key.extend(0u16.to_ne_bytes());
+    key.extend([6, 0, 0, 0]);
+    key
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Err(e) = move_pid(std::process::id(), &self.home) {
+            eprintln!("cannot move the test back to {}: {e}", self.home.display());
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let procs = std::fs::read_to_string(self.real.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace() {
+                if pid != std::process::id().to_string() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            }
+            if std::fs::remove_dir(&self.real).is_ok() || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for fs in ["cgroup2", "bpffs"] {
+            let at = self.dir.join(fs);
+            let _ = Command::new("umount").arg(&at).status();
+            let _ = std::fs::remove_dir(&at);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
