@@ -3,6 +3,14 @@
 //! be reset or stall, and no new connection made while the proxy is down or starting may be
 //! refused, reset or lost: the kernel keeps the rules while no proxy runs, and the new process
 //! must never take them away while it takes over.
+//!
+//! ebpf mode runs on a cgroup and a bpffs of the test's own (its pinned maps and links keep
+//! serving while no proxy runs; the new process adopts the pins). Userspace mode cannot hold
+//! this bar across `kill -9`: the connections it relays live in the process that dies (as in
+//! upstream's userspace mode), and new connections are redirected to a port nobody listens on
+//! until the next proxy has synced. What it holds is the graceful restart a rolling update
+//! does: SIGTERM, the old process serving on while the new one starts and takes the redirect
+//! rules over, then draining its relays.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -12,6 +20,8 @@ use kp_test::lab::Lab;
 use kp_test::netns::ChildGuard;
 
 mod common;
+mod ebpf_lab;
+mod switching;
 use common::{temp_dir, write_atomically, PROGRAMMED};
 
 /// The fixture's web Service: pods 1-3 behind 10.96.0.10:80.
@@ -32,10 +42,11 @@ const MAX_GAP: Duration = Duration::from_millis(100);
 /// How long the control leaves the node without rules.
 const WINDOW_WITHOUT_RULES: Duration = Duration::from_millis(1000);
 
-fn start(lab: &Lab, mode: &str, dir: &std::path::Path) -> (ChildGuard, Duration) {
+fn start(lab: &Lab, mode: &str, dir: &std::path::Path, extra: &[String]) -> (ChildGuard, Duration) {
     let started = Instant::now();
-    let mut proxy =
-        common::spawn_proxy_in_mode(lab, mode, &[], &["--manifests", dir.to_str().unwrap()]);
+    let mut source = vec!["--manifests", dir.to_str().unwrap()];
+    source.extend(extra.iter().map(String::as_str));
+    let mut proxy = common::spawn_proxy_in_mode(lab, mode, &[], &source);
     proxy
         .wait_for_log(PROGRAMMED, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{mode}: first sync: {e}\n{}", proxy.log()));
@@ -54,9 +65,13 @@ struct Seen {
 /// rebuilt from nothing would: the control that shows the harness sees a window without rules.
 fn restart_under_traffic(mode: &str, legacy: bool, flush_between: bool) -> Seen {
     let (lab, _echo) = common::serving_lab(legacy);
+    // ebpf mode: a cgroup (with this test, so its clients, inside) and a bpffs for the pins,
+    // both the test's own; dropped after the proxies.
+    let sandbox = (mode == "ebpf").then(|| ebpf_lab::Sandbox::new("restart"));
+    let extra = sandbox.as_ref().map(|s| s.flags()).unwrap_or_default();
     let dir = temp_dir(&format!("restart-{mode}"));
     write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
-    let (mut proxy, _) = start(&lab, mode, &dir.0);
+    let (mut proxy, _) = start(&lab, mode, &dir.0, &extra);
 
     let web: IpAddr = WEB.parse().unwrap();
     let client = lab.pod(4);
@@ -78,7 +93,7 @@ fn restart_under_traffic(mode: &str, legacy: bool, flush_between: bool) -> Seen 
         // in it, or one whose packets were in flight when the rules went) shows it.
         std::thread::sleep(WINDOW_WITHOUT_RULES);
     }
-    let (proxy, took) = start(&lab, mode, &dir.0);
+    let (proxy, took) = start(&lab, mode, &dir.0, &extra);
     eprintln!("{mode}: restarted and programmed in {took:?}");
 
     let stream = echo::finished_stream(&mut stream, STREAM_FOR + Duration::from_secs(10))
@@ -150,6 +165,77 @@ fn iptables_mode_on_nft_restarts_after_kill_9_without_a_reset_or_a_refused_conne
 #[ignore = "needs root"]
 fn iptables_mode_on_legacy_restarts_after_kill_9_without_a_reset_or_a_refused_connection() {
     assert_seamless("iptables", true);
+}
+
+/// Its socket hooks stay attached through their pinned links and its maps stay pinned while no
+/// proxy runs; the new process adopts both.
+#[test]
+#[ignore = "needs root"]
+fn ebpf_mode_restarts_after_kill_9_without_a_reset_or_a_refused_connection() {
+    assert_seamless("ebpf", false);
+}
+
+/// Userspace mode's rolling restart: SIGTERM to the running proxy, which serves on while its
+/// redirect rules send connections to it; a new proxy starts, syncs and points the rules at
+/// its own port; the old one drains its relays (the long-lived connections among them) and
+/// exits on its own. Held to the bar of the restarts above, for a long-lived connection and
+/// new connections through the web ClusterIP and its NodePort. (`kill -9` cannot hold it:
+/// see the module docs.)
+#[test]
+#[ignore = "needs root"]
+fn userspace_mode_restarts_on_sigterm_without_a_reset_or_a_refused_connection() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let (lab, _echo) = common::serving_lab(false);
+    let dir = temp_dir("restart-userspace");
+    write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
+    // The default drain timeout (10 s) outlasts the traffic.
+    let sw = switching::Switcher {
+        lab: &lab,
+        dir: &dir.0,
+        extra: &[],
+        first_sync: Duration::from_secs(60),
+    };
+    let running = sw.start("userspace");
+    let (proxy, seen) = switching::switch(&sw, running, "userspace", "userspace", STREAM_FOR);
+    drop(proxy);
+    let problems = seen.problems();
+    assert!(
+        problems.is_empty(),
+        "userspace -> userspace: {problems:?}\n{}",
+        seen.summary()
+    );
+    // The restarts' bar, stricter than the switching test's.
+    for (what, s) in &seen.streams {
+        assert!(
+            s.max_gap <= MAX_GAP,
+            "userspace: the {what} connection stalled for {:?}: {s:?}",
+            s.max_gap
+        );
+    }
+    for (what, f) in &seen.fresh {
+        let failed = f
+            .outcomes
+            .iter()
+            .filter(|o| !matches!(o, Outcome::Answered { .. }))
+            .count();
+        assert_eq!(
+            failed, 0,
+            "userspace: {what}: {failed} new connections failed"
+        );
+    }
+    let gap = seen
+        .streams
+        .iter()
+        .map(|(_, s)| s.max_gap)
+        .max()
+        .unwrap_or_default();
+    let fresh: usize = seen.fresh.iter().map(|(_, f)| f.outcomes.len()).sum();
+    eprintln!(
+        "userspace (SIGTERM): {} (longest gap {gap:?}), {fresh} new connections, none failed",
+        seen.summary()
+    );
 }
 
 /// The control: a restart that leaves a moment without rules is caught by the new
