@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# The reliability suite: fuzzing, injected faults, restarts under traffic and a churn soak, in
-# every mode, ending with one table of figures.
+# The reliability suite: fuzzing, injected faults, restarts under traffic and a churn soak,
+# ending with one table of figures. Which modes each part covers:
+#   fuzzing   every mode's renderer: nftables, iptables, userspace, ipvs, ebpf
+#   faults    nftables, iptables (nft and legacy), userspace, ebpf (tampering only: it runs no
+#             tool); not ipvs, which runs only in a qemu guest (kube-proxy/tests/ipvs_vm_e2e.rs)
+#   restarts  kill -9: nftables, iptables (nft and legacy), ebpf; userspace: SIGTERM (a rolling
+#             restart; kill -9 ends the relays the dead process held); not ipvs (as above)
+#   churn     nftables
 #
 #   bash scripts/reliability.sh            # the long run (1M fuzzed objects, 10k-Service churn)
 #   bash scripts/reliability.sh --short    # what CI runs (scripts/test.sh): minutes, not hours
@@ -40,7 +46,7 @@ row() {
 passed_in() { grep -hoE 'test result: [a-zA-Z]+\. [0-9]+ passed' "$1" | awk '{s += $4} END {print s + 0}'; }
 failed_in() { grep -hoE '[0-9]+ failed;' "$1" | awk '{s += $1} END {print s + 0}'; }
 
-say "fuzzing $fuzz_objects generated objects through decoding, validation, conversion and every renderer"
+say "fuzzing $fuzz_objects generated objects through decoding, validation, conversion and every renderer (nftables, iptables, userspace, ipvs, ebpf)"
 if cargo run -q "${profile[@]}" -p kp-fuzz -- --objects "$fuzz_objects" --seed 1 >"$logs/fuzz.log" 2>&1; then
     row "objects fuzzed" ok "$(grep '^final:' "$logs/fuzz.log" | tail -n 1 | sed 's/^final: //')"
 else
@@ -51,7 +57,7 @@ if [ "$(id -u)" -ne 0 ]; then
     printf '%s\nNOT ROOT: faults, restarts and churn need network namespaces and are SKIPPED.\n%s\n' \
         "$(printf '!%.0s' $(seq 72))" "$(printf '!%.0s' $(seq 72))" >&2
 else
-    say "faults: failing kernel tools, tampering, API server drops, 410s, stalls and outages, a vanishing manifest directory"
+    say "faults: failing kernel tools (nftables, iptables nft/legacy, userspace), tampering (those and ebpf), API server drops, 410s, stalls and outages, a vanishing manifest directory"
     cargo test -q --locked -p kube-proxy --test faults_e2e --test apiserver_e2e -- --include-ignored \
         >"$logs/faults.log" 2>&1
     cargo test -q --locked -p kp-source --test fake_apiserver >>"$logs/faults.log" 2>&1
@@ -63,13 +69,17 @@ else
         row "faults injected and survived" FAILED "$n passed, $f failed: see $logs/faults.log"
     fi
 
-    say "restarts: kill -9 and a new kube-proxy under traffic, every mode"
+    say "restarts under traffic: kill -9 and a new kube-proxy (nftables, iptables nft/legacy, ebpf); userspace: SIGTERM and a new kube-proxy"
     cargo test --locked -p kube-proxy --test restart_e2e -- --include-ignored --test-threads=1 \
         --nocapture >"$logs/restarts.log" 2>&1
     n=$(grep -c 'none failed' "$logs/restarts.log"); f=$(failed_in "$logs/restarts.log")
+    # Each run's line starts with its mode ("iptables" twice: nft and legacy backends).
+    runs=$(grep 'none failed' "$logs/restarts.log" \
+        | grep -oE '(nftables|iptables|ebpf|userspace \(SIGTERM\)): ' | tr -d ':' | sed 's/ $//' \
+        | paste -sd, - | sed 's/,/, /g')
     gap=$(grep -oE 'longest gap [0-9.]+[mµn]?s' "$logs/restarts.log" | awk '{print $3}' | sort -V | tail -n 1)
     if [ "$f" -eq 0 ] && [ "$n" -gt 0 ]; then
-        row "restarts without a reset" ok "$n modes: 0 reset, 0 refused, longest gap ${gap:-?}"
+        row "restarts without a reset" ok "$n runs ($runs): 0 reset, 0 refused, longest gap ${gap:-?}"
     else
         row "restarts without a reset" FAILED "see $logs/restarts.log"
     fi
