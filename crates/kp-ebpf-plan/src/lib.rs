@@ -262,6 +262,9 @@ pub fn plan_state(
     for service in state.service_keys() {
         planner.set_service(service, &service_specs(state, service, &node_addresses))?;
     }
+    // In key order, each claimant of a shared address comes after the one it displaces:
+    // nothing is handed off.
+    debug_assert!(planner.handoffs.is_empty());
     planner.set_service_cidrs(&service_cidrs(state));
     Ok(planner)
 }
@@ -398,7 +401,16 @@ impl Contents {
 #[derive(Debug, Clone, Default)]
 pub struct Planner {
     frontends: HashMap<FrontendAddr, Programmed>,
+    /// Each Service's frontend addresses, programmed or waiting (see `contested`).
     owners: HashMap<ServiceName, Vec<FrontendAddr>>,
+    /// Addresses two or more Services claim (two Services may list the same external IP and
+    /// port: nothing allocates externalIPs), with the claimants in key order. The last one is
+    /// programmed, as a full plan (every Service in key order, each writing over the one
+    /// before) has it; the others wait for their turn.
+    contested: HashMap<FrontendAddr, Vec<ServiceName>>,
+    /// Services whose turn came: the claimant programmed at an address left it, and the next
+    /// one must be planned again ([`Planner::take_handoffs`]).
+    handoffs: BTreeSet<ServiceName>,
     backend_ids: HashMap<Backend, (u32, usize)>,
     backends: HashMap<u32, Backend>,
     next_backend: u32,
@@ -440,13 +452,20 @@ impl Planner {
         specs: &[FrontendSpec],
     ) -> Result<Vec<Op>, Error> {
         let mut ops = Vec::new();
-        let old: Vec<FrontendAddr> = self.owners.remove(service).unwrap_or_default();
+        let old: BTreeSet<FrontendAddr> = self
+            .owners
+            .remove(service)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         let wanted: BTreeSet<FrontendAddr> = specs.iter().map(|s| s.addr).collect();
-        for addr in old.iter().filter(|a| !wanted.contains(a)) {
-            self.remove_frontend(addr, &mut ops);
+        for addr in old.difference(&wanted) {
+            self.leave(service, addr, &mut ops);
         }
         for spec in specs {
-            self.set_frontend(spec, &mut ops)?;
+            if self.claim(service, spec.addr, old.contains(&spec.addr)) {
+                self.set_frontend(spec, &mut ops)?;
+            }
         }
         if !specs.is_empty() {
             self.owners
@@ -488,6 +507,64 @@ impl Planner {
         self.free_rev_nat.append(&mut self.released_rev_nat);
         ops.sort_by_key(Op::rank);
         Ok(ops)
+    }
+
+    /// The Services to plan again with [`Planner::set_service`] (in the same batch) because an
+    /// address they claim was left by the Service programmed there: until they are, the
+    /// address keeps the old claimant's backends.
+    pub fn take_handoffs(&mut self) -> Vec<ServiceName> {
+        std::mem::take(&mut self.handoffs).into_iter().collect()
+    }
+
+    /// Records that `service` claims `addr` (`held`: it did before this call) and says whether
+    /// it is the claimant to program there.
+    fn claim(&mut self, service: &ServiceName, addr: FrontendAddr, held: bool) -> bool {
+        if let Some(claimants) = self.contested.get_mut(&addr) {
+            if let Err(at) = claimants.binary_search(service) {
+                claimants.insert(at, service.clone());
+            }
+            return claimants.last() == Some(service);
+        }
+        if held || !self.frontends.contains_key(&addr) {
+            return true;
+        }
+        // Programmed for another Service: a contest begins. Finding that Service walks every
+        // Service's addresses, which only a new contest (rare) pays for.
+        let Some(other) = self
+            .owners
+            .iter()
+            .find(|(_, addrs)| addrs.contains(&addr))
+            .map(|(other, _)| other.clone())
+        else {
+            return true;
+        };
+        let mut claimants = vec![other, service.clone()];
+        claimants.sort();
+        let programmed = claimants.last() == Some(service);
+        self.contested.insert(addr, claimants);
+        programmed
+    }
+
+    /// `service` no longer claims `addr`: removes the frontend if nobody else does, or hands
+    /// it to the next claimant if `service` was the one programmed.
+    fn leave(&mut self, service: &ServiceName, addr: &FrontendAddr, ops: &mut Vec<Op>) {
+        let Some(claimants) = self.contested.get_mut(addr) else {
+            self.remove_frontend(addr, ops);
+            return;
+        };
+        let programmed = claimants.last() == Some(service);
+        claimants.retain(|c| c != service);
+        let next = claimants.last().cloned();
+        if claimants.len() < 2 {
+            self.contested.remove(addr);
+        }
+        match next {
+            None => self.remove_frontend(addr, ops),
+            Some(next) if programmed => {
+                self.handoffs.insert(next);
+            }
+            Some(_) => {}
+        }
     }
 
     /// Makes the Service CIDRs `cidrs` (address and prefix length; host bits are cleared) and

@@ -784,3 +784,104 @@ fn a_frontend_replaced_in_one_update_keeps_its_reverse_nat_entry() {
         assert_eq!(resolved(&maps), resolved(&fresh.contents()));
     }
 }
+
+/// Plans `service` with `specs`, then every Service handed an address, as the dataplane does.
+fn set_with_handoffs(
+    p: &mut Planner,
+    service: &ServiceName,
+    specs: &[FrontendSpec],
+    specs_of: &dyn Fn(&ServiceName) -> Vec<FrontendSpec>,
+) -> Vec<Op> {
+    let mut ops = p.set_service(service, specs).expect("ids");
+    for next in p.take_handoffs() {
+        ops.extend(p.set_service(&next, &specs_of(&next)).expect("ids"));
+    }
+    ops
+}
+
+#[test]
+fn an_address_two_services_share_goes_to_the_last_in_key_order_and_then_to_the_other() {
+    // Services a and b both list external IP 203.0.113.10:80 (nothing allocates externalIPs);
+    // each also has a ClusterIP of its own.
+    let a_specs = vec![
+        spec("10.96.0.1", &["10.244.1.1"]),
+        spec("203.0.113.10", &["10.244.1.1"]),
+    ];
+    let b_specs = vec![
+        spec("10.96.0.2", &["10.244.2.2"]),
+        spec("203.0.113.10", &["10.244.2.2"]),
+    ];
+    let (a, b) = (svc("a"), svc("b"));
+    let live: std::cell::RefCell<BTreeMap<ServiceName, Vec<FrontendSpec>>> = Default::default();
+    let specs_of = |s: &ServiceName| live.borrow().get(s).cloned().unwrap_or_default();
+    let shared = frontend("203.0.113.10", 80);
+    let only = |b: &str| BTreeSet::from([backend(b)]);
+
+    // Either order of arrival gives what a full plan gives: b, the last in key order.
+    for first_b in [false, true] {
+        let mut p = Planner::new();
+        let mut maps = Contents::default();
+        live.borrow_mut().clear();
+        let order = if first_b {
+            [(&b, &b_specs), (&a, &a_specs)]
+        } else {
+            [(&a, &a_specs), (&b, &b_specs)]
+        };
+        for (s, specs) in order {
+            live.borrow_mut().insert(s.clone(), specs.clone());
+            apply_strict(&mut maps, &set_with_handoffs(&mut p, s, specs, &specs_of));
+        }
+        assert_eq!(
+            backends_of(&maps, shared),
+            only("10.244.2.2"),
+            "b first: {first_b}"
+        );
+        assert_eq!(resolved(&maps), resolved(&p.contents()));
+
+        // An update of a (which waits) leaves b's backends there.
+        let a_moved = vec![
+            spec("10.96.0.1", &["10.244.1.9"]),
+            spec("203.0.113.10", &["10.244.1.9"]),
+        ];
+        live.borrow_mut().insert(a.clone(), a_moved.clone());
+        apply_strict(
+            &mut maps,
+            &set_with_handoffs(&mut p, &a, &a_moved, &specs_of),
+        );
+        assert_eq!(backends_of(&maps, shared), only("10.244.2.2"));
+
+        // b deleted: the address is a's, with a's current backends, as a full plan has it.
+        live.borrow_mut().remove(&b);
+        apply_strict(&mut maps, &set_with_handoffs(&mut p, &b, &[], &specs_of));
+        assert_eq!(backends_of(&maps, shared), only("10.244.1.9"));
+        assert!(!maps
+            .services
+            .keys()
+            .any(|k| k.frontend == frontend("10.96.0.2", 80)));
+        assert_eq!(resolved(&maps), resolved(&p.contents()));
+
+        // a deleted too: nothing is left.
+        live.borrow_mut().remove(&a);
+        apply_strict(&mut maps, &set_with_handoffs(&mut p, &a, &[], &specs_of));
+        assert!(maps.services.is_empty(), "{:?}", maps.services);
+        assert!(maps.backends.is_empty() && maps.rev_nat.is_empty());
+    }
+
+    // The one that waits leaving first changes nothing at the address.
+    let mut p = Planner::new();
+    let mut maps = Contents::default();
+    live.borrow_mut().clear();
+    for (s, specs) in [(&a, &a_specs), (&b, &b_specs)] {
+        live.borrow_mut().insert(s.clone(), specs.clone());
+        apply_strict(&mut maps, &set_with_handoffs(&mut p, s, specs, &specs_of));
+    }
+    live.borrow_mut().remove(&a);
+    let ops = set_with_handoffs(&mut p, &a, &[], &specs_of);
+    assert!(
+        !ops.iter()
+            .any(|op| matches!(op, Op::DeleteService(k) if k.frontend == shared)),
+        "{ops:?}"
+    );
+    apply_strict(&mut maps, &ops);
+    assert_eq!(backends_of(&maps, shared), only("10.244.2.2"));
+}

@@ -269,6 +269,16 @@ impl Dataplane for EbpfDataplane {
                         .map_err(plan_error)?,
                 );
             }
+            // A Service that left an address it shared with another (an external IP two
+            // Services list) hands it over: the other is planned again, writing its backends
+            // there. That writes nothing new, so no more hand-offs follow.
+            for service in self.planner.take_handoffs() {
+                ops.extend(
+                    self.planner
+                        .set_service(&service, &specs(state, &service, &node_addresses))
+                        .map_err(plan_error)?,
+                );
+            }
             // A handful of entries, compared in place: ServiceCIDR objects and the node come
             // and go without naming a Service.
             ops.extend(self.planner.set_service_cidrs(&service_cidrs(state)));
