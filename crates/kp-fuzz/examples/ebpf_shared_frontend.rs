@@ -5,10 +5,9 @@
 //! stops that). The ebpf planner (`kp-ebpf-plan`) keeps one owner per frontend: when Service
 //! `a` is deleted, `set_service(a, [])` deletes the shared `198.51.100.70:80/TCP` frontend from
 //! the maps and from the planner's record, although Service `b` still wants it. A full plan of
-//! the same state has it, with `b`'s endpoint. The periodic read-back compares the maps with
-//! the planner's record, which lost it too, so the frontend stays missing until the next full
-//! sync (a restart, a failed update). The nftables and userspace modes keep every claim and
-//! hand the frontend to the next one. An example, not a test: CI runs ignored tests too, and
+//! the same state has it, with `b`'s endpoint. The frontend stays missing (its connections
+//! refused) until the mode's next full sync, at the latest its periodic one (`syncPeriod`).
+//! The nftables and userspace modes keep every claim and hand the frontend to the next one. An example, not a test: CI runs ignored tests too, and
 //! this one fails until the planner is fixed (then it becomes a test in
 //! `tests/known_defects.rs`).
 
