@@ -87,13 +87,81 @@ pub fn canonical(t: &Tuple) -> Tuple {
     Tuple::new(
         t.atoms()
             .iter()
-            .map(|a| match *a {
-                Atom::Slot(s) if s <= u32::from(u16::MAX) => Atom::Port(s as u16),
-                Atom::Net(n) if n.prefix_len() == n.max_prefix_len() => Atom::Ip(n.addr()),
-                a => a,
-            })
+            .map(|a| canonical_atom(*a))
             .collect::<Vec<_>>(),
     )
+}
+
+/// [`canonical`] for one atom.
+fn canonical_atom(a: Atom) -> Atom {
+    match a {
+        Atom::Slot(s) if s <= u32::from(u16::MAX) => Atom::Port(s as u16),
+        Atom::Net(n) if n.prefix_len() == n.max_prefix_len() => Atom::Ip(n.addr()),
+        a => a,
+    }
+}
+
+/// One element as the periodic drift check keeps it: a 64-bit digest of its key and one of its
+/// value, 16 bytes whatever the element, instead of the element itself (at 10k Services the
+/// read-back of every element as tuples was most of the proxy's peak memory).
+///
+/// Both digests are of the [`canonical`] spelling, so an element read back from the kernel
+/// (slots as numbers, single-address networks as addresses) and the same element as the planner
+/// spells it have the same digests. The hash is std's SipHash-1-3 with fixed keys
+/// ([`std::hash::DefaultHasher::new`]) over each atom's tagged bytes; it is the same for the
+/// same atoms within one process, which is all a comparison needs (digests are never stored or
+/// sent). Two different keys, or two different values of one key, with the same digest would
+/// hide a difference, never invent one: the chance is about 2^-64 per pair compared, so below
+/// 10^-13 for a check of a million elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ElementDigest {
+    /// The key's digest ([`ElementDigest::key_of`]).
+    pub key: u64,
+    /// The value's digest ([`ElementDigest::value_of`]).
+    pub value: u64,
+}
+
+/// What the digests hash before the atoms, so that a key, a value and a missing value never
+/// share a digest by construction.
+const DIGEST_KEY: u8 = 1;
+const DIGEST_VALUE: u8 = 2;
+const DIGEST_NO_VALUE: u8 = 3;
+
+impl ElementDigest {
+    /// The digests of the element `key` (with `value` in a map, `None` in a set).
+    pub fn of(key: &[Atom], value: Option<&[Atom]>) -> Self {
+        ElementDigest {
+            key: Self::key_of(key),
+            value: Self::value_of(value),
+        }
+    }
+
+    /// The digest of a key, however it is spelled ([`canonical`]).
+    pub fn key_of(key: &[Atom]) -> u64 {
+        digest_atoms(DIGEST_KEY, key)
+    }
+
+    /// The digest of a value, `None` for a set element's missing one.
+    pub fn value_of(value: Option<&[Atom]>) -> u64 {
+        match value {
+            Some(v) => digest_atoms(DIGEST_VALUE, v),
+            None => digest_atoms(DIGEST_NO_VALUE, &[]),
+        }
+    }
+}
+
+/// SipHash-1-3 with fixed keys of `kind`, then each canonical atom's tag and bytes (as
+/// [`Packed`] lays them out: the tag fixes the length, so the concatenation is unambiguous).
+fn digest_atoms(kind: u8, atoms: &[Atom]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    h.write_u8(kind);
+    for a in atoms {
+        let mut buf = [0u8; 18];
+        let len = encode_atom(&canonical_atom(*a), &mut buf);
+        h.write(&buf[..len]);
+    }
+    h.finish()
 }
 
 /// Why element text did not parse.
@@ -209,6 +277,12 @@ impl<const N: usize> Packed<N> {
             at += len;
             Some(atom)
         })
+    }
+
+    /// Replaces the contents of `out` with the atoms: no allocation once `out` has room.
+    pub(crate) fn gather(&self, out: &mut Vec<Atom>) {
+        out.clear();
+        out.extend(self.atoms());
     }
 
     /// As a [`Tuple`].
@@ -433,6 +507,67 @@ mod tests {
                 ep("10.0.0.1", 8080),
                 ep("10.0.0.2", 80)
             ]
+        );
+    }
+
+    #[test]
+    fn digests_agree_across_spellings_and_differ_across_elements() {
+        let ip = |s: &str| Atom::Ip(s.parse().unwrap());
+        // The planner's spelling of an endpoint-map key and the kernel read-back's.
+        let planned = [
+            ip("10.96.0.10"),
+            Atom::Proto(Protocol::Tcp),
+            Atom::Port(80),
+            Atom::Slot(3),
+        ];
+        let read = [
+            ip("10.96.0.10"),
+            Atom::Proto(Protocol::Tcp),
+            Atom::Port(80),
+            Atom::Port(3),
+        ];
+        assert_eq!(
+            ElementDigest::key_of(&planned),
+            ElementDigest::key_of(&read)
+        );
+        let host: IpNet = "10.0.0.1/32".parse().unwrap();
+        assert_eq!(
+            ElementDigest::key_of(&[Atom::Net(host)]),
+            ElementDigest::key_of(&[ip("10.0.0.1")])
+        );
+        let ep = [ip("10.244.0.5"), Atom::Port(8080)];
+        let a = ElementDigest::of(&planned, Some(&ep));
+        assert_eq!(a, ElementDigest::of(&read, Some(&ep)));
+        // Any change of key or value shows.
+        let other_port = [
+            ip("10.96.0.10"),
+            Atom::Proto(Protocol::Tcp),
+            Atom::Port(81),
+            Atom::Port(3),
+        ];
+        assert_ne!(ElementDigest::key_of(&other_port), a.key);
+        assert_ne!(
+            ElementDigest::of(&read, Some(&[ip("10.244.0.6"), Atom::Port(8080)])).value,
+            a.value
+        );
+        // A set element's missing value, an empty value and a key of the same atoms differ.
+        assert_ne!(
+            ElementDigest::value_of(None),
+            ElementDigest::value_of(Some(&[]))
+        );
+        assert_ne!(
+            ElementDigest::value_of(Some(&ep)),
+            ElementDigest::key_of(&ep)
+        );
+        // Slots beyond a port's range stay slots, as the read-back keeps them.
+        assert_ne!(
+            ElementDigest::key_of(&[Atom::Slot(70_000)]),
+            ElementDigest::key_of(&[Atom::Port(70_000u32 as u16)])
+        );
+        // Atom boundaries count: the same bytes split otherwise are another key.
+        assert_ne!(
+            ElementDigest::key_of(&[Atom::Port(1), Atom::Port(2)]),
+            ElementDigest::key_of(&[Atom::Port(1)])
         );
     }
 

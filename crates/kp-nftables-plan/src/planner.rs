@@ -309,6 +309,15 @@ impl Planner {
         with_elements!(self, els => els.expected(set))
     }
 
+    /// Calls `f` with every element the kernel should hold in `set`: its key, and its value in
+    /// a map (`None` in a set), spelled as [`Planner::expected_elements`] spells them, in no
+    /// particular order. Builds nothing: the atoms are lent from buffers reused for every
+    /// element, so a check can digest a set of any size (see
+    /// [`crate::element::ElementDigest`]) without holding it.
+    pub fn for_each_expected(&self, set: SetId, f: impl FnMut(&[Atom], Option<&[Atom]>)) {
+        with_elements!(self, els => els.for_each_expected(set, f))
+    }
+
     /// Number of elements the kernel should hold in `set`: the length of
     /// [`Planner::expected_elements`], without building them.
     pub fn expected_len(&self, set: SetId) -> usize {

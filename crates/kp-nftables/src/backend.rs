@@ -11,12 +11,18 @@ use kp_core::model::IpFamily;
 use kp_nftables_plan::element::Tuple;
 use kp_nftables_plan::{EncodedBatch, KernelTable, SetSchema};
 
-use crate::{netlink, Error, NftCommand};
+use crate::{netlink, DigestTable, Error, NftCommand};
 
 /// A read of the tables taken off the sync's path: the ruleset generation before the read,
 /// then each family's table (or why it could not be read), in the order asked.
 pub type ReadAhead =
     Box<dyn FnOnce() -> Result<(u32, Vec<Result<KernelTable, Error>>), Error> + Send>;
+
+/// A read of the tables for the periodic drift check, off the sync's path: the ruleset
+/// generation before the read, then each family's table with its elements as digests
+/// ([`netlink::read_table_digests`]), in the order asked.
+pub type DigestRead =
+    Box<dyn FnOnce() -> Result<(u32, Vec<Result<DigestTable, Error>>), Error> + Send>;
 
 /// The kernel as the dataplane talks to it. Every call is one exchange: a script or a batch is
 /// one atomic transaction, applied in full or not at all.
@@ -63,6 +69,14 @@ pub trait NftablesBackend: Send {
     /// A read of `families`' tables for another thread, or `None` when this backend does not
     /// read ahead (the first sync then reads the tables itself).
     fn read_ahead(&self, families: Vec<IpFamily>) -> Option<ReadAhead> {
+        let _ = families;
+        None
+    }
+
+    /// A read of `families`' tables as digests for the drift check, to run on another thread or
+    /// in line; `None` when this backend cannot read them so (the check then reads the tables
+    /// in full, in line, with [`NftablesBackend::read_table`]).
+    fn read_digests(&self, families: Vec<IpFamily>) -> Option<DigestRead> {
         let _ = families;
         None
     }
@@ -120,6 +134,21 @@ impl NftablesBackend for NftCommand {
             Ok((generation, tables))
         }))
     }
+
+    fn read_digests(&self, families: Vec<IpFamily>) -> Option<DigestRead> {
+        if !self.netlink_elements() {
+            return None;
+        }
+        let netns = self.netns().map(str::to_string);
+        Some(Box::new(move || {
+            let generation = netlink::generation(netns.as_deref())?;
+            let tables = families
+                .into_iter()
+                .map(|f| netlink::read_table_digests(f, netns.as_deref(), &crate::adoptable_schema))
+                .collect();
+            Ok((generation, tables))
+        }))
+    }
 }
 
 /// A boxed backend is the one inside it (the dataplane keeps its backend boxed).
@@ -163,5 +192,9 @@ impl<B: NftablesBackend + ?Sized> NftablesBackend for Box<B> {
 
     fn read_ahead(&self, families: Vec<IpFamily>) -> Option<ReadAhead> {
         (**self).read_ahead(families)
+    }
+
+    fn read_digests(&self, families: Vec<IpFamily>) -> Option<DigestRead> {
+        (**self).read_digests(families)
     }
 }

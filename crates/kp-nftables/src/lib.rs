@@ -26,13 +26,16 @@
 //!   transaction that deletes and re-creates the table with everything in it, logged at info
 //!   with the reason. ClientIP affinity choices are lost with it.
 //!
-//! The periodic check off the sync loop ([`Dataplane::begin_check`]): the read is the one a
-//! restart reads ahead with (the ruleset generation, then every family's table over netlink, on
-//! a socket of its own), run on the loop's check thread while partial syncs go on. Every element
-//! a partial sync adds or deletes meanwhile is recorded; [`Dataplane::finish_check`] compares
-//! the read with the planners as they are when it is back, element by element as
-//! [`NftablesDataplane::verify`] does, leaving those elements out (the kernel acknowledged their
-//! batch after the read began). A difference is certain when the ruleset generation is still
+//! The periodic check off the sync loop ([`Dataplane::begin_check`]): the ruleset generation,
+//! then every family's table over netlink on a socket of its own, run on the loop's check thread
+//! while partial syncs go on. The read keeps of each element only a 64-bit digest of its key
+//! and one of its value ([`NftablesBackend::read_digests`]; 2 MB instead of about 40 MB of
+//! tuples at 10k Services × 10 endpoints). Every key a partial sync adds or deletes meanwhile is
+//! recorded; [`Dataplane::finish_check`] compares the read with the same digests of the
+//! planners' elements as they are when it is back (see `check.rs`), leaving those keys out (the
+//! kernel acknowledged their batch after the read began), and finds what
+//! [`NftablesDataplane::verify`] finds: elements missing, with another value or extra per set,
+//! chains and set names. A difference is certain when the ruleset generation is still
 //! the one from before the read (nothing was committed since, so the read is the kernel as it
 //! is): the planners are invalidated and the loop's full sync rebuilds by adoption, which sends
 //! only what differs. Otherwise a commit may have made a dump skip an element, and the loop
@@ -47,6 +50,7 @@
 //! Mirrors upstream `pkg/proxy/nftables/proxier.go` (`syncProxyRules`, `CleanupLeftovers`).
 
 mod backend;
+mod check;
 pub mod netlink;
 mod readback;
 mod runner;
@@ -60,12 +64,14 @@ use kp_core::dataplane::{
 use kp_core::model::IpFamily;
 use kp_core::track::{Changes, ProxyState};
 use kp_metrics::Metrics;
-use kp_nftables_plan::element::{Atom, Tuple};
+use kp_nftables_plan::element::{Atom, ElementDigest, Tuple};
 use kp_nftables_plan::names::{self, TABLE};
 use kp_nftables_plan::planner::{NftText, SplitSink, TransactionSink};
 use kp_nftables_plan::{ElementBatch, NodeContext, PlanConfig, Planner, SetId};
 
-pub use backend::{NftablesBackend, ReadAhead};
+pub use backend::{DigestRead, NftablesBackend, ReadAhead};
+pub use check::DigestTable;
+use check::{SetDifference, Touched};
 pub use kp_core::node::{DetectLocal, NodePortAddresses};
 pub use readback::{canonical, compare, parse_table, parse_table_named, KernelTable};
 pub use runner::NftCommand;
@@ -175,17 +181,18 @@ pub struct NftablesDataplane {
     check: Option<CheckInFlight>,
 }
 
-/// Elements written while a drift check's read ran, canonical, by family and set.
-type Touched = HashMap<(IpFamily, SetId), HashSet<Tuple>>;
-
 /// A drift check whose read is running ([`Dataplane::begin_check`]).
 struct CheckInFlight {
     epoch: u64,
     touched: Touched,
 }
 
-/// What a drift check's read returns: the generation before it and every family's table.
-struct CheckTables(Result<TablesAhead, Error>);
+/// What a drift check's read returns: the generation before it and every family's table, its
+/// elements as digests.
+struct CheckTables(Result<DigestsRead, Error>);
+
+/// What a digest read returns: the generation before it, and each family's table.
+type DigestsRead = (u32, Vec<Result<DigestTable, Error>>);
 
 /// A sink that records every element it passes on (see [`Touched`]).
 struct Recording<'s> {
@@ -198,7 +205,7 @@ impl Recording<'_> {
         self.touched
             .entry((family, set))
             .or_default()
-            .insert(canonical(&Tuple::new(key.to_vec())));
+            .insert(ElementDigest::key_of(key));
     }
 }
 
@@ -572,10 +579,9 @@ fn read_back(nft: &mut dyn NftablesBackend, p: &Planner) -> Result<KernelTable, 
 
 /// Compares one family's table read back from the kernel with its planner: chains and set
 /// names first, then each set's elements one by one against the planner's lookup, so the check
-/// never holds a second copy of the table (at 10k Services that copy was most of the proxy's
-/// peak memory). Elements in `touched` are left out (see [`compare_elements`]). Takes the
-/// sets out of `kernel` as it goes.
-fn compare_family(p: &Planner, kernel: &mut KernelTable, touched: &Touched) -> Vec<String> {
+/// never holds a second copy of the table. Takes the sets out of `kernel` as it goes. (The
+/// periodic check compares digests instead: [`check::compare_family`].)
+fn compare_family(p: &Planner, kernel: &mut KernelTable) -> Vec<String> {
     let family = p.config().family;
     let fam = names::family(family);
     for c in kp_nftables_plan::layout::UNORDERED_CHAINS {
@@ -586,36 +592,28 @@ fn compare_family(p: &Planner, kernel: &mut KernelTable, touched: &Touched) -> V
     let all_sets = p.all_sets();
     let names = all_sets.iter().map(|s| (s.name(), None)).collect();
     let mut diffs = readback::compare(fam, &p.expected_chains(), &names, kernel);
-    let none = HashSet::new();
     for set in all_sets.into_iter().filter(|s| !s.is_dynamic()) {
         let Some(actual) = kernel.sets.remove(&set.name()) else {
             continue;
         };
-        let skip = touched.get(&(family, set)).unwrap_or(&none);
-        diffs.extend(compare_elements(fam, p, set, &actual, skip));
+        diffs.extend(compare_elements(family, p, set, &actual).map(|d| d.line()));
     }
     diffs
 }
 
 /// Compares one set read back from the kernel with the plan, element by element: every kernel
-/// element must be planned with the same value, and there must be as many as planned. Keys in
-/// `skip` (canonical) are left out on both sides: written after the read began, the kernel may
-/// or may not have shown them to it.
+/// element must be planned with the same value, and there must be as many as planned.
 fn compare_elements(
-    fam: &str,
+    family: IpFamily,
     p: &Planner,
     set: SetId,
     actual: &BTreeMap<Tuple, Option<Tuple>>,
-    skip: &HashSet<Tuple>,
-) -> Option<String> {
+) -> Option<SetDifference> {
     let mut matched = 0;
     let mut wrong = 0;
     let mut extra = 0;
     let mut sample = None;
     for (k, v) in actual {
-        if !skip.is_empty() && skip.contains(&canonical(k)) {
-            continue;
-        }
         match p.expected_value(set, k) {
             Some(want) if want.as_ref().map(canonical) == v.as_ref().map(canonical) => matched += 1,
             Some(_) => {
@@ -628,19 +626,14 @@ fn compare_elements(
             }
         }
     }
-    let skipped = skip
-        .iter()
-        .filter(|k| p.expected_value(set, k).is_some())
-        .count();
-    let missing = p
-        .expected_len(set)
-        .saturating_sub(matched + wrong + skipped);
-    (wrong + extra + missing > 0).then(|| {
-        format!(
-            "{fam}: set {}: {missing} elements missing, {wrong} with another value, {extra} extra{}",
-            set.name(),
-            sample.unwrap_or_default()
-        )
+    let missing = p.expected_len(set).saturating_sub(matched + wrong);
+    (wrong + extra + missing > 0).then_some(SetDifference {
+        family,
+        set,
+        missing,
+        wrong,
+        extra,
+        example: sample,
     })
 }
 
@@ -757,7 +750,7 @@ impl NftablesDataplane {
                 }
                 Err(e) => return Err(e),
             };
-            diffs.extend(compare_family(p, &mut kernel, &Touched::new()));
+            diffs.extend(compare_family(p, &mut kernel));
         }
         Ok(diffs)
     }
@@ -790,7 +783,7 @@ impl NftablesDataplane {
             return None;
         }
         let families = self.planners.iter().map(|p| p.config().family).collect();
-        let read = self.nft.read_ahead(families)?;
+        let read = self.nft.read_digests(families)?;
         self.check = Some(CheckInFlight {
             epoch: self.epoch,
             touched: Touched::new(),
@@ -815,17 +808,7 @@ impl NftablesDataplane {
                 return self.drift_found(vec![format!("cannot read the kernel's rules back: {e}")])
             }
         };
-        let mut diffs = Vec::new();
-        for (p, table) in self.planners.iter().zip(tables) {
-            let fam = names::family(p.config().family);
-            match table {
-                Ok(mut kernel) => diffs.extend(compare_family(p, &mut kernel, &check.touched)),
-                Err(e) if table_missing(&e) => {
-                    diffs.push(format!("{fam}: table {TABLE} is missing"))
-                }
-                Err(e) => diffs.push(format!("{fam}: cannot read table {TABLE} back: {e}")),
-            }
-        }
+        let diffs = self.compare_digests(tables, &check.touched);
         if diffs.is_empty() {
             return CheckOutcome::Clean;
         }
@@ -834,6 +817,56 @@ impl NftablesDataplane {
             return self.drift_found(diffs);
         }
         CheckOutcome::Unsure(diffs)
+    }
+
+    /// Compares every family's table read as digests with its planner (see [`check`]), leaving
+    /// out the keys in `touched`; names an example of each set's difference, reading a set
+    /// again only when all it has to show is an extra element.
+    fn compare_digests(
+        &mut self,
+        tables: Vec<Result<DigestTable, Error>>,
+        touched: &Touched,
+    ) -> Vec<String> {
+        let mut diffs = Vec::new();
+        let mut sets = Vec::new();
+        for (p, table) in self.planners.iter().zip(tables) {
+            let fam = names::family(p.config().family);
+            match table {
+                Ok(mut kernel) => {
+                    let (lines, differ) = check::compare_family(p, &mut kernel, touched);
+                    diffs.extend(lines);
+                    sets.extend(differ);
+                }
+                Err(e) if table_missing(&e) => {
+                    diffs.push(format!("{fam}: table {TABLE} is missing"))
+                }
+                Err(e) => diffs.push(format!("{fam}: cannot read table {TABLE} back: {e}")),
+            }
+        }
+        for mut d in sets {
+            if d.example.is_none() && d.extra > 0 {
+                d.example = self.extra_example(&d, touched.get(&(d.family, d.set)));
+            }
+            diffs.push(d.line());
+        }
+        diffs
+    }
+
+    /// Reads set `d.set` again in full to name one of its extra elements (the digests cannot).
+    fn extra_example(&mut self, d: &SetDifference, skip: Option<&HashSet<u64>>) -> Option<String> {
+        let p = self
+            .planners
+            .iter()
+            .find(|p| p.config().family == d.family)?;
+        let schema = netlink::SetSchema::of(d.set);
+        match self.nft.read_set(d.family, &d.set.name(), &schema) {
+            Ok(Some(elements)) => check::extra_example(p, d.set, &elements, skip),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, set = %d.set.name(), "cannot read the set again to name an extra element");
+                None
+            }
+        }
     }
 
     /// Drift found for certain: counted, and the planners forget their record, so the loop's
@@ -849,10 +882,28 @@ impl NftablesDataplane {
         CheckOutcome::Drift(diffs)
     }
 
-    /// What a periodic full sync acts on: [`Self::verify`]'s differences, or, when the kernel
-    /// cannot be read, one difference saying so (nothing then proves the rules right, so the
-    /// sync rebuilds them).
+    /// What a periodic full sync acts on: the differences between the kernel and the plan, or,
+    /// when the kernel cannot be read, one difference saying so (nothing then proves the rules
+    /// right, so the sync rebuilds them). Compares digests, as the check off the loop does, when
+    /// the backend reads them ([`NftablesBackend::read_digests`]); else, or if that read fails,
+    /// [`Self::verify`]'s differences.
     pub fn drift(&mut self) -> Vec<String> {
+        let families = self.planners.iter().map(|p| p.config().family).collect();
+        if let Some(read) = self.nft.read_digests(families) {
+            match read() {
+                Ok((_, tables))
+                    if !tables
+                        .iter()
+                        .any(|t| t.as_ref().is_err_and(|e| !table_missing(e))) =>
+                {
+                    return self.compare_digests(tables, &Touched::new());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read the tables as digests; reading them in full")
+                }
+            }
+        }
         self.verify()
             .unwrap_or_else(|e| vec![format!("cannot read the kernel's rules back: {e}")])
     }

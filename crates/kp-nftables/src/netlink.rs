@@ -39,11 +39,11 @@ use kp_netlink::abi::{
 use kp_netlink::attr::{self, cstr};
 use kp_netlink::socket::Error as SocketError;
 use kp_netlink::{message, nfnl, KernelError, Protocol as NetlinkProtocol, Socket};
-use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
+use kp_nftables_plan::element::{Atom, ElementDigest, NoEndpointVerdict, Tuple};
 use kp_nftables_plan::names::{REJECT_PACKET, TABLE};
 use kp_nftables_plan::SetId;
 
-use crate::{Error, KernelTable};
+use crate::{DigestTable, Error, KernelTable};
 
 #[cfg(test)]
 mod tests;
@@ -98,10 +98,50 @@ pub fn read_table(
     netns: Option<&str>,
     schema: &dyn Fn(&str) -> Option<SetSchema>,
 ) -> Result<KernelTable, Error> {
+    let t = read_table_as::<Tuples>(family, netns, schema)?;
+    Ok(KernelTable {
+        chains: t.chains,
+        sets: t.sets,
+        comment: t.comment,
+    })
+}
+
+/// Reads the table as [`read_table`] does, with the same checks and retries, but keeps of each
+/// element only its digests ([`ElementDigest`], 16 bytes), each set's sorted by key digest: what
+/// the periodic drift check compares with the plan. At 10k Services × 10 endpoints the tuples of
+/// [`read_table`] are about 40 MB of heap; the digests of the same 133k elements 2 MB.
+///
+/// The class sets whose endpoint maps are read by lookups are decoded as tuples first (their
+/// keys make the lookups' keys; about a tenth of the endpoint maps' elements), then digested.
+pub fn read_table_digests(
+    family: IpFamily,
+    netns: Option<&str>,
+    schema: &dyn Fn(&str) -> Option<SetSchema>,
+) -> Result<DigestTable, Error> {
+    let t = read_table_as::<Digests>(family, netns, schema)?;
+    Ok(DigestTable {
+        chains: t.chains,
+        sets: t.sets,
+        comment: t.comment,
+    })
+}
+
+/// A table as read: chains, the comment, and each set's elements as `C` keeps them.
+struct Read<S> {
+    chains: BTreeMap<String, Vec<String>>,
+    sets: BTreeMap<String, S>,
+    comment: Option<String>,
+}
+
+fn read_table_as<C: Collect>(
+    family: IpFamily,
+    netns: Option<&str>,
+    schema: &dyn Fn(&str) -> Option<SetSchema>,
+) -> Result<Read<C::Set>, Error> {
     let mut conn = Conn::open(netns)?;
     for attempt in 1..=ATTEMPTS {
         let before = conn.generation()?;
-        let read = conn.read_table(family, schema);
+        let read = conn.read_table::<C>(family, schema);
         let after = conn.generation()?;
         match read {
             Ok((table, true)) if before == after => return Ok(table),
@@ -209,7 +249,7 @@ fn read_set_with(
     let Some(set) = sets.iter().find(|s| s.name == name) else {
         return Ok(None);
     };
-    match conn.elements(family, set, schema) {
+    match conn.elements::<Tuples>(family, set, schema) {
         Ok((elements, _)) => Ok(Some(elements)),
         Err(e) if not_found(&e) => Ok(None),
         Err(e) => Err(e),
@@ -383,11 +423,11 @@ impl Conn {
     }
 
     /// Reads the table; the flag is false if the kernel said a dump was interrupted by a change.
-    fn read_table(
+    fn read_table<C: Collect>(
         &mut self,
         family: IpFamily,
         schema: &dyn Fn(&str) -> Option<SetSchema>,
-    ) -> Result<(KernelTable, bool), Error> {
+    ) -> Result<(Read<C::Set>, bool), Error> {
         let fam = nfproto(family);
         let fam_name = family_name(family);
         let table_attr = cstr(TABLE);
@@ -411,9 +451,10 @@ impl Conn {
             },
         )?;
 
-        let mut t = KernelTable {
+        let mut t = Read {
             comment,
-            ..KernelTable::default()
+            chains: BTreeMap::new(),
+            sets: BTreeMap::new(),
         };
         // Chains: the kernel dumps every chain of the family, so keep only ours.
         complete &= self.request(
@@ -465,16 +506,37 @@ impl Conn {
             .into_iter()
             .filter(|s| s.flags & NFT_SET_ANONYMOUS == 0)
             .partition(|s| matches!(SetId::from_name(&s.name), Some(SetId::ClassEndpoints(..))));
+        // The keys of the class sets whose endpoint maps will be read by lookups, by the
+        // endpoint map's name.
+        let looked_up: Vec<String> = endpoint_maps
+            .iter()
+            .filter(|m| m.count.is_some_and(|c| c >= GET_INSTEAD_OF_DUMP))
+            .map(|m| m.name.clone())
+            .collect();
+        let mut class_keys: BTreeMap<String, Vec<Tuple>> = BTreeMap::new();
         for set in others.into_iter().chain(endpoint_maps) {
             let Some(schema) = schema(&set.name) else {
-                t.sets.insert(set.name, BTreeMap::new());
+                t.sets.insert(set.name, C::empty());
                 continue;
             };
-            if let Some(elements) = self.class_endpoints(family, &set, &schema, &t)? {
+            let id = SetId::from_name(&set.name);
+            if let Some(SetId::Class(route, n)) = id {
+                let map = SetId::ClassEndpoints(route, n).name();
+                if looked_up.contains(&map) {
+                    let (elements, set_complete) =
+                        self.elements::<Tuples>(family, &set, &schema)?;
+                    complete &= set_complete;
+                    class_keys.insert(map, elements.keys().cloned().collect());
+                    t.sets.insert(set.name, C::of_tuples(elements));
+                    continue;
+                }
+            }
+            let keys = class_keys.remove(&set.name);
+            if let Some(elements) = self.class_endpoints::<C>(family, &set, &schema, keys)? {
                 t.sets.insert(set.name, elements);
                 continue;
             }
-            let (elements, set_complete) = self.elements(family, &set, &schema)?;
+            let (elements, set_complete) = self.elements::<C>(family, &set, &schema)?;
             complete &= set_complete;
             t.sets.insert(set.name, elements);
         }
@@ -491,34 +553,35 @@ impl Conn {
     /// slot below N, so asking for those finds every element the map holds as long as the
     /// kernel's count of its elements (`NFTA_SET_COUNT`, Linux 6.16 and later) says nothing else
     /// is there. Lookups cost the same whatever the map's size.
-    fn class_endpoints(
+    /// `class` is the keys of the map's class set, as read before.
+    fn class_endpoints<C: Collect>(
         &mut self,
         family: IpFamily,
         set: &SetInfo,
         schema: &SetSchema,
-        read: &KernelTable,
-    ) -> Result<Option<BTreeMap<Tuple, Option<Tuple>>>, Error> {
-        let (Some(id @ SetId::ClassEndpoints(route, n)), Some(count)) =
+        class: Option<Vec<Tuple>>,
+    ) -> Result<Option<C::Set>, Error> {
+        let (Some(id @ SetId::ClassEndpoints(_, n)), Some(count)) =
             (SetId::from_name(&set.name), set.count)
         else {
             return Ok(None);
         };
-        if *schema != SetSchema::of(id) || count < GET_INSTEAD_OF_DUMP {
+        if *schema != SetSchema::of(id) || count < GET_INSTEAD_OF_DUMP || n == 0 {
             return Ok(None);
         }
-        let Some(class) = read.sets.get(&SetId::Class(route, n).name()) else {
+        let Some(class) = class else {
             return Ok(None);
         };
-        let mut keys: Vec<Vec<Atom>> = Vec::with_capacity(class.len() * n as usize);
-        for entry in class.keys() {
-            for slot in 0..n {
-                let mut k = entry.atoms().to_vec();
-                k.push(Atom::Slot(slot));
-                keys.push(k);
-            }
-        }
+        // The candidates are `entry . slot` for every entry and slot, made a chunk at a time:
+        // key `i` is entry `i / n`, slot `i % n`.
+        let candidates = class.len() * n as usize;
+        let key = |i: usize| {
+            let mut k = class[i / n as usize].atoms().to_vec();
+            k.push(Atom::Slot((i % n as usize) as u32));
+            k
+        };
         // Fewer candidates than elements: some element is of no entry, so only a dump finds it.
-        if keys.len() < count as usize {
+        if candidates < count as usize {
             return Ok(None);
         }
         let what = format!(
@@ -527,18 +590,20 @@ impl Conn {
             set.name
         );
         let mut decoder =
-            SetDecoder::new(set, family, schema).map_err(|e| parse_error(&what, e))?;
+            SetDecoder::<C>::checked(set, family, schema).map_err(|e| parse_error(&what, e))?;
         // Each answer is a datagram of its own, queued until read: room for a request's worth.
         let _ = self.socket.force_receive_buffer(8 * 1024 * 1024);
-        let allowed_misses = keys.len() - count as usize;
+        let allowed_misses = candidates - count as usize;
         let mut misses = 0;
         let mut at = 0;
-        while at < keys.len() {
-            let chunk = &keys[at..(at + GET_CHUNK).min(keys.len())];
+        let mut chunk = Vec::with_capacity(GET_CHUNK);
+        while at < candidates {
+            chunk.clear();
+            chunk.extend((at..(at + GET_CHUNK).min(candidates)).map(key));
             let payload =
                 kp_nftables_plan::netlink::encode_keys(family, id, chunk.iter().map(Vec::as_slice))
                     .map_err(|e| parse_error(&what, e))?;
-            let before = decoder.elements.len();
+            let before = decoder.out.len();
             let r = self.request(
                 NFT_MSG_GETSETELEM,
                 NLM_F_ACK,
@@ -556,7 +621,7 @@ impl Conn {
                 Ok(_) => at += chunk.len(),
                 // The kernel answered the keys before the first it lacks, then stopped.
                 Err(e) if not_found(&e) => {
-                    at += decoder.elements.len() - before + 1;
+                    at += decoder.out.len() - before + 1;
                     misses += 1;
                     // More keys missing than the count allows: something else is going on
                     // (the set went away, say). A dump settles it.
@@ -569,8 +634,9 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
+        let found = decoder.out.len();
         let elements = decoder.finish().map_err(|e| parse_error(&what, e))?;
-        Ok((elements.len() == count as usize).then_some(elements))
+        Ok((found == count as usize).then_some(elements))
     }
 
     /// Every set of our table in `family`; the flag is false if the dump was interrupted.
@@ -607,19 +673,19 @@ impl Conn {
     }
 
     /// One set's elements; the flag is false if the dump was interrupted.
-    fn elements(
+    fn elements<C: Collect>(
         &mut self,
         family: IpFamily,
         set: &SetInfo,
         schema: &SetSchema,
-    ) -> Result<(BTreeMap<Tuple, Option<Tuple>>, bool), Error> {
+    ) -> Result<(C::Set, bool), Error> {
         let what = format!(
             "netlink list set {} {TABLE} {}",
             family_name(family),
             set.name
         );
         let mut decoder =
-            SetDecoder::new(set, family, schema).map_err(|e| parse_error(&what, e))?;
+            SetDecoder::<C>::checked(set, family, schema).map_err(|e| parse_error(&what, e))?;
         let complete = self.request(
             NFT_MSG_GETSETELEM,
             NLM_F_DUMP,
@@ -773,11 +839,11 @@ fn canonical_atom(a: Atom) -> Atom {
     }
 }
 
-fn canonical_tuple(atoms: &mut [Atom]) -> Tuple {
+/// Makes `atoms` canonical in place.
+fn canonicalize(atoms: &mut [Atom]) {
     for a in atoms.iter_mut() {
         *a = canonical_atom(*a);
     }
-    Tuple::new(&*atoms)
 }
 
 fn protocol(number: u8) -> Result<Protocol, Malformed> {
@@ -818,15 +884,99 @@ fn range_net(lo: u128, hi: u128, bits: u8) -> Option<IpNet> {
     IpNet::new(ip_from_number(lo, bits), prefix).ok()
 }
 
-/// Turns one set's element dump into keys and values.
-struct SetDecoder<'s> {
+/// What a read keeps of each element of a set: [`Tuples`], or only [`Digests`].
+trait Collect {
+    /// A set's elements as kept.
+    type Set;
+    fn new() -> Self;
+    /// One element, its atoms already canonical.
+    fn push(&mut self, key: &[Atom], value: Option<&[Atom]>);
+    /// Elements pushed so far.
+    fn len(&self) -> usize;
+    fn finish(self) -> Self::Set;
+    /// A set read as tuples, kept as this collector keeps sets.
+    fn of_tuples(set: BTreeMap<Tuple, Option<Tuple>>) -> Self::Set;
+    /// A set whose elements were not read.
+    fn empty() -> Self::Set;
+}
+
+/// Keys and values as tuples.
+struct Tuples(Vec<(Tuple, Option<Tuple>)>);
+
+impl Collect for Tuples {
+    type Set = BTreeMap<Tuple, Option<Tuple>>;
+
+    fn new() -> Self {
+        Tuples(Vec::new())
+    }
+
+    fn push(&mut self, key: &[Atom], value: Option<&[Atom]>) {
+        self.0.push((Tuple::new(key), value.map(Tuple::new)));
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Sorted into a map at the end: cheaper than inserting one by one.
+    fn finish(self) -> Self::Set {
+        self.0.into_iter().collect()
+    }
+
+    fn of_tuples(set: BTreeMap<Tuple, Option<Tuple>>) -> Self::Set {
+        set
+    }
+
+    fn empty() -> Self::Set {
+        BTreeMap::new()
+    }
+}
+
+/// Only each element's digests, sorted by key digest at the end.
+struct Digests(Vec<ElementDigest>);
+
+impl Collect for Digests {
+    type Set = Vec<ElementDigest>;
+
+    fn new() -> Self {
+        Digests(Vec::new())
+    }
+
+    fn push(&mut self, key: &[Atom], value: Option<&[Atom]>) {
+        self.0.push(ElementDigest::of(key, value));
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn finish(mut self) -> Self::Set {
+        self.0.sort_unstable();
+        self.0.shrink_to_fit();
+        self.0
+    }
+
+    fn of_tuples(set: BTreeMap<Tuple, Option<Tuple>>) -> Self::Set {
+        let mut d = Digests(Vec::with_capacity(set.len()));
+        for (k, v) in &set {
+            d.push(k.atoms(), v.as_ref().map(Tuple::atoms));
+        }
+        d.finish()
+    }
+
+    fn empty() -> Self::Set {
+        Vec::new()
+    }
+}
+
+/// Turns one set's element dump into keys and values, kept as `C` keeps them.
+struct SetDecoder<'s, C: Collect = Tuples> {
     family: IpFamily,
     schema: &'s SetSchema,
     set: String,
     /// Interval bounds of a single-field interval set: (address, is the exclusive end).
     bounds: Vec<(u128, bool)>,
-    /// Sorted into a map at the end: cheaper than inserting one by one.
-    elements: Vec<(Tuple, Option<Tuple>)>,
+    out: C,
     /// Scratch space for one element's components, reused.
     key: Vec<Atom>,
     key_end: Vec<Atom>,
@@ -838,9 +988,17 @@ struct SetDecoder<'s> {
     numbered: bool,
 }
 
-impl<'s> SetDecoder<'s> {
-    /// Checks that the kernel's declaration of `set` matches `schema` before reading a byte.
+#[cfg(test)]
+impl<'s> SetDecoder<'s, Tuples> {
+    /// A decoder into tuples: see [`SetDecoder::checked`].
     fn new(set: &SetInfo, family: IpFamily, schema: &'s SetSchema) -> Result<Self, Malformed> {
+        Self::checked(set, family, schema)
+    }
+}
+
+impl<'s, C: Collect> SetDecoder<'s, C> {
+    /// Checks that the kernel's declaration of `set` matches `schema` before reading a byte.
+    fn checked(set: &SetInfo, family: IpFamily, schema: &'s SetSchema) -> Result<Self, Malformed> {
         let mismatch = |what: &str, kernel: String, schema: String| {
             Err(format!(
                 "the kernel's {what} is {kernel}, the schema's {schema}"
@@ -896,7 +1054,7 @@ impl<'s> SetDecoder<'s> {
             schema,
             set: set.to_string(),
             bounds: Vec::new(),
-            elements: Vec::new(),
+            out: C::new(),
             key: Vec::new(),
             key_end: Vec::new(),
             value: Vec::new(),
@@ -971,15 +1129,18 @@ impl<'s> SetDecoder<'s> {
             };
         }
         let value = match self.keys_only {
-            true => None,
+            true => false,
             false => self.value(a[usize::from(NFTA_SET_ELEM_DATA)])?,
         };
-        let key = canonical_tuple(&mut self.key);
-        self.elements.push((key, value));
+        canonicalize(&mut self.key);
+        canonicalize(&mut self.value);
+        self.out.push(&self.key, value.then_some(&self.value[..]));
         Ok(())
     }
 
-    fn value(&mut self, data: Option<&[u8]>) -> Result<Option<Tuple>, Malformed> {
+    /// Decodes an element's value into `self.value`; false for a set element, which has none.
+    fn value(&mut self, data: Option<&[u8]>) -> Result<bool, Malformed> {
+        self.value.clear();
         if self.schema.verdict_map {
             let d: [Option<&[u8]>; 3] =
                 attr_table(data.ok_or("a verdict map element without a value")?)?;
@@ -1000,15 +1161,15 @@ impl<'s> SetDecoder<'s> {
                     ))
                 }
             };
-            return Ok(Some(Tuple::new([Atom::Verdict(verdict)])));
+            self.value.push(Atom::Verdict(verdict));
+            return Ok(true);
         }
         match (&self.schema.value, data) {
-            (None, None) => Ok(None),
+            (None, None) => Ok(false),
             (Some(kinds), Some(_)) => {
-                self.value.clear();
                 let bytes = data_value(data, "element value")?;
                 decode_fields(kinds, self.family, bytes, &mut self.value)?;
-                Ok(Some(canonical_tuple(&mut self.value)))
+                Ok(true)
             }
             (None, Some(_)) => Err("an element with a value in a set".into()),
             (Some(_), None) => Err("a map element without a value".into()),
@@ -1016,7 +1177,7 @@ impl<'s> SetDecoder<'s> {
     }
 
     /// The elements; pairs the bounds of a single-field interval set into networks.
-    fn finish(mut self) -> Result<BTreeMap<Tuple, Option<Tuple>>, Malformed> {
+    fn finish(mut self) -> Result<C::Set, Malformed> {
         let bits = match self.family {
             IpFamily::V4 => 32,
             IpFamily::V6 => 128,
@@ -1057,10 +1218,11 @@ impl<'s> SetDecoder<'s> {
                     ip_from_number(hi, bits)
                 )
             })?;
-            let key = canonical_tuple(&mut [Atom::Net(net)]);
-            self.elements.push((key, None));
+            let mut key = [Atom::Net(net)];
+            canonicalize(&mut key);
+            self.out.push(&key, None);
         }
-        Ok(self.elements.into_iter().collect())
+        Ok(self.out.finish())
     }
 }
 
@@ -1132,7 +1294,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<ElementChanges>, Error> {
         let set = str_attr(a[usize::from(NFTA_SET_ELEM_LIST_SET)], "set").map_err(bad)?;
         let id = SetId::from_name(set).ok_or_else(|| bad(format!("set {set} is not ours")))?;
         let schema = SetSchema::of(id);
-        let mut decoder = SetDecoder::of_schema(set, family, &schema, delete);
+        let mut decoder = SetDecoder::<Tuples>::of_schema(set, family, &schema, delete);
         decoder.message(body).map_err(bad)?;
         let elements = decoder.finish().map_err(bad)?;
         out.push(ElementChanges {

@@ -349,6 +349,55 @@ impl<const K: usize, const V: usize> Elements<K, V> {
         out
     }
 
+    /// Calls `f` with every element of `set` (key, and value in a map), in no particular
+    /// order, without building the set: the atoms are gathered into two buffers reused for
+    /// every element.
+    pub(super) fn for_each_expected(
+        &self,
+        set: SetId,
+        mut f: impl FnMut(&[Atom], Option<&[Atom]>),
+    ) {
+        let mut key = Vec::new();
+        let mut value = Vec::new();
+        match set {
+            SetId::Class(route, n) => {
+                for k in self
+                    .dispatch
+                    .get(&(route, n))
+                    .into_iter()
+                    .flat_map(HashMap::keys)
+                {
+                    k.gather(&mut key);
+                    f(&key, None);
+                }
+            }
+            SetId::ClassEndpoints(route, n) => {
+                for (k, d) in self.dispatch.get(&(route, n)).into_iter().flatten() {
+                    k.gather(&mut key);
+                    let entry = key.len();
+                    for (slot, ep) in d.endpoints.iter().enumerate() {
+                        key.truncate(entry);
+                        key.push(Atom::Slot(slot as u32));
+                        ep.gather(&mut value);
+                        f(&key, Some(&value));
+                    }
+                }
+            }
+            _ => {
+                for (k, h) in self.plain.get(&set).into_iter().flatten() {
+                    k.gather(&mut key);
+                    match value_of(&h.value) {
+                        Some(v) => {
+                            v.gather(&mut value);
+                            f(&key, Some(&value));
+                        }
+                        None => f(&key, None),
+                    }
+                }
+            }
+        }
+    }
+
     pub(super) fn expected(&self, set: SetId) -> BTreeMap<Tuple, Option<Tuple>> {
         // Sorted on the packed bytes first (their order is the tuples' order, but cheap to
         // compare), so the map is built from sorted input.

@@ -12,7 +12,7 @@ use kp_nftables_test::NftTracer;
 use serde_json::{json, Value};
 
 use super::{KernelTable, NodeContext, Planner, TransactionSink};
-use crate::element::{canonical, Atom, Tuple};
+use crate::element::{canonical, Atom, ElementDigest, Tuple};
 use crate::layout::{PlanConfig, SetId};
 use crate::ElementBatch;
 
@@ -463,11 +463,27 @@ fn every_expected_element_can_be_looked_up_one_at_a_time() {
         for set in p.all_sets() {
             let expected = p.expected_elements(set);
             assert_eq!(p.expected_len(set), expected.len(), "{set:?}");
+            // Iterating lends the same elements, each once.
+            let mut lent = BTreeMap::new();
+            p.for_each_expected(set, |k, v| {
+                let old = lent.insert(Tuple::new(k.to_vec()), v.map(|v| Tuple::new(v.to_vec())));
+                assert!(old.is_none(), "{set:?}: {k:?} lent twice");
+            });
+            assert_eq!(lent, expected, "{set:?}");
             for (k, v) in &expected {
                 assert_eq!(p.expected_value(set, k).as_ref(), Some(v), "{set:?} {k}");
                 assert_eq!(
                     p.expected_value(set, &as_read_back(k)).as_ref(),
                     Some(v),
+                    "{set:?} {k}"
+                );
+                // The check's digests of the read-back spelling are the plan's.
+                let digest = |k: &Tuple, v: &Option<Tuple>| {
+                    ElementDigest::of(k.atoms(), v.as_ref().map(Tuple::atoms))
+                };
+                assert_eq!(
+                    digest(&as_read_back(k), &v.as_ref().map(as_read_back)),
+                    digest(k, v),
                     "{set:?} {k}"
                 );
                 looked_up += 1;

@@ -54,7 +54,8 @@ fn set_info(name: &str, flags: u32, key_len: u32, data: Option<(u32, u32)>) -> S
     }
 }
 
-/// Runs reply bodies through a decoder for `info` and `schema`.
+/// Runs reply bodies through a decoder for `info` and `schema`; also through one keeping only
+/// digests (the periodic check's), which must keep exactly the digests of the tuples.
 fn decode(
     info: &SetInfo,
     family: IpFamily,
@@ -62,10 +63,21 @@ fn decode(
     bodies: &[Vec<u8>],
 ) -> Result<BTreeMap<Tuple, Option<Tuple>>, Malformed> {
     let mut d = SetDecoder::new(info, family, schema)?;
+    let mut digests = SetDecoder::<Digests>::checked(info, family, schema)?;
     for b in bodies {
         d.message(b)?;
+        digests.message(b)?;
     }
-    d.finish()
+    let tuples = d.finish()?;
+    let digests = digests.finish()?;
+    let mut want: Vec<ElementDigest> = tuples
+        .iter()
+        .map(|(k, v)| ElementDigest::of(k.atoms(), v.as_ref().map(Tuple::atoms)))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(digests, want, "digests of {tuples:?}");
+    assert!(digests.windows(2).all(|w| w[0].key < w[1].key));
+    Ok(tuples)
 }
 
 /// `NFTA_SET_ELEM_LIST_TABLE "kube-proxy"` and `NFTA_SET_ELEM_LIST_SET "<one letter>"`.
@@ -360,7 +372,8 @@ fn atoms_are_made_canonical_exactly_as_canonical_does() {
         Atom::Verdict(NoEndpointVerdict::Drop),
     ];
     let mut ours = atoms;
-    assert_eq!(canonical_tuple(&mut ours), crate::canonical(&t(&atoms)));
+    canonicalize(&mut ours);
+    assert_eq!(t(&ours), crate::canonical(&t(&atoms)));
 }
 
 // Framing (datagrams, NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP_INTR) is kp-netlink's, tested there.
