@@ -56,6 +56,20 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Vm(args)) => {
+            let argv: Vec<String> = std::env::args().collect();
+            match std::env::current_exe()
+                .map_err(anyhow::Error::from)
+                .and_then(|exe| args.options(exe, &argv))
+            {
+                Ok(opts) => kp_bench::vm::run(&opts).map(drop),
+                Err(e) => {
+                    eprintln!("bench: {e:#}");
+                    return ExitCode::from(64);
+                }
+            }
+        }
+        Some(Command::VmMeasure(args)) => args.run(),
         Some(command) => subcommand(command),
     };
     match result {
@@ -139,7 +153,9 @@ fn subcommand(command: Command) -> anyhow::Result<()> {
             }
         }
         // `main` runs it (it exits 64 on bad settings); never reached.
-        Command::Churn(_) => anyhow::bail!("bench churn is run from main"),
+        Command::Churn(_) | Command::Vm(_) | Command::VmMeasure(_) => {
+            anyhow::bail!("run from main")
+        }
         Command::DatapathServer { connect, bulk } => kp_bench::datapath::serve(connect, bulk)?,
         Command::DatapathClient(ClientCommand::Connect {
             target,

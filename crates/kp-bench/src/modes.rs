@@ -46,8 +46,8 @@ pub fn all() -> Vec<Box<dyn ModeUnderTest>> {
 /// here that gains an adapter fails this crate's tests until it leaves the list.
 pub const NOT_BENCHED: &[(ProxyMode, &str)] = &[(
     ProxyMode::Ipvs,
-    "IPVS runs only in the kp-vm guest on this machine (its kernel has no IP_VS) and the \
-         benchmark inside the guest is not built yet",
+    "IPVS runs only in the kp-vm guest on this machine (its kernel has no IP_VS): `bench vm` \
+         measures it there, beside nftables in the same guest",
 )];
 
 /// Why the harness cannot drive registry mode `mode` yet, if it is in [`NOT_BENCHED`].
