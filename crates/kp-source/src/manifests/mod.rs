@@ -7,9 +7,10 @@
 //! Every change under the directory (inotify, via `notify`) wakes the source; once the directory
 //! has been quiet for a moment ([`QUIET`]) and no file written to is still open for writing
 //! (waiting at most [`MAX_WAIT`]), it lists the directory again, re-parses only the files whose
-//! text changed, and reports the difference ([`parse::ManifestSet`]). A file whose metadata has
-//! not changed since a look long enough after its last change is not even read again.
-//! Changed files are parsed in parallel, on as many threads as the process may use.
+//! text changed, and in a YAML file only the documents whose text changed (an edit of one
+//! object decodes that object), and reports the difference ([`parse::ManifestSet`]). A file
+//! whose metadata has not changed since a look long enough after its last change is not even
+//! read again. Changed files are parsed in parallel, on as many threads as the process may use.
 //!
 //! A file that fails to read or parse keeps its last good content in force, so a half-written
 //! or broken file never removes anything; write files atomically (write elsewhere, then rename
@@ -40,7 +41,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::SourceError;
-use parse::{digest, for_each_object, text_digest, Digest, ManifestSet, Wanted};
+use parse::{
+    digest, for_each_object, for_each_object_in, text_digest, Digest, ManifestSet, Wanted,
+};
 
 /// The `source` label of this source's error metric.
 const SOURCE: &str = "manifests";
@@ -61,8 +64,14 @@ const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 /// How long after a file's last change its [`Stamp`] is trusted to change with the next
 /// change. File times come from a coarse clock (a tick of some milliseconds; whole seconds,
 /// or two on FAT, on some filesystems), so a write in the same tick as a look may leave the
-/// metadata as the look saw it; until then a failed file is read again at every rescan.
+/// metadata as the look saw it; until then the file is read again at every rescan.
 const SETTLE_SECS: i64 = 2;
+
+/// [`SETTLE_SECS`] on a filesystem whose file times are finer than a millisecond (ext4, xfs,
+/// btrfs, tmpfs): there they come from the kernel's coarse clock, which ticks at least every
+/// 10 ms (HZ >= 100), so a change this long after the last one always changes the ctime. A
+/// file just written is then read again by the rescans of the next 100 ms, not of 2 s.
+const SETTLE_FINE_NANOS: i64 = 100_000_000;
 
 /// A file of at most this many bytes is parsed once, its objects held until the whole file has
 /// parsed; a larger one is parsed again to report its objects, rather than holding them all.
@@ -293,7 +302,8 @@ impl Stamp {
     }
 
     /// Whether the file last changed long enough before `now` that its next change is sure
-    /// to change the stamp (see [`SETTLE_SECS`]). A file time in the future never is.
+    /// to change the stamp (see [`SETTLE_SECS`] and [`SETTLE_FINE_NANOS`]). A file time in
+    /// the future never is.
     fn settled(&self, now: SystemTime) -> bool {
         let Some(now) = now.duration_since(UNIX_EPOCH).ok().and_then(|d| {
             Some((
@@ -303,8 +313,16 @@ impl Stamp {
         }) else {
             return false;
         };
-        let last = self.mtime.max(self.ctime);
-        (last.0.saturating_add(SETTLE_SECS), last.1) <= now
+        let nanos =
+            |(secs, nanos): (i64, i64)| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
+        // The kernel sets the ctime at every change, so its nanoseconds tell the filesystem's
+        // granularity (a fine one shows a whole millisecond once in a thousand: it waits long).
+        let window = if self.ctime.1 % 1_000_000 != 0 {
+            i128::from(SETTLE_FINE_NANOS)
+        } else {
+            i128::from(SETTLE_SECS) * 1_000_000_000
+        };
+        nanos(self.mtime.max(self.ctime)) + window <= nanos(now)
     }
 }
 
@@ -363,6 +381,8 @@ struct DirState {
     /// What the last look at every file present saw, parsed or not, so that unchanged files
     /// are not parsed (or complained about) again, nor even read again once settled.
     seen: HashMap<PathBuf, Seen>,
+    /// What the last good parse of each YAML file found, document by document.
+    docs: HashMap<PathBuf, FileDocs>,
     /// [`KEEP_BYTES`], smaller in tests.
     keep_bytes: usize,
 }
@@ -374,6 +394,7 @@ impl DirState {
             metrics,
             set: ManifestSet::new(),
             seen: HashMap::new(),
+            docs: HashMap::new(),
             keep_bytes: KEEP_BYTES,
         }
     }
@@ -499,6 +520,7 @@ impl DirState {
         for path in gone {
             // Forgotten with its failure: if it comes back, it is a new file.
             self.seen.remove(&path);
+            self.docs.remove(&path);
             self.set.remove_file(&path);
         }
 
@@ -526,7 +548,7 @@ impl DirState {
                     continue;
                 }
             };
-            sent += self.send_wanted(&path, &text, None, &wanted, emit)?;
+            sent += self.send_decoded(&path, &text, &wanted, emit)?;
         }
         for (kind, key) in settled.deleted {
             if !emit(SourceEvent::Delete(kind, key)) {
@@ -576,7 +598,11 @@ impl DirState {
         jobs: Vec<Job>,
         emit: &mut dyn FnMut(SourceEvent) -> bool,
     ) -> Result<usize, Closed> {
-        let parsed = parse_all(&jobs, parse_threads(), self.keep_bytes);
+        let parsed = {
+            let prev: Vec<Option<&FileDocs>> =
+                jobs.iter().map(|job| self.docs.get(&job.path)).collect();
+            parse_all(&jobs, &prev, parse_threads(), self.keep_bytes)
+        };
         let mut sent = 0;
         for (job, parsed) in jobs.into_iter().zip(parsed) {
             let Job {
@@ -585,7 +611,11 @@ impl DirState {
                 settled,
                 text,
             } = job;
-            let Parsed { objects, kept } = match parsed {
+            let Parsed {
+                objects,
+                kept,
+                docs,
+            } = match parsed {
                 Ok(parsed) => parsed,
                 Err(err) => {
                     self.failed(&path, look, settled, "parse", err);
@@ -600,19 +630,35 @@ impl DirState {
                     failed: false,
                 },
             );
-            let wanted = self.set.update_file(&path, objects);
-            sent += self.send_wanted(&path, &text, kept, &wanted, emit)?;
+            let digests: Vec<Digest> = objects.iter().map(|(_, d)| *d).collect();
+            let (wanted, keys) = self.set.update_file_keys(&path, objects);
+            match &docs {
+                Some(docs) => {
+                    let objects = keys.into_iter().zip(digests).collect();
+                    let docs = FileDocs {
+                        docs: docs.clone(),
+                        objects,
+                    };
+                    self.docs.insert(path.clone(), docs);
+                }
+                None => {
+                    self.docs.remove(&path);
+                }
+            }
+            sent += self.send_wanted(&path, &text, kept, docs.as_deref(), &wanted, emit)?;
         }
         Ok(sent)
     }
 
-    /// Sends the `wanted` objects of a file: from `kept` (every object of the file, in order)
-    /// or else by parsing `text` again.
+    /// Sends the `wanted` objects of a file: from `kept` (by ordinal; `None` where not kept),
+    /// or else by decoding again the documents that hold them (`docs`: each YAML document's
+    /// text digest and number of objects), or the whole `text` if that is not known.
     fn send_wanted(
         &mut self,
         path: &Path,
         text: &str,
-        kept: Option<Vec<Object>>,
+        mut kept: Vec<Option<Object>>,
+        docs: Option<&[(Digest, u32)]>,
         wanted: &[Wanted],
         emit: &mut dyn FnMut(SourceEvent) -> bool,
     ) -> Result<usize, Closed> {
@@ -620,8 +666,8 @@ impl DirState {
             return Ok(0);
         }
         let mut sent = 0;
-        if let Some(kept) = kept {
-            let mut kept: Vec<Option<Object>> = kept.into_iter().map(Some).collect();
+        let Some(docs) = docs else {
+            let mut missing = Vec::new();
             for (ordinal, key) in wanted {
                 match kept.get_mut(*ordinal as usize).and_then(Option::take) {
                     Some(obj) => {
@@ -630,11 +676,100 @@ impl DirState {
                         }
                         sent += 1;
                     }
-                    None => self.set.not_reported(key),
+                    None => missing.push((*ordinal, key.clone())),
                 }
             }
-            return Ok(sent);
+            return Ok(sent + self.send_decoded(path, text, &missing, emit)?);
+        };
+        // Document by document, in file order: a document's objects are all kept or none are.
+        let mut texts: Option<Vec<parse::YamlDocument<'_>>> = None;
+        let mut rest = wanted;
+        let mut start = 0usize;
+        for (index, &(_, count)) in docs.iter().enumerate() {
+            let end = start + count as usize;
+            let n = rest.partition_point(|w| (w.0 as usize) < end);
+            let (here, after) = rest.split_at(n);
+            rest = after;
+            let from = start;
+            start = end;
+            if here.is_empty() {
+                continue;
+            }
+            if kept.get(here[0].0 as usize).is_some_and(Option::is_some) {
+                for (ordinal, key) in here {
+                    match kept.get_mut(*ordinal as usize).and_then(Option::take) {
+                        Some(obj) => {
+                            if !emit(SourceEvent::Upsert(obj)) {
+                                return Err(Closed);
+                            }
+                            sent += 1;
+                        }
+                        None => self.set.not_reported(key),
+                    }
+                }
+                continue;
+            }
+            let texts = texts.get_or_insert_with(|| parse::yaml_documents(text));
+            let Some(doc) = texts.get(index) else {
+                for (_, key) in here {
+                    self.set.not_reported(key);
+                }
+                continue;
+            };
+            let mut next = 0;
+            let mut closed = false;
+            let decoded = for_each_object_in(
+                path,
+                doc,
+                &mut |n| {
+                    here.binary_search_by_key(&((from + n) as u32), |w| w.0)
+                        .is_ok()
+                },
+                &mut |n, obj| {
+                    let n = from + n;
+                    while next < here.len() && (here[next].0 as usize) < n {
+                        next += 1;
+                    }
+                    if closed || next == here.len() || here[next].0 as usize != n {
+                        return;
+                    }
+                    next += 1;
+                    if emit(SourceEvent::Upsert(obj)) {
+                        sent += 1;
+                    } else {
+                        closed = true;
+                    }
+                },
+            );
+            if closed {
+                return Err(Closed);
+            }
+            if let Err(err) = decoded {
+                // The same text parsed a moment ago; only a bug gets here.
+                error!(error = %err, "a manifest that parsed before no longer does");
+                for (_, key) in here {
+                    self.set.not_reported(key);
+                }
+            }
         }
+        for (_, key) in rest {
+            self.set.not_reported(key);
+        }
+        Ok(sent)
+    }
+
+    /// Sends the `wanted` objects of the file `path` by decoding its whole `text` again.
+    fn send_decoded(
+        &mut self,
+        path: &Path,
+        text: &str,
+        wanted: &[Wanted],
+        emit: &mut dyn FnMut(SourceEvent) -> bool,
+    ) -> Result<usize, Closed> {
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        let mut sent = 0;
         // `wanted` is sorted by ordinal.
         let mut next = 0;
         let mut closed = false;
@@ -680,25 +815,76 @@ struct Job {
     text: String,
 }
 
-/// A file that parsed: every object's key and digest, in file order, and the objects
-/// themselves if the file is small ([`KEEP_BYTES`]).
-struct Parsed {
-    objects: Vec<(parse::Key, Digest)>,
-    kept: Option<Vec<Object>>,
+/// What the source keeps of a YAML file's last good parse so that a change decodes only the
+/// documents whose text changed: each document's text digest and number of objects, and every
+/// object's key and digest, in file order. A document's objects follow from its text alone.
+#[derive(Debug)]
+struct FileDocs {
+    docs: Vec<(Digest, u32)>,
+    objects: Vec<(Arc<parse::Key>, Digest)>,
 }
 
-/// Parses one file, or a piece of whole documents of it. The whole file must parse before any
-/// of it counts, so a large file keeps only keys and digests (see [`Parsed`]).
+impl FileDocs {
+    /// The objects of each document, by the digest of its text.
+    fn by_text(&self) -> HashMap<Digest, &[(Arc<parse::Key>, Digest)]> {
+        let mut map = HashMap::with_capacity(self.docs.len());
+        let mut start = 0usize;
+        for &(text, count) in &self.docs {
+            let end = start + count as usize;
+            if let Some(objects) = self.objects.get(start..end) {
+                map.insert(text, objects);
+            }
+            start = end;
+        }
+        map
+    }
+}
+
+/// A file that parsed: every object's key and digest, in file order; the objects decoded, by
+/// ordinal, if the text decoded is small ([`KEEP_BYTES`]) (`None` for the others, and for those
+/// of unchanged documents, which were not decoded); and for a YAML file, each document's text
+/// digest and number of objects.
+struct Parsed {
+    objects: Vec<(parse::Key, Digest)>,
+    kept: Vec<Option<Object>>,
+    docs: Option<Vec<(Digest, u32)>>,
+}
+
+/// Parses one whole file. The whole file must parse before any of it counts, so a large file
+/// keeps only keys and digests (see [`Parsed`]).
 fn parse_piece(path: &Path, text: &str, keep: bool) -> Result<Parsed, SourceError> {
     let mut objects = Vec::new();
-    let mut kept = keep.then(Vec::new);
+    let mut kept = Vec::new();
     for_each_object(path, text, &mut |_| true, &mut |_, obj| {
         objects.push(((obj.kind(), obj.key()), digest(&obj)));
-        if let Some(kept) = &mut kept {
-            kept.push(obj);
-        }
+        kept.push(keep.then_some(obj));
     })?;
-    Ok(Parsed { objects, kept })
+    Ok(Parsed {
+        objects,
+        kept,
+        docs: None,
+    })
+}
+
+/// The objects decoded from one YAML document.
+struct DocParsed {
+    objects: Vec<(parse::Key, Digest)>,
+    kept: Vec<Option<Object>>,
+}
+
+/// Decodes one YAML document of the file `path`.
+fn parse_doc(
+    path: &Path,
+    doc: &parse::YamlDocument<'_>,
+    keep: bool,
+) -> Result<DocParsed, SourceError> {
+    let mut objects = Vec::new();
+    let mut kept = Vec::new();
+    for_each_object_in(path, doc, &mut |_| true, &mut |_, obj| {
+        objects.push(((obj.kind(), obj.key()), digest(&obj)));
+        kept.push(keep.then_some(obj));
+    })?;
+    Ok(DocParsed { objects, kept })
 }
 
 /// How many threads parse files: as many as the process may run on.
@@ -706,58 +892,182 @@ fn parse_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// A YAML file is parsed in pieces of about this many bytes, in parallel, when there is more
-/// than one thread to parse on: a large file, or a file that changed alone, is not left to one.
+/// The documents of a YAML file are decoded in pieces of about this many bytes, in parallel,
+/// when there is more than one thread to parse on: a large file, or a file that changed alone,
+/// is not left to one.
 const PIECE_BYTES: usize = 64 * 1024;
 
-/// Parses `jobs` on up to `threads` threads (YAML files in pieces, see [`PIECE_BYTES`]); the
-/// results in the order of `jobs`. A file that fails in some piece is parsed again whole, for
-/// the error as it reads for the whole file (its document and line).
-fn parse_all(jobs: &[Job], threads: usize, keep_bytes: usize) -> Vec<Result<Parsed, SourceError>> {
-    let mut pieces: Vec<(usize, &str)> = Vec::new();
-    for (i, job) in jobs.iter().enumerate() {
-        let json = job.path.extension().is_some_and(|ext| ext == "json");
-        if threads > 1 && !json {
-            pieces.extend(
-                parse::split_yaml(&job.text, PIECE_BYTES)
-                    .into_iter()
-                    .map(|piece| (i, piece)),
-            );
-        } else {
-            pieces.push((i, &job.text));
-        }
+/// One piece of parsing work: a whole (JSON) file, or some documents of a YAML file.
+enum Work {
+    Whole(usize),
+    Docs(usize, Vec<usize>),
+}
+
+/// What a piece of work gave: the whole file's result, or each document's (up to the first
+/// that failed).
+enum Done {
+    Whole(Result<Parsed, SourceError>),
+    Docs(Vec<Result<DocParsed, SourceError>>),
+}
+
+/// Parses `jobs` on up to `threads` threads; the results in the order of `jobs`. `prev` holds,
+/// for each job, what its file's last good parse left ([`FileDocs`]): a YAML document whose
+/// text it decoded before is not decoded again. The documents to decode are decoded in pieces
+/// (see [`PIECE_BYTES`]); a file's error is that of its first failing document, as decoding
+/// the whole file reports it.
+fn parse_all(
+    jobs: &[Job],
+    prev: &[Option<&FileDocs>],
+    threads: usize,
+    keep_bytes: usize,
+) -> Vec<Result<Parsed, SourceError>> {
+    struct Plan<'t, 'p> {
+        docs: Vec<(parse::YamlDocument<'t>, Digest)>,
+        reused: Vec<Option<&'p [(Arc<parse::Key>, Digest)]>>,
+        keep: bool,
     }
-    let keep = |i: usize| jobs[i].text.len() <= keep_bytes;
-    let mut parsed = parallel_map(&pieces, threads, |&(i, piece)| {
-        parse_piece(&jobs[i].path, piece, keep(i))
-    })
-    .into_iter()
-    .zip(&pieces)
-    .peekable();
-    let mut out = Vec::with_capacity(jobs.len());
+    let mut plans: Vec<Option<Plan<'_, '_>>> = Vec::with_capacity(jobs.len());
+    let mut work = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        let mut whole: Result<Parsed, SourceError> = Ok(Parsed {
-            objects: Vec::new(),
-            kept: keep(i).then(Vec::new),
-        });
-        let mut count = 0;
-        while let Some((piece, _)) = parsed.next_if(|(_, (j, _))| *j == i) {
-            count += 1;
-            match (&mut whole, piece) {
-                (Ok(whole), Ok(piece)) => {
-                    whole.objects.extend(piece.objects);
-                    if let (Some(all), Some(some)) = (&mut whole.kept, piece.kept) {
-                        all.extend(some);
-                    }
-                }
-                (Ok(_), Err(err)) => whole = Err(err),
-                (Err(_), _) => {}
+        if job.path.extension().is_some_and(|ext| ext == "json") {
+            plans.push(None);
+            work.push(Work::Whole(i));
+            continue;
+        }
+        let known = prev
+            .get(i)
+            .copied()
+            .flatten()
+            .map(FileDocs::by_text)
+            .unwrap_or_default();
+        let docs: Vec<_> = parse::yaml_documents(&job.text)
+            .into_iter()
+            .map(|doc| {
+                let digest = text_digest(doc.text());
+                (doc, digest)
+            })
+            .collect();
+        let reused: Vec<_> = docs
+            .iter()
+            .map(|(_, digest)| known.get(digest).copied())
+            .collect();
+        let decode_bytes: usize = docs
+            .iter()
+            .zip(&reused)
+            .filter(|(_, r)| r.is_none())
+            .map(|((doc, _), _)| doc.text().len())
+            .sum();
+        let mut piece = Vec::new();
+        let mut piece_bytes = 0;
+        for (k, ((doc, _), r)) in docs.iter().zip(&reused).enumerate() {
+            if r.is_some() {
+                continue;
+            }
+            piece.push(k);
+            piece_bytes += doc.text().len();
+            if threads > 1 && piece_bytes >= PIECE_BYTES {
+                work.push(Work::Docs(i, std::mem::take(&mut piece)));
+                piece_bytes = 0;
             }
         }
-        if whole.is_err() && count > 1 {
-            whole = parse_piece(&job.path, &job.text, keep(i));
+        if !piece.is_empty() {
+            work.push(Work::Docs(i, piece));
         }
-        out.push(whole);
+        plans.push(Some(Plan {
+            docs,
+            reused,
+            keep: decode_bytes <= keep_bytes,
+        }));
+    }
+    let done = parallel_map(&work, threads, |w| match w {
+        Work::Whole(i) => Done::Whole(parse_piece(
+            &jobs[*i].path,
+            &jobs[*i].text,
+            jobs[*i].text.len() <= keep_bytes,
+        )),
+        Work::Docs(i, docs) => {
+            let mut out = Vec::with_capacity(docs.len());
+            if let Some(plan) = &plans[*i] {
+                for &k in docs {
+                    let parsed = parse_doc(&jobs[*i].path, &plan.docs[k].0, plan.keep);
+                    let failed = parsed.is_err();
+                    out.push(parsed);
+                    if failed {
+                        break;
+                    }
+                }
+            }
+            Done::Docs(out)
+        }
+    });
+    // Each job's decoded documents, by their index in the file.
+    let mut whole: Vec<Option<Result<Parsed, SourceError>>> = jobs.iter().map(|_| None).collect();
+    let mut decoded: Vec<HashMap<usize, Result<DocParsed, SourceError>>> =
+        jobs.iter().map(|_| HashMap::new()).collect();
+    for (w, d) in work.iter().zip(done) {
+        match (w, d) {
+            (Work::Whole(i), Done::Whole(r)) => whole[*i] = Some(r),
+            (Work::Docs(i, docs), Done::Docs(results)) => {
+                decoded[*i].extend(docs.iter().copied().zip(results));
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::with_capacity(jobs.len());
+    for (i, plan) in plans.into_iter().enumerate() {
+        let Some(plan) = plan else {
+            out.push(whole[i].take().unwrap_or_else(|| {
+                parse_piece(
+                    &jobs[i].path,
+                    &jobs[i].text,
+                    jobs[i].text.len() <= keep_bytes,
+                )
+            }));
+            continue;
+        };
+        let mut parsed = Parsed {
+            objects: Vec::new(),
+            kept: Vec::new(),
+            docs: Some(Vec::with_capacity(plan.docs.len())),
+        };
+        let mut failed = None;
+        for (k, ((doc, text), reused)) in plan.docs.iter().zip(&plan.reused).enumerate() {
+            let count = match reused {
+                Some(objects) => {
+                    parsed
+                        .objects
+                        .extend(objects.iter().map(|(key, d)| ((**key).clone(), *d)));
+                    parsed.kept.extend(objects.iter().map(|_| None));
+                    objects.len()
+                }
+                None => {
+                    // A piece stops at its first failure; a document it did not reach is
+                    // decoded here (only a later failure in the same file gets here).
+                    let result = decoded[i]
+                        .remove(&k)
+                        .unwrap_or_else(|| parse_doc(&jobs[i].path, doc, plan.keep));
+                    match result {
+                        Ok(d) => {
+                            let count = d.objects.len();
+                            parsed.objects.extend(d.objects);
+                            parsed.kept.extend(d.kept);
+                            count
+                        }
+                        Err(err) => {
+                            failed = Some(err);
+                            break;
+                        }
+                    }
+                }
+            };
+            if let Some(docs) = &mut parsed.docs {
+                docs.push((*text, u32::try_from(count).unwrap_or(u32::MAX)));
+            }
+        }
+        out.push(match failed {
+            Some(err) => Err(err),
+            None => Ok(parsed),
+        });
     }
     out
 }

@@ -78,13 +78,56 @@ pub fn for_each_object(
         }
         return decode_document(&Json(text), &mut sink).map_err(|reason| fail(1, reason));
     }
-    for doc in split_documents(text) {
-        if is_blank(doc.text) {
-            continue;
-        }
-        decode_document(&Yaml(&doc), &mut sink).map_err(|reason| fail(doc.index, reason))?;
+    for doc in yaml_documents(text) {
+        decode_document(&Yaml(&doc.0), &mut sink).map_err(|reason| fail(doc.0.index, reason))?;
     }
     Ok(())
+}
+
+/// One document of a YAML file that holds something (see [`yaml_documents`]).
+#[derive(Debug)]
+pub struct YamlDocument<'a>(Document<'a>);
+
+impl<'a> YamlDocument<'a> {
+    /// The document's text (without its `---` marker).
+    pub fn text(&self) -> &'a str {
+        self.0.text
+    }
+}
+
+/// The documents of a YAML file that [`for_each_object`] decodes, in file order: those that
+/// hold something other than whitespace and comments. Decoding each with
+/// [`for_each_object_in`] finds what decoding the file finds, object for object: a document's
+/// objects depend on its text alone.
+pub fn yaml_documents(text: &str) -> Vec<YamlDocument<'_>> {
+    split_documents(text)
+        .into_iter()
+        .filter(|doc| !is_blank(doc.text))
+        .map(YamlDocument)
+        .collect()
+}
+
+/// Decodes one document of the YAML file `path` as [`for_each_object`] decodes it within the
+/// file: the ordinals passed to `want` and `f` count from 0 within the document, and an error
+/// names the document and the line as they are in the file.
+pub fn for_each_object_in(
+    path: &Path,
+    doc: &YamlDocument<'_>,
+    want: &mut dyn FnMut(usize) -> bool,
+    f: &mut dyn FnMut(usize, Object),
+) -> Result<(), SourceError> {
+    let mut sink = Sink {
+        next: 0,
+        skip_below: 0,
+        want,
+        f,
+        failure: None,
+    };
+    decode_document(&Yaml(&doc.0), &mut sink).map_err(|reason| SourceError::ManifestParse {
+        path: path.to_path_buf(),
+        document: doc.0.index,
+        reason,
+    })
 }
 
 /// Where decoded objects go: counts ordinals and asks whether each one is wanted.
@@ -1258,6 +1301,16 @@ impl ManifestSet {
     /// file order. Returns the objects to report now, by their ordinal in the file: those whose
     /// new version wins and differs from what was reported. They count as reported.
     pub fn update_file(&mut self, path: &Path, objects: Vec<(Key, Digest)>) -> Vec<Wanted> {
+        self.update_file_keys(path, objects).0
+    }
+
+    /// [`ManifestSet::update_file`], also returning every object's key as the set shares it,
+    /// by ordinal (a key held twice in the file, twice).
+    pub fn update_file_keys(
+        &mut self,
+        path: &Path,
+        objects: Vec<(Key, Digest)>,
+    ) -> (Vec<Wanted>, Vec<Arc<Key>>) {
         let id = self.file_id(path);
         let old = self
             .files
@@ -1289,14 +1342,16 @@ impl ManifestSet {
         let last: BTreeSet<usize> = last.into_values().collect();
         let mut keys = Vec::with_capacity(last.len());
         let mut wanted = Vec::new();
+        let mut by_ordinal = Vec::with_capacity(objects.len());
         for (ordinal, (key, digest)) in objects.into_iter().enumerate() {
-            if !last.contains(&ordinal) {
-                continue;
-            }
             let key = match self.keys.get_key_value(&key) {
                 Some((k, _)) => k.clone(),
                 None => Arc::new(key),
             };
+            by_ordinal.push(key.clone());
+            if !last.contains(&ordinal) {
+                continue;
+            }
             let generation = match previous.get(&key) {
                 Some(h) if h.digest == digest => h.generation,
                 _ => {
@@ -1333,7 +1388,7 @@ impl ManifestSet {
         if let Some(f) = self.files.get_mut(path) {
             f.keys = keys;
         }
-        wanted
+        (wanted, by_ordinal)
     }
 
     /// Forgets the file `path` (deleted). Its objects are settled by [`ManifestSet::settle`].

@@ -598,14 +598,14 @@ fn files_parsed_in_parallel_come_back_in_order_each_with_its_own_result() {
             }
         })
         .collect();
-    let parallel = parse_all(&jobs, 3, 1 << 20);
+    let parallel = parse_all(&jobs, &[], 3, 1 << 20);
     assert_eq!(parallel.len(), jobs.len());
     for (job, got) in jobs.iter().zip(parallel) {
         let want = parse_piece(&job.path, &job.text, true);
         match (got, want) {
             (Ok(got), Ok(want)) => {
                 assert_eq!(got.objects, want.objects, "{}", job.path.display());
-                assert_eq!(got.kept.map(|k| k.len()), Some(want.objects.len()));
+                assert_eq!(got.kept.iter().flatten().count(), want.objects.len());
             }
             (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string()),
             (got, _) => panic!("{}: {:?}", job.path.display(), got.is_ok()),
@@ -629,18 +629,18 @@ fn a_file_parsed_in_pieces_gives_what_it_gives_whole() {
         settled: false,
         text: text.to_string(),
     };
-    let got = parse_all(&[job(&text)], 2, usize::MAX)
+    let got = parse_all(&[job(&text)], &[], 2, usize::MAX)
         .remove(0)
         .expect("parses");
     let want = parse_piece(&path("big.yaml"), &text, true).expect("parses");
     assert_eq!(got.objects.len(), 1400);
     assert_eq!(got.objects, want.objects);
-    assert_eq!(got.kept.map(|k| k.len()), Some(1400));
+    assert_eq!(got.kept.iter().flatten().count(), 1400);
 
     // Broken near the end: the error is the one for the whole file, its document counted from
     // the top.
     let broken = format!("{text}---\nkind: [\n");
-    let Err(got) = parse_all(&[job(&broken)], 2, usize::MAX).remove(0) else {
+    let Err(got) = parse_all(&[job(&broken)], &[], 2, usize::MAX).remove(0) else {
         panic!("parsed")
     };
     let Err(want) = parse_piece(&path("big.yaml"), &broken, true) else {
@@ -648,4 +648,189 @@ fn a_file_parsed_in_pieces_gives_what_it_gives_whole() {
     };
     assert_eq!(got.to_string(), want.to_string());
     assert!(got.to_string().contains("document 1401"), "{got}");
+}
+
+#[test]
+fn a_stamp_on_a_fine_grained_filesystem_settles_a_tenth_of_a_second_after_the_change() {
+    let at = |secs: u64, millis: u64| {
+        UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)
+    };
+    // ext4 or tmpfs: nanoseconds that are not whole milliseconds.
+    let fine = Stamp {
+        mtime: (1_000, 123_456_789),
+        ctime: (1_000, 123_456_789),
+        ..stamp(1, 1, 1_000)
+    };
+    assert!(!fine.settled(at(1_000, 124)));
+    assert!(!fine.settled(at(1_000, 223)));
+    assert!(fine.settled(at(1_000, 224)));
+    // A later mtime (set with `touch -d`) counts from itself.
+    let later = Stamp {
+        mtime: (1_000, 900_000_001),
+        ..fine
+    };
+    assert!(!later.settled(at(1_000, 999)));
+    assert!(later.settled(at(1_001, 1)));
+    // Whole seconds or whole milliseconds: a coarse filesystem, or one that cannot be told
+    // from one; the long wait.
+    let coarse = Stamp {
+        ctime: (1_000, 5_000_000),
+        ..fine
+    };
+    assert!(!coarse.settled(at(1_001, 0)));
+    assert!(coarse.settled(at(1_002, 124)));
+}
+
+/// `n` Services in one file, one document each; Service `changed` has port 81.
+fn services(names: &[&str], changed: Option<&str>) -> String {
+    names
+        .iter()
+        .map(|n| service(n, if Some(*n) == changed { 81 } else { 80 }))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+#[test]
+fn an_edit_sends_only_the_changed_documents_objects_whatever_moved() {
+    let (mut dir, _) = state();
+    let all = ["a", "b", "c", "d"];
+    let out = dir.apply_read(read(&[("f.yaml", Some(&services(&all, None)))]));
+    assert_eq!(out.len(), 4);
+    // One Service changed.
+    let out = dir.apply_read(read(&[("f.yaml", Some(&services(&all, Some("c"))))]));
+    assert_eq!(show(&out), ["upsert Service ns/c"]);
+    assert_eq!(port_of(&out[0]), 81);
+    // A document inserted before others: only it is new.
+    let out = dir.apply_read(read(&[(
+        "f.yaml",
+        Some(&services(&["a", "x", "b", "c", "d"], Some("c"))),
+    )]));
+    assert_eq!(show(&out), ["upsert Service ns/x"]);
+    // Documents reordered and one removed: only the deletion.
+    let out = dir.apply_read(read(&[(
+        "f.yaml",
+        Some(&services(&["d", "c", "b", "a"], Some("c"))),
+    )]));
+    assert_eq!(show(&out), ["delete Service ns/x"]);
+    // The last change, after the moves, still reaches the right object.
+    let out = dir.apply_read(read(&[(
+        "f.yaml",
+        Some(&services(&["d", "c", "b", "a"], None)),
+    )]));
+    assert_eq!(show(&out), ["upsert Service ns/c"]);
+    assert_eq!(port_of(&out[0]), 80);
+}
+
+/// A YAML file of `names` (see [`services`]) to parse.
+fn job(name: &str, text: String) -> Job {
+    Job {
+        path: path(name),
+        look: Look {
+            stamp: None,
+            text: None,
+        },
+        settled: false,
+        text,
+    }
+}
+
+#[test]
+fn a_changed_file_decodes_only_the_documents_whose_text_changed() {
+    let names: Vec<String> = (0..50).map(|i| format!("s{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (mut dir, _) = state();
+    let before = services(&names, None);
+    dir.apply_read(read(&[("f.yaml", Some(&before))]));
+    let prev = dir
+        .docs
+        .get(&path("f.yaml"))
+        .expect("its documents are known");
+    assert_eq!(prev.docs.len(), 50);
+    let after = services(&names, Some("s17"));
+    for threads in [1, 2] {
+        let got = parse_all(
+            &[job("f.yaml", after.clone())],
+            &[Some(prev)],
+            threads,
+            1 << 20,
+        )
+        .remove(0)
+        .expect("parses");
+        // Only the changed document was decoded (its object kept); the others' keys and
+        // digests came from the last parse, and agree with a parse of the whole file.
+        let decoded: Vec<usize> = (0..got.kept.len())
+            .filter(|&i| got.kept[i].is_some())
+            .collect();
+        assert_eq!(decoded, [17]);
+        let whole = parse_piece(&path("f.yaml"), &after, false).expect("parses");
+        assert_eq!(got.objects, whole.objects);
+        assert_eq!(got.docs.as_ref().map(Vec::len), Some(50));
+    }
+    // A document broken after unchanged ones: the error names it as the whole file does.
+    let broken = format!("{before}---\nkind: [\n");
+    let Err(got) = parse_all(&[job("f.yaml", broken.clone())], &[Some(prev)], 2, 1 << 20).remove(0)
+    else {
+        panic!("parsed")
+    };
+    let Err(whole) = parse_piece(&path("f.yaml"), &broken, false) else {
+        panic!("parsed")
+    };
+    assert_eq!(got.to_string(), whole.to_string());
+    assert!(got.to_string().contains("document 51"), "{got}");
+}
+
+#[test]
+fn a_wanted_object_of_an_unchanged_document_is_decoded_from_that_document_alone() {
+    let (mut dir, _) = state();
+    let text = format!(
+        "{}---\n{}---\napiVersion: v1\nkind: List\nitems:\n- {}\n- {}\n",
+        service("a", 80),
+        service("b", 81),
+        service("c", 82).trim_end().replace('\n', "\n  "),
+        service("d", 83).trim_end().replace('\n', "\n  "),
+    );
+    assert_eq!(dir.apply_read(read(&[("f.yaml", Some(&text))])).len(), 4);
+    let docs = dir.docs.get(&path("f.yaml")).expect("known").docs.clone();
+    assert_eq!(docs.iter().map(|d| d.1).collect::<Vec<_>>(), [1, 1, 2]);
+    // Nothing kept: b and d (ordinals 1 and 3) come from decoding their documents again.
+    let wanted: Vec<_> = dir
+        .docs
+        .get(&path("f.yaml"))
+        .expect("known")
+        .objects
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| [1, 3].contains(i))
+        .map(|(i, (key, _))| (i as u32, key.clone()))
+        .collect();
+    let mut events = Vec::new();
+    let sent = dir
+        .send_wanted(
+            &path("f.yaml"),
+            &text,
+            (0..4).map(|_| None).collect(),
+            Some(&docs),
+            &wanted,
+            &mut |ev| {
+                events.push(ev);
+                true
+            },
+        )
+        .unwrap_or(0);
+    assert_eq!(sent, 2);
+    assert_eq!(
+        show(&events),
+        ["upsert Service ns/b", "upsert Service ns/d"]
+    );
+    assert_eq!(events.iter().map(port_of).collect::<Vec<_>>(), [81, 83]);
+}
+
+#[test]
+fn a_removed_file_forgets_its_documents() {
+    let (mut dir, _) = state();
+    dir.apply_read(read(&[("f.yaml", Some(&services(&["a"], None)))]));
+    assert!(dir.docs.contains_key(&path("f.yaml")));
+    let out = dir.apply_read(read(&[]));
+    assert_eq!(show(&out), ["delete Service ns/a"]);
+    assert!(dir.docs.is_empty());
 }
