@@ -12,7 +12,10 @@
 //! `KP_MEASURE_CHANGES` one-endpoint changes made while it was down; each both with the read-back
 //! inside the sync and with the tables read ahead (`read_ahead`, started 2 s before the sync, as
 //! a proxy would while its informers list the cluster); first, for comparison, the replace a
-//! restart did before (the all-text path).
+//! restart did before (the all-text path). `KP_MEASURE_CHECK=1` makes the read-back after the
+//! first full sync the periodic drift check (`begin_check` and `finish_check`, elements read as
+//! digests) instead of `verify` (elements read as tuples); VmHWM is printed after the sync and
+//! after the read-back, so the read-back's own peak shows when it is the process's.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -123,8 +126,28 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
+    print_memory("after the first full sync");
+
     let t = Instant::now();
-    let diffs = dp.verify().expect("verify");
+    let diffs = if std::env::var("KP_MEASURE_CHECK").is_ok_and(|v| v == "1") {
+        // The periodic check as the loop runs it, the read on a thread of its own.
+        let read = dp
+            .begin_check()
+            .expect("the netlink backend reads off the loop");
+        let read = std::thread::spawn(read).join().expect("the read");
+        let took = t.elapsed().as_secs_f64();
+        let outcome = kp_core::dataplane::Dataplane::finish_check(&mut dp, &state, read);
+        println!(
+            "periodic check (digests): read {took:.3} s, compared {:.3} s, {outcome:?}",
+            t.elapsed().as_secs_f64() - took
+        );
+        match outcome {
+            kp_core::dataplane::CheckOutcome::Clean => Vec::new(),
+            other => vec![format!("{other:?}")],
+        }
+    } else {
+        dp.verify().expect("verify")
+    };
     println!(
         "read-back check: {:.3} s, {} differences",
         t.elapsed().as_secs_f64(),
@@ -133,6 +156,7 @@ fn main() {
     for d in diffs.iter().take(5) {
         println!("  {d}");
     }
+    print_memory("after the read-back check");
 
     if std::env::var("KP_MEASURE_ONLY_FULL").is_ok_and(|v| v == "1") {
         return;
@@ -186,6 +210,23 @@ fn main() {
     {
         println!("{l}");
     }
+}
+
+/// Prints the process's peak and current resident memory (VmHWM, VmRSS) after `what`.
+fn print_memory(what: &str) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .map(|l| l[name.len()..].trim().to_string())
+            .unwrap_or_default()
+    };
+    println!(
+        "memory {what}: VmHWM {}, VmRSS {}",
+        field("VmHWM:"),
+        field("VmRSS:")
+    );
 }
 
 /// Restarts over the existing table: unchanged, then after changes made while down.
