@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use kp_source::manifests::parse::{digest, for_each_object, split_yaml, text_digest};
 
+/// A name and the options it stands for.
+type Variant = (&'static str, fn() -> serde_saphyr::Options);
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(args.next().expect("usage: manifest_parse DIR [runs]"));
@@ -72,7 +75,7 @@ fn main() {
     });
     report(&format!("YAML parser alone ({docs} documents)"), d);
 
-    let variants: [(&str, fn() -> serde_saphyr::Options); 3] = [
+    let variants: [Variant; 3] = [
         (
             "  without budget",
             || serde_saphyr::options! { budget: None },

@@ -824,9 +824,12 @@ struct FileDocs {
     objects: Vec<(Arc<parse::Key>, Digest)>,
 }
 
+/// One document's objects, as [`FileDocs`] holds them.
+type DocObjects<'a> = &'a [(Arc<parse::Key>, Digest)];
+
 impl FileDocs {
     /// The objects of each document, by the digest of its text.
-    fn by_text(&self) -> HashMap<Digest, &[(Arc<parse::Key>, Digest)]> {
+    fn by_text(&self) -> HashMap<Digest, DocObjects<'_>> {
         let mut map = HashMap::with_capacity(self.docs.len());
         let mut start = 0usize;
         for &(text, count) in &self.docs {
@@ -923,7 +926,7 @@ fn parse_all(
 ) -> Vec<Result<Parsed, SourceError>> {
     struct Plan<'t, 'p> {
         docs: Vec<(parse::YamlDocument<'t>, Digest)>,
-        reused: Vec<Option<&'p [(Arc<parse::Key>, Digest)]>>,
+        reused: Vec<Option<DocObjects<'p>>>,
         keep: bool,
     }
     let mut plans: Vec<Option<Plan<'_, '_>>> = Vec::with_capacity(jobs.len());
