@@ -118,7 +118,7 @@ pub async fn run_manifests(
             Ok(event) if !wakes(&event.kind) => return,
             Ok(event) => lock(&watch_activity).observe(&event),
             Err(err) => {
-                lock(&watch_activity).events += 1;
+                lock(&watch_activity).saw_change();
                 // Typically the inotify queue overflowed; re-reading everything recovers.
                 warn!(error = %err, "manifest directory watch error; re-reading the directory");
                 notify_metrics.source_error(SOURCE, "watch");
@@ -205,16 +205,24 @@ fn wakes(kind: &EventKind) -> bool {
 /// What the watcher saw: how many changes, and which files are being written.
 #[derive(Debug, Default)]
 struct Activity {
-    /// Changes seen so far (only compared, to tell whether more came).
+    /// Changes seen so far.
     events: u64,
+    /// When the last change was seen.
+    last: Option<Instant>,
     /// Files written to and not closed since: their writer is probably not done.
     writing: HashSet<PathBuf>,
 }
 
 impl Activity {
+    /// Counts a change whose kind is not known (a watch error).
+    fn saw_change(&mut self) {
+        self.events += 1;
+        self.last = Some(Instant::now());
+    }
+
     /// Records a change (one that [`wakes`] the source).
     fn observe(&mut self, event: &notify::Event) {
-        self.events += 1;
+        self.saw_change();
         match event.kind {
             EventKind::Modify(ModifyKind::Data(_)) => {
                 self.writing.extend(event.paths.iter().cloned());
@@ -239,21 +247,31 @@ fn lock(activity: &Mutex<Activity>) -> std::sync::MutexGuard<'_, Activity> {
     activity.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Waits, after a wake-up, until the directory is quiet ([`QUIET`] without a change) and no
-/// file written to is still open, or [`MAX_WAIT`] has passed; drops the wake-ups meanwhile.
+/// Waits, after a wake-up, until the directory is quiet ([`QUIET`] since the last change) and
+/// no file written to is still open, or [`MAX_WAIT`] has passed; drops the wake-ups meanwhile.
+/// The quiet period counts from the last change, not from the wake-up: a file written aside
+/// and renamed into place is read `QUIET` after the rename.
 async fn settle_down(activity: &Mutex<Activity>, wake_rx: &mut mpsc::Receiver<()>) {
     let start = Instant::now();
+    let deadline = start + MAX_WAIT;
     loop {
-        let before = lock(activity).events;
-        tokio::time::sleep(QUIET).await;
         while wake_rx.try_recv().is_ok() {}
-        let (after, writing) = {
+        let (last, writing) = {
             let a = lock(activity);
-            (a.events, !a.writing.is_empty())
+            (a.last, !a.writing.is_empty())
         };
-        if (after == before && !writing) || start.elapsed() >= MAX_WAIT {
+        let now = Instant::now();
+        let quiet_at = last.map_or(now, |last| last + QUIET);
+        if (quiet_at <= now && !writing) || now >= deadline {
             return;
         }
+        // Still being written: look again a quiet period later.
+        let until = if quiet_at > now {
+            quiet_at
+        } else {
+            now + QUIET
+        };
+        tokio::time::sleep_until(until.min(deadline).into()).await;
     }
 }
 
@@ -929,13 +947,12 @@ fn parse_all(
         reused: Vec<Option<DocObjects<'p>>>,
         keep: bool,
     }
-    let mut plans: Vec<Option<Plan<'_, '_>>> = Vec::with_capacity(jobs.len());
-    let mut work = Vec::new();
-    for (i, job) in jobs.iter().enumerate() {
+    // Each YAML file's documents and their digests, found on the parse threads too.
+    let indices: Vec<usize> = (0..jobs.len()).collect();
+    let plans: Vec<Option<Plan<'_, '_>>> = parallel_map(&indices, threads, |&i| {
+        let job = &jobs[i];
         if job.path.extension().is_some_and(|ext| ext == "json") {
-            plans.push(None);
-            work.push(Work::Whole(i));
-            continue;
+            return None;
         }
         let known = prev
             .get(i)
@@ -960,9 +977,21 @@ fn parse_all(
             .filter(|(_, r)| r.is_none())
             .map(|((doc, _), _)| doc.text().len())
             .sum();
+        Some(Plan {
+            docs,
+            reused,
+            keep: decode_bytes <= keep_bytes,
+        })
+    });
+    let mut work = Vec::new();
+    for (i, plan) in plans.iter().enumerate() {
+        let Some(plan) = plan else {
+            work.push(Work::Whole(i));
+            continue;
+        };
         let mut piece = Vec::new();
         let mut piece_bytes = 0;
-        for (k, ((doc, _), r)) in docs.iter().zip(&reused).enumerate() {
+        for (k, ((doc, _), r)) in plan.docs.iter().zip(&plan.reused).enumerate() {
             if r.is_some() {
                 continue;
             }
@@ -976,11 +1005,6 @@ fn parse_all(
         if !piece.is_empty() {
             work.push(Work::Docs(i, piece));
         }
-        plans.push(Some(Plan {
-            docs,
-            reused,
-            keep: decode_bytes <= keep_bytes,
-        }));
     }
     let done = parallel_map(&work, threads, |w| match w {
         Work::Whole(i) => Done::Whole(parse_piece(

@@ -834,3 +834,33 @@ fn a_removed_file_forgets_its_documents() {
     assert_eq!(show(&out), ["delete Service ns/a"]);
     assert!(dir.docs.is_empty());
 }
+
+#[tokio::test]
+async fn the_quiet_period_counts_from_the_last_change_not_from_the_wake_up() {
+    use futures::FutureExt;
+    let (_wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let activity = std::sync::Mutex::new(Activity::default());
+    // The last change (a rename into place) was a quiet period ago: read at once.
+    activity.lock().expect("lock").last = Some(std::time::Instant::now() - 2 * super::QUIET);
+    assert!(super::settle_down(&activity, &mut wake_rx)
+        .now_or_never()
+        .is_some());
+    // A file still open for writing: wait, however long ago the last change.
+    activity
+        .lock()
+        .expect("lock")
+        .writing
+        .insert(path("x.yaml"));
+    assert!(super::settle_down(&activity, &mut wake_rx)
+        .now_or_never()
+        .is_none());
+    // A change just now: wait for the quiet period, then read.
+    activity.lock().expect("lock").writing.clear();
+    let t = std::time::Instant::now();
+    activity.lock().expect("lock").last = Some(t);
+    assert!(super::settle_down(&activity, &mut wake_rx)
+        .now_or_never()
+        .is_none());
+    super::settle_down(&activity, &mut wake_rx).await;
+    assert!(t.elapsed() >= super::QUIET);
+}
