@@ -143,10 +143,13 @@ pub fn section(r: &VmResults) -> String {
         o,
         "Each row is one process of `bench vm-measure` in a network namespace of its own: the cluster \
          (`kp_test::cluster`) loaded into the proxy's state, the mode's dataplane built by the proxy's registry from \
-         the binary's own flags, the first full sync into the empty namespace, then {} one-endpoint changes, each one \
-         partial sync, timed alone. Peak RSS is that process's `VmHWM` after the changes: the proxy's state and the \
+         the binary's own flags, an untimed warm-up ({} Services synced, changed, synced in full and read back in a \
+         scratch namespace, so the kernel modules are loaded: a fresh guest loads each on first use through the \
+         host's `modprobe` over 9p), the first full sync into the empty namespace, then {} one-endpoint changes, each \
+         one partial sync, timed alone. Peak RSS is that process's `VmHWM` after the changes: the proxy's state and the \
          dataplane, not the `kube-proxy` binary (whose source and caches add to it); \"state alone\" is the same \
          process before the dataplane existed.\n",
+        crate::vm::WARM_UP_SERVICES,
         r.settings.changes
     );
     let _ = writeln!(
@@ -285,8 +288,8 @@ pub fn section(r: &VmResults) -> String {
         .iter()
         .filter_map(|run| {
             Some(format!(
-                "{} at {}: boot {:.0} s, {:.0} s in all",
-                run.mode, run.services, run.guest_boot_s?, run.guest_total_s?
+                "{} at {}: boot {:.0} s, warm-up {:.0} s, {:.0} s in all",
+                run.mode, run.services, run.guest_boot_s?, run.warm_up_s, run.guest_total_s?
             ))
         })
         .collect();

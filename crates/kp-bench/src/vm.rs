@@ -42,6 +42,9 @@ pub const FORMAT: u32 = 1;
 /// The file the report reads, under [`crate::report::RESULTS_DIR`].
 pub const LATEST: &str = "ipvs-vm-latest.json";
 
+/// Services in the warm-up before a measurement.
+pub const WARM_UP_SERVICES: usize = 10;
+
 /// What starts a measurement's result line on standard output.
 pub const RESULT_PREFIX: &str = "KP-BENCH-VM-RESULT ";
 
@@ -111,6 +114,10 @@ pub struct VmRun {
     pub load_average: f64,
     /// Generating the cluster and loading it into the proxy's state.
     pub generate_s: f64,
+    /// The untimed warm-up before the rows: [`WARM_UP_SERVICES`] Services synced, changed,
+    /// synced in full and read back in a scratch namespace (a fresh guest loads the mode's
+    /// kernel modules on first use, through the host's `modprobe` over 9p).
+    pub warm_up_s: f64,
     /// The first full sync into an empty namespace.
     pub full_sync_s: f64,
     /// What that sync reported as its size (the mode's own unit).
@@ -238,17 +245,46 @@ pub fn measure(m: &Measure) -> anyhow::Result<VmRun> {
         out.generate_s, out.state_hwm_mib
     ));
 
-    let ns = kp_test::netns::Netns::new("vm-bench")?;
     let config = binary_config(m.mode)?;
     let entry = kp_proxy::modes::find(m.mode)
         .ok_or_else(|| anyhow::anyhow!("{name} is not in the proxy's registry"))?;
-    let ctx = ModeContext {
-        config: &config,
-        netns: Some(ns.name()),
-        metrics: Arc::new(kp_metrics::Metrics::new()),
+    let build = |ns: &str| -> anyhow::Result<Box<dyn Dataplane>> {
+        let ctx = ModeContext {
+            config: &config,
+            netns: Some(ns),
+            metrics: Arc::new(kp_metrics::Metrics::new()),
+        };
+        (entry.build)(&ctx).map_err(|e| anyhow::anyhow!("{name}: building the dataplane: {e}"))
     };
-    let mut dp: Box<dyn Dataplane> =
-        (entry.build)(&ctx).map_err(|e| anyhow::anyhow!("{name}: building the dataplane: {e}"))?;
+
+    // A warm-up in a scratch namespace, untimed in the rows: a small cluster synced, changed and
+    // read back, so the kernel modules the mode needs are loaded (a fresh guest loads each on
+    // first use, through the host's modprobe over 9p) and its tools have been run once, as on
+    // a node where the proxy ran before.
+    let t = Instant::now();
+    {
+        let scratch = kp_test::netns::Netns::new("vm-warm")?;
+        let small = Cluster::new(WARM_UP_SERVICES, m.endpoints);
+        let mut warm_state = cluster::load_state(small.manifests())?;
+        let mut dp = build(scratch.name())?;
+        dp.sync(&warm_state, &Default::default(), true)?;
+        let next = ChangeStream::new(&small).next_change();
+        warm_state
+            .apply(SourceEvent::Upsert(cluster::to_object(&next.slice)?))
+            .map_err(|e| anyhow::anyhow!("warm-up change: {e}"))?;
+        let changes = warm_state.take_changes();
+        dp.sync(&warm_state, &changes, false)?;
+        dp.sync(&warm_state, &Default::default(), true)?;
+        dp.verify()?;
+    }
+    out.warm_up_s = t.elapsed().as_secs_f64();
+    p.say(format!(
+        "  warm-up ({WARM_UP_SERVICES} Services in a scratch namespace: module loads, first runs of the tools) {:.1} s",
+        out.warm_up_s
+    ));
+
+    let ns = kp_test::netns::Netns::new("vm-bench")?;
+    let mut dp = build(ns.name())?;
 
     let t = Instant::now();
     let report = dp.sync(&state, &Default::default(), true)?;
