@@ -161,8 +161,7 @@ pub struct ModePlanners {
     ebpf: Option<ebpf::Planner>,
     ebpf_maps: ebpf::Contents,
     /// How many frontend specs of which Services the ebpf planner was given for each frontend,
-    /// and the frontends more than one Service port wanted at some time (see
-    /// [`EBPF_CONTESTED`]).
+    /// and the frontends one Service listed twice at some time (see [`EBPF_CONTESTED`]).
     ebpf_claims: HashMap<ebpf::FrontendAddr, BTreeMap<ServiceName, usize>>,
     ebpf_shared: HashSet<ebpf::FrontendAddr>,
 }
@@ -413,15 +412,21 @@ impl ModePlanners {
         let Some(planner) = self.ebpf.as_mut() else {
             return true;
         };
-        for svc in &services {
+        // As the mode: the changed Services, then those a Service handed a shared address to
+        // (`take_handoffs`), in the same batch.
+        let mut queue: std::collections::VecDeque<ServiceName> = services.into();
+        let mut handed_off = false;
+        while let Some(svc) = queue.pop_front() {
+            let svc = &svc;
             let specs = ebpf::service_specs(state, svc, &node_addresses);
             for owners in self.ebpf_claims.values_mut() {
                 owners.remove(svc);
             }
             for spec in &specs {
                 let owners = self.ebpf_claims.entry(spec.addr).or_default();
-                *owners.entry(svc.clone()).or_default() += 1;
-                if owners.values().sum::<usize>() > 1 {
+                let mine = owners.entry(svc.clone()).or_default();
+                *mine += 1;
+                if *mine > 1 {
                     self.ebpf_shared.insert(spec.addr);
                 }
             }
@@ -433,6 +438,12 @@ impl ModePlanners {
                     self.ebpf = None;
                     return ok;
                 }
+            }
+            if queue.is_empty() && !handed_off {
+                // Planned once, after every changed Service: they write nothing new, so no
+                // more hand-offs follow (the mode does the same).
+                handed_off = true;
+                queue.extend(planner.take_handoffs());
             }
         }
         ops.extend(planner.set_service_cidrs(&ebpf::service_cidrs(state)));
@@ -571,13 +582,12 @@ fn canonical(c: &ebpf::Contents) -> Canonical {
     (out, c.addrs.clone())
 }
 
-/// What an ebpf divergence note says when every frontend that differs is claimed by more than
-/// one Service port (see the known defect of the same name).
-pub const EBPF_CONTESTED: &str =
-    "every differing ebpf frontend was wanted by several Service ports";
+/// What an ebpf divergence note says when every frontend that differs was listed twice by one
+/// Service (two port names, one port and protocol; see the known defect of the same name).
+pub const EBPF_CONTESTED: &str = "every differing ebpf frontend was listed twice by one Service";
 
-/// The note for a divergence in `frontends`: [`EBPF_CONTESTED`] when more than one Service
-/// wanted each of them at some time in this epoch.
+/// The note for a divergence in `frontends`: [`EBPF_CONTESTED`] when one Service listed each
+/// of them twice at some time in this epoch.
 fn contested_note(
     shared: &HashSet<ebpf::FrontendAddr>,
     frontends: &BTreeSet<ebpf::FrontendAddr>,

@@ -72,7 +72,7 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
         needle: crate::harness::CONTESTED,
     },
     KnownDefect {
-        name: "ebpf_planner_loses_a_frontend_two_service_ports_share",
+        name: "ebpf_planner_loses_slots_of_a_frontend_one_service_lists_twice",
         check: Check::Diverged,
         needle: crate::modes::EBPF_CONTESTED,
     },

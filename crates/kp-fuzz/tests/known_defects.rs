@@ -78,3 +78,71 @@ fn ipv4_compatible_node_address_stops_every_iptables_sync_of_the_family() {
     let restore = p.full(&state, &node);
     assert!(restore.fatal().is_none(), "{:?}", restore.errors);
 }
+
+/// Two Services list one external IP and port; when one of them is deleted, the ebpf planner
+/// hands the frontend to the other (found by the fuzzer as
+/// `ebpf_planner_loses_a_frontend_two_services_share`: the planner deleted it with the
+/// Service that left).
+#[test]
+fn ebpf_planner_keeps_a_frontend_two_services_share_when_one_leaves() {
+    use kp_core::model::ServiceKey;
+    use kp_core::track::ObjectKey;
+    use kp_ebpf_plan::{plan_state, service_specs, Contents, Planner};
+    let external = |name: &str, cluster_ip: &str| {
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterIP": cluster_ip, "externalIPs": ["198.51.100.70"],
+                "ports": [{"protocol": "TCP", "port": 80}]}})
+    };
+    let slice = |service: &str, ip: &str| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{service}-1"), "namespace": "default",
+                "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "", "protocol": "TCP", "port": 8080}],
+            "endpoints": [{"addresses": [ip]}]})
+    };
+    let mut s = state(vec![
+        external("a", "10.96.1.1"),
+        slice("a", "10.244.1.1"),
+        external("b", "10.96.1.2"),
+        slice("b", "10.244.1.2"),
+    ]);
+    let mut planner = Planner::new();
+    let mut maps = Contents::default();
+    let mut plan = |planner: &mut Planner, s: &ProxyState, name: &str| {
+        let key = ServiceKey::new("default", name);
+        let mut todo = vec![key];
+        while let Some(key) = todo.pop() {
+            for op in planner
+                .set_service(&key, &service_specs(s, &key, &[]))
+                .unwrap()
+            {
+                maps.apply(&op);
+            }
+            todo.extend(planner.take_handoffs());
+        }
+    };
+    plan(&mut planner, &s, "a");
+    plan(&mut planner, &s, "b");
+    let a = ObjectKey {
+        namespace: "default".into(),
+        name: "a".into(),
+    };
+    s.apply(SourceEvent::Delete(Kind::Service, a)).unwrap();
+    plan(&mut planner, &s, "a");
+    let full = plan_state(&s, &NodePortAddresses::AllLocal, &[]).unwrap();
+    let shared = |c: &Contents| {
+        c.services
+            .keys()
+            .filter(|k| k.frontend.ip.to_string() == "198.51.100.70" && k.slot != 0)
+            .count()
+    };
+    assert_eq!(
+        shared(&planner.contents()),
+        1,
+        "b's endpoint behind the shared address"
+    );
+    assert_eq!(shared(&planner.contents()), shared(&full.contents()));
+    assert_eq!(kp_ebpf_plan::diff(&maps, &planner.contents()), vec![]);
+}
