@@ -391,8 +391,11 @@ impl ModePlanners {
         let mut ok = true;
         let mut ops = Vec::new();
         let services: Vec<_> = match (changes, self.ebpf.is_some()) {
-            // As the mode: a node change may move the NodePort addresses, so every Service is
-            // planned again (the planner writes only what differs).
+            // A node change may move the NodePort addresses, so every Service is planned again
+            // (the planner writes only what differs), and those the batch deleted too. The
+            // mode (kp-ebpf's dataplane) plans only the Services still in the state there, so
+            // a Service deleted in the same batch as a node change stays in its maps until the
+            // next full sync; planning it the mode's way here shows that as a divergence.
             (Some(c), true) if c.node_changed => state
                 .service_keys()
                 .chain(&c.services)
