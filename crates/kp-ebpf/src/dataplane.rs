@@ -14,7 +14,7 @@
 //! arrives on, `kp_tc_reply` on the others; interfaces that appear later (a new pod's veth) are
 //! picked up at each full sync when the reply interfaces are discovered ([`TcDevices::Discover`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -252,9 +252,12 @@ impl Dataplane for EbpfDataplane {
         } else {
             let mut ops = Vec::new();
             // A node change may move the NodePort addresses: every Service is planned again
-            // (the planner writes only what differs).
+            // (the planner writes only what differs), and so is every changed one, which
+            // includes a Service deleted in the same batch (no longer in the state).
             let services: Vec<&ServiceName> = if changes.node_changed {
-                state.service_keys().collect()
+                let all: BTreeSet<&ServiceName> =
+                    state.service_keys().chain(&changes.services).collect();
+                all.into_iter().collect()
             } else {
                 changes.services.iter().collect()
             };
