@@ -100,6 +100,18 @@ fn api_write(p: &crate::results::ProxyRun) -> String {
     format!("{:.1} · {:.1} ms", p.source_ms.p50, p.source_ms.p99)
 }
 
+/// What a run's latencies took after the API server's answer (watch delivery, the proxy's sync
+/// and the kernel), if the source is one and the run recorded it.
+fn after_api_write(p: &crate::results::ProxyRun) -> String {
+    if p.after_source_ms.n == 0 || p.source.starts_with("manifests") {
+        return "–".into();
+    }
+    format!(
+        "{:.1} · {:.1} ms",
+        p.after_source_ms.p50, p.after_source_ms.p99
+    )
+}
+
 /// The section comparing our binary with upstream's on the same real API server.
 fn upstream_section(o: &mut String, r: &Results) {
     if !has_real_apiserver(r) {
@@ -490,10 +502,18 @@ fn real_cluster_targets(results: &Results) -> Vec<Target> {
             (
                 p.latency_ms.p99,
                 format!(
-                    "{:.1} ms ({} changes over {}, {periodic} periodic syncs among them)",
+                    "{:.1} ms ({} changes over {}, {periodic} periodic syncs among them){}",
                     p.latency_ms.p99,
                     p.latency_ms.n,
-                    fmt_s(p.changes_s)
+                    fmt_s(p.changes_s),
+                    if p.after_source_ms.n > 0 {
+                        format!(
+                            "; the API server's answer p99 {:.1} ms, after it p99 {:.1} ms",
+                            p.source_ms.p99, p.after_source_ms.p99
+                        )
+                    } else {
+                        String::new()
+                    }
                 ),
             )
         })
@@ -762,12 +782,12 @@ pub fn markdown(
          that fell among the changes (the binary's `kubeproxy_sync_full_proxy_rules_duration_seconds` count, less \
          the first sync; in nftables mode a periodic sync is a read-back off the sync loop). Memory is the process's VmHWM (peak) and VmRSS (at the end).\n"
     );
-    let _ = writeln!(o, "| mode | Services | source | startup | changes | over | periodic syncs among them | latency p50 | latency p99 | latency max | of which the API write, p50 · p99 | peak RSS | RSS at end |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| mode | Services | source | startup | changes | over | periodic syncs among them | latency p50 | latency p99 | latency max | of which the API write, p50 · p99 | after the API's answer, p50 · p99 | peak RSS | RSS at end |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for run in &r.runs {
         for p in &run.proxy {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {:.1} MiB | {:.1} MiB |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {:.1} MiB | {:.1} MiB |",
                 run.mode,
                 thousands(run.services),
                 p.source,
@@ -783,6 +803,7 @@ pub fn markdown(
                 p.latency_ms.p99,
                 p.latency_ms.max,
                 api_write(p),
+                after_api_write(p),
                 p.peak_rss_mib,
                 p.rss_mib
             );

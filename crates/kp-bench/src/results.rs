@@ -173,6 +173,10 @@ pub struct ProxyRun {
     /// The source's own share of each latency, milliseconds: from handing it the change to its
     /// answer (the API server's write, etcd's commit included; nil for a manifest file).
     pub source_ms: Summary,
+    /// What each latency took after the source's answer, milliseconds: latency less the
+    /// source's share (watch delivery, the proxy's sync and the kernel; nil where the proxy
+    /// saw the change before the API server's answer reached the writer).
+    pub after_source_ms: Summary,
     /// How long the timed changes took, seconds (from the first change to the last one live).
     pub changes_s: f64,
     /// Peak resident memory of the proxy (VmHWM), MiB.
@@ -350,5 +354,31 @@ impl Results {
             }
         }
         out
+    }
+}
+
+/// Each change's latency less the source's share of it (both milliseconds, one per change, in
+/// order), floored at zero.
+pub fn after_source(latencies: &[f64], taken: &[f64]) -> Summary {
+    let after: Vec<f64> = latencies
+        .iter()
+        .zip(taken)
+        .map(|(l, t)| (l - t).max(0.0))
+        .collect();
+    Summary::of(&after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_source_is_each_latency_less_its_own_source_share_floored_at_zero() {
+        // The third change was live before the writer had the API server's answer.
+        let s = after_source(&[10.0, 50.0, 5.0], &[4.0, 45.0, 8.0]);
+        assert_eq!(s.n, 3);
+        assert_eq!(s.max, 6.0);
+        assert_eq!(s.p50, 5.0);
+        assert_eq!(after_source(&[], &[]).n, 0);
     }
 }

@@ -243,6 +243,7 @@ pub fn run(
         startup_s,
         latency_ms,
         source_ms: Summary::of(&taken),
+        after_source_ms: crate::results::after_source(&latencies, &taken),
         changes_s,
         peak_rss_mib,
         rss_mib,
