@@ -27,7 +27,10 @@ fn slice(n: usize) -> serde_json::Value {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let writes = args.first().copied().unwrap_or(30) as usize;
     let pause = Duration::from_millis(args.get(1).copied().unwrap_or(200));
     let server = KubeApiServer::start()?;
@@ -41,7 +44,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "writes: {}",
-        ms.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>().join(" ")
+        ms.iter()
+            .map(|m| format!("{m:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     ms.sort_by(f64::total_cmp);
     println!(
