@@ -95,6 +95,15 @@ pub enum InvalidObject {
     /// Two ports of one Service share a name and protocol.
     #[error("duplicate port {0:?}")]
     DuplicatePort(String),
+    /// Two ports of one Service share a port number and protocol, which the API server refuses
+    /// (both would want the same frontends).
+    #[error("duplicate port number {port}/{protocol}")]
+    DuplicatePortNumber {
+        /// The port number.
+        port: u16,
+        /// Its protocol.
+        protocol: String,
+    },
 }
 
 /// How a Service was accepted.
@@ -364,6 +373,7 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
     };
     let mut ports = Vec::new();
     let mut seen = BTreeSet::new();
+    let mut numbers = BTreeSet::new();
     for sp in spec.ports.iter().flatten() {
         let port_name = sp.name.clone().unwrap_or_default();
         if !port_name.is_empty() {
@@ -379,6 +389,13 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
             }
             _ => None,
         };
+        let number = port("spec.ports.port", sp.port)?;
+        if !numbers.insert((number, protocol)) {
+            return Err(InvalidObject::DuplicatePortNumber {
+                port: number,
+                protocol: protocol.as_kubernetes().to_owned(),
+            });
+        }
         ports.push(ServicePort {
             name: ServicePortName {
                 service: key.clone(),
@@ -386,7 +403,7 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
                 protocol,
             },
             cluster_ips: cluster_ips.clone(),
-            port: port("spec.ports.port", sp.port)?,
+            port: number,
             node_port,
             external_ips: external_ips.clone(),
             load_balancer_ips: load_balancer_ips.clone(),

@@ -520,6 +520,35 @@ fn two_ports_with_the_same_name_and_protocol_are_rejected() {
 }
 
 #[test]
+fn two_ports_with_the_same_number_and_protocol_are_rejected_as_the_api_server_does() {
+    let svc = service(json!({
+        "clusterIP": "10.96.0.1",
+        "ports": [
+            {"name": "a", "port": 80, "protocol": "TCP", "targetPort": 8080},
+            {"name": "b", "port": 80, "protocol": "TCP", "targetPort": 9090},
+        ],
+    }));
+    let err = rejected(&svc);
+    assert_eq!(
+        err,
+        InvalidObject::DuplicatePortNumber {
+            port: 80,
+            protocol: "TCP".into()
+        }
+    );
+    assert_eq!(err.to_string(), "duplicate port number 80/TCP");
+    // The same number under two protocols is two frontends.
+    let dns = service(json!({
+        "clusterIP": "10.96.0.1",
+        "ports": [
+            {"name": "dns", "port": 53, "protocol": "UDP"},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+        ],
+    }));
+    assert_eq!(proxied(&dns).len(), 2);
+}
+
+#[test]
 fn one_port_name_may_be_used_by_two_protocols() {
     let svc = service(json!({
         "clusterIP": "10.96.0.1",
