@@ -462,7 +462,18 @@ impl Planner {
         for addr in old.difference(&wanted) {
             self.leave(service, addr, &mut ops);
         }
-        for spec in specs {
+        // One spec per address, the last one given (as planning them in turn would leave it):
+        // two specs for one address in one batch would have the second one's writes and the
+        // first one's deletes both in it, and the deletes go last.
+        let mut last = HashMap::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            last.insert(spec.addr, i);
+        }
+        for (_, spec) in specs
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| last.get(&s.addr) == Some(i))
+        {
             if self.claim(service, spec.addr, old.contains(&spec.addr)) {
                 self.set_frontend(spec, &mut ops)?;
             }

@@ -885,3 +885,31 @@ fn an_address_two_services_share_goes_to_the_last_in_key_order_and_then_to_the_o
     apply_strict(&mut maps, &ops);
     assert_eq!(backends_of(&maps, shared), only("10.244.2.2"));
 }
+
+#[test]
+fn two_specs_for_one_address_in_one_call_leave_the_last_one_whole() {
+    // What a Service listing one port number twice gave before validation refused it: each
+    // spec's slots were planned in turn into one batch, and the first one's slot delete went
+    // after the second one's write.
+    let mut p = Planner::new();
+    let mut maps = Contents::default();
+    let vip = frontend("10.96.0.1", 80);
+    for (first, second) in [
+        (
+            &["10.244.0.1", "10.244.0.2"][..],
+            &["10.244.0.3", "10.244.0.4"][..],
+        ),
+        (&["10.244.0.1"][..], &["10.244.0.3", "10.244.0.4"][..]),
+    ] {
+        let ops = p
+            .set_service(
+                &svc("twice"),
+                &[spec("10.96.0.1", first), spec("10.96.0.1", second)],
+            )
+            .expect("ids");
+        apply_strict(&mut maps, &ops);
+        assert_eq!(resolved(&maps), resolved(&p.contents()), "{ops:?}");
+        let want: BTreeSet<Backend> = second.iter().map(|b| backend(b)).collect();
+        assert_eq!(backends_of(&maps, vip), want);
+    }
+}

@@ -71,11 +71,6 @@ pub const KNOWN_DEFECTS: &[KnownDefect] = &[
         check: Check::Diverged,
         needle: crate::harness::CONTESTED,
     },
-    KnownDefect {
-        name: "ebpf_planner_loses_slots_of_a_frontend_one_service_lists_twice",
-        check: Check::Diverged,
-        needle: crate::modes::EBPF_CONTESTED,
-    },
 ];
 
 /// One broken invariant.
