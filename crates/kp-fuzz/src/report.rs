@@ -65,13 +65,11 @@ pub struct KnownDefect {
 }
 
 /// The known defects.
-pub const KNOWN_DEFECTS: &[KnownDefect] = &[
-    KnownDefect {
-        name: "nftables_partial_sync_keeps_the_old_owner_of_a_shared_external_ip",
-        check: Check::Diverged,
-        needle: crate::harness::CONTESTED,
-    },
-];
+pub const KNOWN_DEFECTS: &[KnownDefect] = &[KnownDefect {
+    name: "nftables_partial_sync_keeps_the_old_owner_of_a_shared_external_ip",
+    check: Check::Diverged,
+    needle: crate::harness::CONTESTED,
+}];
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq)]
