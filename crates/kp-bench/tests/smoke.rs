@@ -562,8 +562,7 @@ fn a_tiny_run_in_network_namespaces_measures_every_phase() {
         repeats: 2,
         perf: Some(kp_bench::datapath::PerfControl {
             switch,
-            vip: true,
-            bulk: false,
+            target: kp_bench::datapath::PerfTarget::Connect { vip: true },
         }),
         sources: vec![Source::Manifests, Source::ManifestsYaml, Source::ApiServer],
         // Two changes a second: the run spans two seconds.
