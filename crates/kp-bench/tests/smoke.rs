@@ -210,8 +210,8 @@ fn the_report_plots_and_results_file_are_written_from_a_synthetic_result() {
         "| other-mode, 10k × 10: peak RSS of kube-proxy ≤ 64 MiB (larger of the two sources) | 66.7 MiB (apiserver) | **missed** |",
         "| 30,000 | 33,600 | 300,000 | 3,000 | 1,500 | 1,500 | 3,000 |",
         "| other-mode | 10,000 | 1.000 s | 3.000 s | 4.000 s | 3.333 s (`nft -f`) | 1.20× | 125.0 ms | 250.0 ms |",
-        // Not spread (no span), no metrics, no API write timed: dashes.
-        "| nftables | 10,000 | apiserver | 2.000 s | 100 | – | – | 5.0 ms | 30.0 ms | 36.0 ms | – | 66.7 MiB | 50.0 MiB |",
+        // Not spread (no span), no metrics, no API write timed (nor what followed it): dashes.
+        "| nftables | 10,000 | apiserver | 2.000 s | 100 | – | – | 5.0 ms | 30.0 ms | 36.0 ms | – | – | 66.7 MiB | 50.0 MiB |",
         "| nftables | 30,000 | 10000 · 10000 · 10000 | 31 · 30 · 29 µs | 62 · 60 · 58 µs | 1.03× · 1.03× | 1.07× · 1.07× | 0 |",
         "| nftables | 30,000 | 10.00 Gbit/s | 11.00 Gbit/s | 0.91× |",
     ] {
