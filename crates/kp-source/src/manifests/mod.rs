@@ -734,41 +734,12 @@ impl DirState {
                 }
                 continue;
             };
-            let mut next = 0;
-            let mut closed = false;
-            let decoded = for_each_object_in(
-                path,
-                doc,
-                &mut |n| {
-                    here.binary_search_by_key(&((from + n) as u32), |w| w.0)
-                        .is_ok()
-                },
-                &mut |n, obj| {
-                    let n = from + n;
-                    while next < here.len() && (here[next].0 as usize) < n {
-                        next += 1;
-                    }
-                    if closed || next == here.len() || here[next].0 as usize != n {
-                        return;
-                    }
-                    next += 1;
-                    if emit(SourceEvent::Upsert(obj)) {
-                        sent += 1;
-                    } else {
-                        closed = true;
-                    }
-                },
-            );
-            if closed {
-                return Err(Closed);
-            }
-            if let Err(err) = decoded {
-                // The same text parsed a moment ago; only a bug gets here.
-                error!(error = %err, "a manifest that parsed before no longer does");
-                for (_, key) in here {
-                    self.set.not_reported(key);
-                }
-            }
+            sent += self.decode_and_send(
+                here,
+                from,
+                |want, f| for_each_object_in(path, doc, want, f),
+                emit,
+            )?;
         }
         for (_, key) in rest {
             self.set.not_reported(key);
@@ -787,15 +758,38 @@ impl DirState {
         if wanted.is_empty() {
             return Ok(0);
         }
+        self.decode_and_send(
+            wanted,
+            0,
+            |want, f| for_each_object(path, text, want, f),
+            emit,
+        )
+    }
+
+    /// Decodes with `decode` (a whole file, or one of its documents whose objects are numbered
+    /// from `from` in the file) and sends the `wanted` objects among them (sorted by ordinal).
+    /// If the text no longer parses, the wanted objects are marked not reported.
+    fn decode_and_send(
+        &mut self,
+        wanted: &[Wanted],
+        from: usize,
+        decode: impl FnOnce(
+            &mut dyn FnMut(usize) -> bool,
+            &mut dyn FnMut(usize, Object),
+        ) -> Result<(), SourceError>,
+        emit: &mut dyn FnMut(SourceEvent) -> bool,
+    ) -> Result<usize, Closed> {
         let mut sent = 0;
-        // `wanted` is sorted by ordinal.
         let mut next = 0;
         let mut closed = false;
-        let parsed = for_each_object(
-            path,
-            text,
-            &mut |n| wanted.binary_search_by_key(&(n as u32), |w| w.0).is_ok(),
+        let decoded = decode(
+            &mut |n| {
+                wanted
+                    .binary_search_by_key(&((from + n) as u32), |w| w.0)
+                    .is_ok()
+            },
             &mut |n, obj| {
+                let n = from + n;
                 while next < wanted.len() && (wanted[next].0 as usize) < n {
                     next += 1;
                 }
@@ -813,7 +807,7 @@ impl DirState {
         if closed {
             return Err(Closed);
         }
-        if let Err(err) = parsed {
+        if let Err(err) = decoded {
             // The same text parsed a moment ago; only a bug gets here.
             error!(error = %err, "a manifest that parsed before no longer does");
             for (_, key) in wanted {
