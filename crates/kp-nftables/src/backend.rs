@@ -15,14 +15,20 @@ use crate::{netlink, DigestTable, Error, NftCommand};
 
 /// A read of the tables taken off the sync's path: the ruleset generation before the read,
 /// then each family's table (or why it could not be read), in the order asked.
-pub type ReadAhead =
-    Box<dyn FnOnce() -> Result<(u32, Vec<Result<KernelTable, Error>>), Error> + Send>;
+pub type ReadAhead = TablesRead<KernelTable>;
 
 /// A read of the tables for the periodic drift check, off the sync's path: the ruleset
 /// generation before the read, then each family's table with its elements as digests
 /// ([`netlink::read_table_digests`]), in the order asked.
-pub type DigestRead =
-    Box<dyn FnOnce() -> Result<(u32, Vec<Result<DigestTable, Error>>), Error> + Send>;
+pub type DigestRead = TablesRead<DigestTable>;
+
+/// A read of the tables off the sync's path, each family's table as `T`: the ruleset
+/// generation before the read, then each family's table (or why it could not be read).
+pub type TablesRead<T> = Box<dyn FnOnce() -> Result<(u32, Vec<Result<T, Error>>), Error> + Send>;
+
+/// A netlink reader of one family's table as `T`, with the schema of the sets to read.
+type TableReader<T> =
+    fn(IpFamily, Option<&str>, &dyn Fn(&str) -> Option<SetSchema>) -> Result<T, Error>;
 
 /// The kernel as the dataplane talks to it. Every call is one exchange: a script or a batch is
 /// one atomic transaction, applied in full or not at all.
@@ -121,34 +127,33 @@ impl NftablesBackend for NftCommand {
     }
 
     fn read_ahead(&self, families: Vec<IpFamily>) -> Option<ReadAhead> {
-        if !self.netlink_elements() {
-            return None;
-        }
-        let netns = self.netns().map(str::to_string);
-        Some(Box::new(move || {
-            let generation = netlink::generation(netns.as_deref())?;
-            let tables = families
-                .into_iter()
-                .map(|f| netlink::read_table(f, netns.as_deref(), &crate::adoptable_schema))
-                .collect();
-            Ok((generation, tables))
-        }))
+        self.netlink_elements()
+            .then(|| tables_read(self.netns(), families, netlink::read_table))
     }
 
     fn read_digests(&self, families: Vec<IpFamily>) -> Option<DigestRead> {
-        if !self.netlink_elements() {
-            return None;
-        }
-        let netns = self.netns().map(str::to_string);
-        Some(Box::new(move || {
-            let generation = netlink::generation(netns.as_deref())?;
-            let tables = families
-                .into_iter()
-                .map(|f| netlink::read_table_digests(f, netns.as_deref(), &crate::adoptable_schema))
-                .collect();
-            Ok((generation, tables))
-        }))
+        self.netlink_elements()
+            .then(|| tables_read(self.netns(), families, netlink::read_table_digests))
     }
+}
+
+/// A netlink read of our table in each of `families` with `read` (as tuples or as digests,
+/// every set the adoptable schema names), after the ruleset generation, to run off the sync's
+/// path.
+fn tables_read<T: 'static>(
+    netns: Option<&str>,
+    families: Vec<IpFamily>,
+    read: TableReader<T>,
+) -> TablesRead<T> {
+    let netns = netns.map(str::to_string);
+    Box::new(move || {
+        let generation = netlink::generation(netns.as_deref())?;
+        let tables = families
+            .into_iter()
+            .map(|f| read(f, netns.as_deref(), &crate::adoptable_schema))
+            .collect();
+        Ok((generation, tables))
+    })
 }
 
 /// A boxed backend is the one inside it (the dataplane keeps its backend boxed).
