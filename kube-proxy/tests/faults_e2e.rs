@@ -349,9 +349,12 @@ fn tampering_is_repaired_within_one_sync_period(
         return;
     }
     let (lab, _echo) = common::serving_lab(legacy);
-    // ebpf mode: a cgroup (with this test and so its clients inside) and a bpffs of the
-    // test's own; dropped after the proxy.
+    // ebpf mode: a cgroup (the lab's proxy and clients inside) and a bpffs of the test's
+    // own; dropped after the proxy.
     let sandbox = (mode == "ebpf").then(|| ebpf_lab::Sandbox::new("tamper"));
+    if let Some(sandbox) = &sandbox {
+        sandbox.admit(&lab);
+    }
     let flags = sandbox.as_ref().map(|s| s.flags()).unwrap_or_default();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let manifests = temp_dir(&format!("tamper-{mode}-{legacy}"));

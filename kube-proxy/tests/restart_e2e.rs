@@ -65,9 +65,12 @@ struct Seen {
 /// rebuilt from nothing would: the control that shows the harness sees a window without rules.
 fn restart_under_traffic(mode: &str, legacy: bool, flush_between: bool) -> Seen {
     let (lab, _echo) = common::serving_lab(legacy);
-    // ebpf mode: a cgroup (with this test, so its clients, inside) and a bpffs for the pins,
+    // ebpf mode: a cgroup (the lab's proxy and clients inside) and a bpffs for the pins,
     // both the test's own; dropped after the proxies.
     let sandbox = (mode == "ebpf").then(|| ebpf_lab::Sandbox::new("restart"));
+    if let Some(sandbox) = &sandbox {
+        sandbox.admit(&lab);
+    }
     let extra = sandbox.as_ref().map(|s| s.flags()).unwrap_or_default();
     let dir = temp_dir(&format!("restart-{mode}"));
     write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());

@@ -415,6 +415,16 @@ impl Lab {
 
     /// The names of all the lab's namespaces, to check that they are gone after a drop.
     pub fn namespaces(&self) -> Vec<String> {
+        self.all().map(|ns| ns.name().to_string()).collect()
+    }
+
+    /// Every process started in any of the lab's namespaces from now on joins the cgroup v2
+    /// directory `cgroup` first ([`Netns::place_in_cgroup`]).
+    pub fn place_in_cgroup(&self, cgroup: Option<&std::path::Path>) {
+        self.all().for_each(|ns| ns.place_in_cgroup(cgroup));
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Netns> {
         let other = self
             .other
             .iter()
@@ -423,8 +433,6 @@ impl Lab {
             .into_iter()
             .chain(&self.pods)
             .chain(other)
-            .map(|ns| ns.name().to_string())
-            .collect()
     }
 
     /// Starts kp-echo in pod `i`, named [`Lab::pod_name`], and waits until it listens.

@@ -43,6 +43,9 @@ fn stop_creating() {
 #[derive(Debug)]
 pub struct Netns {
     name: String,
+    /// The cgroup v2 directory every process started inside joins first
+    /// ([`Netns::place_in_cgroup`]).
+    cgroup: Mutex<Option<PathBuf>>,
 }
 
 impl Netns {
@@ -70,7 +73,10 @@ impl Netns {
             match run(Command::new("ip").args(["netns", "add", &name])) {
                 Ok(_) => {
                     // From here on, Drop deletes it whatever fails next.
-                    let ns = Netns { name };
+                    let ns = Netns {
+                        name,
+                        cgroup: Mutex::new(None),
+                    };
                     ns.ip(&["link", "set", "lo", "up"])?;
                     return Ok(ns);
                 }
@@ -187,8 +193,28 @@ impl Netns {
         pids(&self.name)
     }
 
+    /// From now on, every process started inside the namespace ([`Netns::exec`],
+    /// [`Netns::run`], [`Netns::spawn`]; not the `ip -n` commands) first moves itself into the
+    /// cgroup v2 directory `cgroup` (`None`: stays where the test is). For tests whose
+    /// programs act on a cgroup (ebpf mode's socket hooks): only the lab's processes join it,
+    /// never the test process, whose other tests' children would join too.
+    pub fn place_in_cgroup(&self, cgroup: Option<&Path>) {
+        *self.cgroup.lock().unwrap_or_else(PoisonError::into_inner) = cgroup.map(Path::to_path_buf);
+    }
+
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("ip");
+        let cgroup = self.cgroup.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cmd = match cgroup.as_ref() {
+            // The shell writes its own pid, then becomes `ip netns exec`.
+            Some(dir) => {
+                let mut cmd = Command::new("sh");
+                cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+                    .arg(dir.join("cgroup.procs"))
+                    .arg("ip");
+                cmd
+            }
+            None => Command::new("ip"),
+        };
         cmd.args(["netns", "exec", &self.name]).args(args);
         cmd
     }

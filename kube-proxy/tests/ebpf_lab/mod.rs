@@ -1,9 +1,13 @@
 //! What ebpf mode needs in the flow lab, all of the test's own: a cgroup v2 directory its
-//! socket hooks attach to (`--bpf-cgroup-root`), with the test process inside so the clients
-//! it starts are too, and a bpffs mounted on a fresh directory for its pins
+//! socket hooks attach to (`--bpf-cgroup-root`), which every process the lab starts joins
+//! ([`Sandbox::admit`]), and a bpffs mounted on a fresh directory for its pins
 //! (`--bpf-pin-dir`). Nothing is attached to the machine's own cgroups or pinned on its bpffs;
-//! dropping the sandbox moves the test back out, kills what is left in the cgroup, removes it
-//! (which detaches the programs) and unmounts the bpffs.
+//! dropping the sandbox kills what is left in the cgroup, removes it (which detaches the
+//! programs) and unmounts the bpffs.
+//!
+//! The test process itself never joins: the other tests of its binary run as threads of the
+//! same process, and their children would land in the cgroup too, under our programs and then
+//! under the sandbox's final kill (which once killed another test's `ip route add`).
 //!
 //! The proxy runs in the lab's node through `ip netns exec`, which mounts a sysfs of the
 //! namespace's own over /sys: the cgroup hierarchy under /sys/fs/cgroup is not visible there.
@@ -28,29 +32,14 @@ fn cgroup2_root() -> PathBuf {
         .expect("no cgroup v2 hierarchy is mounted")
 }
 
-/// This process's cgroup v2 directory (`0::PATH` in /proc/self/cgroup).
-fn own_cgroup(root: &Path) -> PathBuf {
-    let text = std::fs::read_to_string("/proc/self/cgroup").expect("reading /proc/self/cgroup");
-    let path = text
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .expect("this process is in no cgroup v2");
-    root.join(path.trim_start_matches('/'))
-}
-
-fn move_pid(pid: u32, cgroup: &Path) -> std::io::Result<()> {
-    std::fs::write(cgroup.join("cgroup.procs"), pid.to_string())
-}
-
-/// A cgroup and a bpffs of the test's own, with the test process inside the cgroup.
+/// A cgroup and a bpffs of the test's own.
 pub struct Sandbox {
     /// The cgroup (`--bpf-cgroup-root`).
     pub cgroup: PathBuf,
     /// The pin directory on the bpffs (`--bpf-pin-dir`).
     pub pins: PathBuf,
-    /// The cgroup under /sys/fs/cgroup, where this process moves in and out.
+    /// The cgroup under /sys/fs/cgroup, which the lab's processes join.
     real: PathBuf,
-    home: PathBuf,
     /// The test's directory: the bpffs and the second cgroup2 mount under it.
     dir: PathBuf,
 }
@@ -66,7 +55,7 @@ fn mount(fs: &str, at: &Path) {
 }
 
 impl Sandbox {
-    /// Creates both and moves this process into the cgroup.
+    /// Creates both.
     pub fn new(tag: &str) -> Sandbox {
         let name = format!("kpt-h-{}-{tag}", std::process::id());
         let root = cgroup2_root();
@@ -77,7 +66,6 @@ impl Sandbox {
         let sandbox = Sandbox {
             pins: dir.join("bpffs").join("kube-proxy-rs"),
             cgroup: dir.join("cgroup2").join(&name),
-            home: own_cgroup(&root),
             real,
             dir,
         };
@@ -87,8 +75,12 @@ impl Sandbox {
             sandbox.cgroup.is_dir(),
             "the second cgroup2 mount shows the test cgroup"
         );
-        move_pid(std::process::id(), &sandbox.real).expect("moving the test into its cgroup");
         sandbox
+    }
+
+    /// Every process started in `lab` from now on (the proxy, the clients) joins the cgroup.
+    pub fn admit(&self, lab: &kp_test::lab::Lab) {
+        lab.place_in_cgroup(Some(&self.real));
     }
 
     /// The flags that point ebpf mode at this sandbox.
@@ -148,16 +140,11 @@ pub fn tcp_frontend_head(ip: std::net::Ipv4Addr, port: u16) -> Vec<u8> {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if let Err(e) = move_pid(std::process::id(), &self.home) {
-            eprintln!("cannot move the test back to {}: {e}", self.home.display());
-        }
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let procs = std::fs::read_to_string(self.real.join("cgroup.procs")).unwrap_or_default();
             for pid in procs.split_whitespace() {
-                if pid != std::process::id().to_string() {
-                    let _ = Command::new("kill").args(["-9", pid]).status();
-                }
+                let _ = Command::new("kill").args(["-9", pid]).status();
             }
             if std::fs::remove_dir(&self.real).is_ok() || Instant::now() > deadline {
                 break;
