@@ -300,6 +300,13 @@ impl Sets {
         self.sets.entry(set).or_default().insert(entry);
     }
 
+    /// Removes `entry` from `set`.
+    pub fn remove(&mut self, set: SetName, entry: &Entry) {
+        if let Some(entries) = self.sets.get_mut(&set) {
+            entries.remove(entry);
+        }
+    }
+
     /// Adds the entries of one Service port's frontends (of this set's family; others are
     /// ignored). `node_addresses` are the addresses NodePorts answer on (SCTP NodePorts get
     /// one entry per address); `node` says whether the node's own address lies in a

@@ -22,6 +22,11 @@
 //!   marks and firewall-mark virtual servers) and drops, which one virtual server per address
 //!   cannot say.
 //!
+//! - [`planner`]: the whole state kept one Service at a time between syncs, so a change
+//!   re-plans its Services only and says which virtual servers, set entries and addresses
+//!   moved; [`diff_keys`] diffs just those virtual servers against what the kernel holds of
+//!   them.
+//!
 //! Mirrors upstream's `pkg/proxy/ipvs/proxier.go` (`syncService`, `syncEndpoint`) and
 //! `graceful_termination.go`, with the difference that upstream re-lists IPVS on every sync
 //! and this diff is handed the dump it compares with (the caller decides how fresh).
@@ -31,6 +36,7 @@
 pub mod addresses;
 pub mod ipset;
 pub mod local;
+pub mod planner;
 pub mod rules;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -137,6 +143,19 @@ impl Desired {
     /// local endpoints, a drop of whatever is not short-circuited (`internalTrafficPolicy:
     /// Local` without local endpoints: a drop of everything).
     pub fn add(&mut self, frontends: &Frontends<'_>, node_addresses: &[IpAddr], config: &Config) {
+        self.add_with(frontends, node_addresses, config, None);
+    }
+
+    /// [`Desired::add`], the short-circuit marks given out by `marks` (the whole state's, when
+    /// this is one Service's share of it) instead of this state's own policy; this state still
+    /// records which marks it uses.
+    pub(crate) fn add_with(
+        &mut self,
+        frontends: &Frontends<'_>,
+        node_addresses: &[IpAddr],
+        config: &Config,
+        mut marks: Option<&mut local::LocalPolicy>,
+    ) {
         let family = frontends.family();
         let name = &frontends.port().name;
         for f in frontends.iter() {
@@ -155,7 +174,14 @@ impl Desired {
             let short_circuit = (f.is_external()
                 && f.policy == TrafficPolicy::Local
                 && !f.short_circuit.is_empty())
-            .then(|| self.local.mark(name));
+            .then(|| match marks.as_deref_mut() {
+                Some(m) => {
+                    let mark = m.mark(name);
+                    self.local.record(name, mark);
+                    mark
+                }
+                None => self.local.mark(name),
+            });
             let drop = f.no_endpoints() == Some(NoEndpoints::Drop);
             if let Some(mark) = short_circuit {
                 let key = ServiceKey::Fwmark {
@@ -286,12 +312,33 @@ pub fn diff(
     kernel: &[(Service, Vec<DestinationState>)],
     config: &Config,
 ) -> Plan {
+    let keys: BTreeSet<ServiceKey> = desired
+        .services
+        .keys()
+        .chain(kernel.iter().map(|(s, _)| &s.key))
+        .copied()
+        .collect();
+    diff_keys(desired, kernel, &keys, config)
+}
+
+/// [`diff`] for the virtual servers `keys` only (a sync's changed ones): `kernel` holds what
+/// the kernel has of those (a virtual server of `keys` missing from it is added), and nothing
+/// else is looked at or changed.
+pub fn diff_keys(
+    desired: &Desired,
+    kernel: &[(Service, Vec<DestinationState>)],
+    keys: &BTreeSet<ServiceKey>,
+    config: &Config,
+) -> Plan {
     let mut plan = Plan::default();
     let current: BTreeMap<ServiceKey, (&Service, &[DestinationState])> = kernel
         .iter()
         .map(|(s, d)| (s.key, (s, d.as_slice())))
         .collect();
-    for (key, want) in &desired.services {
+    for key in keys {
+        let Some(want) = desired.services.get(key) else {
+            continue;
+        };
         let have_dests: &[DestinationState] = match current.get(key) {
             None => {
                 plan.changes.push(Change::AddService(want.service.clone()));
@@ -325,8 +372,9 @@ pub fn diff(
             drain(&mut plan, key, d);
         }
     }
-    for key in current.keys() {
-        if !desired.services.contains_key(key) && !config.excluded(key) {
+    for key in keys {
+        if current.contains_key(key) && !desired.services.contains_key(key) && !config.excluded(key)
+        {
             plan.changes.push(Change::DeleteService(*key));
         }
     }

@@ -105,9 +105,44 @@ impl LocalPolicy {
         mark
     }
 
+    /// Records that Service port `name` holds `mark` (given out by another policy: a
+    /// Service's share of the state keeps the names of the marks it uses).
+    pub(crate) fn record(&mut self, name: &ServicePortName, mark: u32) {
+        self.used.insert(mark);
+        self.marks.insert(name.clone(), mark);
+    }
+
+    /// Gives Service port `name`'s mark back (its Service went, or no longer short-circuits
+    /// it): another port may take it from now on.
+    pub fn release(&mut self, name: &ServicePortName) {
+        if let Some(mark) = self.marks.remove(name) {
+            self.used.remove(&mark);
+        }
+    }
+
+    /// The mark Service port `name` holds, if it holds one.
+    pub fn mark_of(&self, name: &ServicePortName) -> Option<u32> {
+        self.marks.get(name).copied()
+    }
+
+    /// The Service ports holding a mark.
+    pub fn marked(&self) -> impl Iterator<Item = &ServicePortName> + '_ {
+        self.marks.keys()
+    }
+
     /// Adds a frontend address's rule.
     pub fn add(&mut self, rule: LocalRule) {
         self.rules.insert(rule);
+    }
+
+    /// Removes a frontend address's rule.
+    pub(crate) fn remove(&mut self, rule: &LocalRule) {
+        self.rules.remove(rule);
+    }
+
+    /// Every rule, both families.
+    pub(crate) fn all_rules(&self) -> &BTreeSet<LocalRule> {
+        &self.rules
     }
 
     /// The rules of `family`.

@@ -2,21 +2,25 @@
 //! chains that match them, and the IPVS virtual servers, all planned by `kp-ipvs-plan` from
 //! the shared frontend list, with graceful termination on the mode's timer.
 //!
-//! Each sync plans the whole desired state (pure, cheap) and sends only differences: IPVS is
-//! dumped and diffed (as upstream re-lists it; the one-endpoint change is still one add and one
-//! delete per virtual server), set elements are diffed against what this dataplane last
-//! applied (against `ipset save` on a full sync), addresses against a dump of the interface,
-//! and the iptables text, whose rules change only when a set turns empty or non-empty, is
-//! restored only when it differs from the last one.
+//! A partial sync costs what changed, in this process and in the kernel: the planner
+//! (`kp_ipvs_plan::planner`) re-plans the changed Services only and names the virtual servers,
+//! set entries and addresses that moved; only the real servers of those virtual servers are
+//! read from IPVS (their connection counts decide between deleting a removed one and draining
+//! it), and only the set entries that moved are restored. The iptables text, whose rules change
+//! only when a set turns empty or non-empty or a `Local` rule changes, is rendered only then
+//! and restored only when it differs from the last one. A full sync (the first, the periodic
+//! one, and any after a failure or a change of the Node) compares everything with the kernel:
+//! an IPVS dump, `ipset save`, the addresses of `kube-ipvs0`, the node's addresses for the
+//! NodePorts (read only then: the dump lists every address of `kube-ipvs0` too). Upstream's ipvs
+//! proxier re-lists IPVS and the sets on every sync.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
-use kp_core::frontend::Frontends;
 use kp_core::model::IpFamily;
 use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::{Changes, ProxyState};
@@ -24,7 +28,9 @@ use kp_iptables::{Backend, IptablesRunner};
 use kp_iptables_plan::PlanConfig;
 use kp_ipvs_plan::addresses::{self, DUMMY_INTERFACE};
 use kp_ipvs_plan::ipset::{self, Sets};
-use kp_ipvs_plan::{diff, rules, Config, Desired, Draining};
+use kp_ipvs_plan::planner::Planner;
+use kp_ipvs_plan::{diff, diff_keys, rules, Config, Desired, Draining};
+use kp_netlink::ipvs::{Service, ServiceKey};
 
 use crate::link::Dummy;
 use crate::{Client, Error};
@@ -113,9 +119,10 @@ pub struct IpvsDataplane {
     dummy: Dummy,
     iptables: Box<dyn IptablesRunner>,
     backend: Backend,
-    sets: Vec<Sets>,
+    planner: Planner,
     rules: Vec<String>,
-    desired: Desired,
+    /// The node context and the NodePort addresses, resolved at the last full sync.
+    resolved: Option<(NodeContext, Vec<IpAddr>)>,
     draining: Vec<Draining>,
     next_check: Option<Instant>,
 }
@@ -166,7 +173,7 @@ impl IpvsDataplane {
         for (k, v) in sysctls {
             iptables.sysctl(k, v).map_err(ipt(k))?;
         }
-        let sets = settings.families.iter().map(|f| Sets::new(*f)).collect();
+        let planner = Planner::new(&settings.families);
         let rules = vec![String::new(); settings.families.len()];
         Ok(IpvsDataplane {
             settings,
@@ -174,9 +181,9 @@ impl IpvsDataplane {
             dummy,
             iptables,
             backend,
-            sets,
+            planner,
             rules,
-            desired: Desired::new(),
+            resolved: None,
             draining: Vec::new(),
             next_check: None,
         })
@@ -187,9 +194,14 @@ impl IpvsDataplane {
         &self.draining
     }
 
+    /// How many virtual servers and real servers this dataplane has read from IPVS.
+    pub fn ipvs_entries_read(&self) -> u64 {
+        self.ipvs.entries_read()
+    }
+
     /// What the last sync planned.
     pub fn desired(&self) -> &Desired {
-        &self.desired
+        self.planner.desired()
     }
 
     fn ipset_restore(&self, text: &str) -> Result<(), DataplaneError> {
@@ -279,34 +291,63 @@ impl IpvsDataplane {
         Ok(())
     }
 
-    /// Applies an IPVS diff of the last desired state against a fresh dump, and schedules the
+    /// Applies an IPVS diff of the planned state against a fresh dump, and schedules the
     /// next drain check.
     fn reconcile_ipvs(&mut self, now: Instant) -> Result<usize, DataplaneError> {
         let kernel = self.ipvs.dump().map_err(dp)?;
-        let plan = diff(&self.desired, &kernel, &self.settings.ipvs);
+        let plan = diff(self.planner.desired(), &kernel, &self.settings.ipvs);
         self.ipvs.apply(&plan.changes).map_err(dp)?;
         self.draining = plan.draining;
+        self.schedule_drain_check(now);
+        Ok(plan.changes.len())
+    }
+
+    /// Applies an IPVS diff of the planned state for the virtual servers `keys` only, each
+    /// given with what the kernel holds of it as last programmed (`None`: nothing): their real
+    /// servers are read from the kernel, nothing else is.
+    fn reconcile_keys(
+        &mut self,
+        keys: &BTreeMap<ServiceKey, Option<Service>>,
+        now: Instant,
+    ) -> Result<usize, DataplaneError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut kernel = Vec::new();
+        for (key, service) in keys {
+            if let Some(service) = service {
+                let dests = self.ipvs.destinations(key).map_err(dp)?;
+                kernel.push((service.clone(), dests));
+            }
+        }
+        let only: BTreeSet<ServiceKey> = keys.keys().copied().collect();
+        let plan = diff_keys(self.planner.desired(), &kernel, &only, &self.settings.ipvs);
+        self.ipvs.apply(&plan.changes).map_err(dp)?;
+        self.draining.retain(|d| !only.contains(&d.service));
+        self.draining.extend(plan.draining);
+        self.schedule_drain_check(now);
+        Ok(plan.changes.len())
+    }
+
+    fn schedule_drain_check(&mut self, now: Instant) {
         self.next_check = if self.draining.is_empty() {
             None
         } else {
             Some(now + DRAIN_CHECK)
         };
-        Ok(plan.changes.len())
-    }
-}
-
-impl Dataplane for IpvsDataplane {
-    fn mode(&self) -> &'static str {
-        "ipvs"
     }
 
-    fn sync(
+    /// The node context and the NodePort addresses: resolved anew on a full sync, else those of
+    /// the last one.
+    fn resolve(
         &mut self,
         state: &ProxyState,
-        _changes: &Changes,
         full: bool,
-    ) -> Result<SyncReport, DataplaneError> {
-        let (node, node_port_addresses) = match &self.settings.resolve {
+    ) -> Result<(NodeContext, Vec<IpAddr>), DataplaneError> {
+        if let (false, Some(resolved)) = (full, &self.resolved) {
+            return Ok(resolved.clone());
+        }
+        let resolved = match &self.settings.resolve {
             None => (
                 self.settings.node.clone(),
                 self.settings.node_port_addresses.clone(),
@@ -318,47 +359,88 @@ impl Dataplane for IpvsDataplane {
                 (node, np)
             }
         };
-        let mut desired = Desired::new();
-        let mut sets: Vec<Sets> = self
-            .settings
-            .families
-            .iter()
-            .map(|f| Sets::new(*f))
-            .collect();
-        for key in state.service_keys() {
-            for sps in state.service_state(key) {
-                for s in sets.iter_mut() {
-                    let frontends = Frontends::of(&sps, s.family());
-                    desired.add(&frontends, &node_port_addresses, &self.settings.ipvs);
-                    s.add(&frontends, &node_port_addresses, &node);
-                }
+        self.resolved = Some(resolved.clone());
+        Ok(resolved)
+    }
+}
+
+impl Dataplane for IpvsDataplane {
+    fn mode(&self) -> &'static str {
+        "ipvs"
+    }
+
+    fn sync(
+        &mut self,
+        state: &ProxyState,
+        changes: &Changes,
+        full: bool,
+    ) -> Result<SyncReport, DataplaneError> {
+        // A Node change re-plans every Service (its addresses and CIDRs are in every plan).
+        let full = full || changes.node_changed || self.resolved.is_none();
+        let (node, node_port_addresses) = self.resolve(state, full)?;
+        let config = self.settings.ipvs.clone();
+        let mut delta = self.planner.delta();
+        if full {
+            self.planner.set_all(
+                state.service_keys().map(|k| (k, state.service_state(k))),
+                &node_port_addresses,
+                &node,
+                &config,
+                &mut delta,
+            );
+        } else {
+            for key in &changes.services {
+                self.planner.set_service(
+                    key,
+                    &state.service_state(key),
+                    &node_port_addresses,
+                    &node,
+                    &config,
+                    &mut delta,
+                );
             }
         }
         let mut operations = 0;
         // Addresses first: IPVS answers on them only once they are local.
-        let current = self.dummy.addresses().map_err(dp)?;
-        let want: BTreeSet<IpAddr> = desired.bind_addresses().clone();
-        let addr = addresses::diff(&want, &current);
-        for ip in &addr.bind {
+        let (bind, unbind): (Vec<IpAddr>, Vec<IpAddr>) = if full {
+            let current = self.dummy.addresses().map_err(dp)?;
+            let a = addresses::diff(self.planner.desired().bind_addresses(), &current);
+            (a.bind, a.unbind)
+        } else {
+            (
+                delta.bind.iter().copied().collect(),
+                delta.unbind.iter().copied().collect(),
+            )
+        };
+        for ip in &bind {
             self.dummy.bind(*ip).map_err(dp)?;
         }
-        // Sets before the rules that match them; removals after the IPVS change.
-        for (i, s) in sets.iter().enumerate() {
-            let family = s.family();
-            let had = if full {
-                Sets::parse_save(family, &self.ipset_save()?)
-            } else {
-                self.sets[i].clone()
+        // Sets before the rules that match them.
+        let saved = if full { Some(self.ipset_save()?) } else { None };
+        for i in 0..self.settings.families.len() {
+            let family = self.settings.families[i];
+            let set_changes = match &saved {
+                Some(saved) => {
+                    ipset::diff(&self.planner.sets()[i], &Sets::parse_save(family, saved))
+                }
+                None => delta.set_changes(i),
             };
-            let changes = ipset::diff(s, &had);
-            if full || !changes.is_empty() {
-                self.ipset_restore(&ipset::restore_text(family, &changes))?;
+            if full || !set_changes.is_empty() {
+                self.ipset_restore(&ipset::restore_text(family, &set_changes))?;
             }
-            operations += changes.len();
+            operations += set_changes.len();
+            if !full && set_changes.is_empty() && !delta.local {
+                continue;
+            }
             let mut cfg = PlanConfig::new(family);
             cfg.masquerade_bit = self.settings.masquerade_bit;
             cfg.masquerade_all = self.settings.masquerade_all;
-            let text = rules::render_with(s, &cfg, &node, Some(desired.local()));
+            let text = rules::render_with(
+                &self.planner.sets()[i],
+                &cfg,
+                &node,
+                Some(self.planner.desired().local()),
+            );
             if full || text != self.rules[i] {
                 self.iptables
                     .restore(self.backend, family, &text)
@@ -368,13 +450,16 @@ impl Dataplane for IpvsDataplane {
                 operations += 1;
             }
         }
-        self.sets = sets;
-        self.desired = desired;
-        operations += self.reconcile_ipvs(Instant::now())?;
-        for ip in &addr.unbind {
+        let now = Instant::now();
+        operations += if full {
+            self.reconcile_ipvs(now)?
+        } else {
+            self.reconcile_keys(&delta.virtual_servers, now)?
+        };
+        for ip in &unbind {
             self.dummy.unbind(*ip).map_err(dp)?;
         }
-        operations += addr.bind.len() + addr.unbind.len();
+        operations += bind.len() + unbind.len();
         Ok(SyncReport {
             full,
             operations,
@@ -385,11 +470,11 @@ impl Dataplane for IpvsDataplane {
     fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
         let mut out = Vec::new();
         let kernel = self.ipvs.dump().map_err(dp)?;
-        for c in diff(&self.desired, &kernel, &self.settings.ipvs).changes {
+        for c in diff(self.planner.desired(), &kernel, &self.settings.ipvs).changes {
             out.push(format!("ipvs: {c:?}"));
         }
         let current = self.dummy.addresses().map_err(dp)?;
-        let a = addresses::diff(self.desired.bind_addresses(), &current);
+        let a = addresses::diff(self.planner.desired().bind_addresses(), &current);
         out.extend(
             a.bind
                 .iter()
@@ -401,7 +486,7 @@ impl Dataplane for IpvsDataplane {
                 .map(|ip| format!("{DUMMY_INTERFACE}: {ip} extra")),
         );
         let saved = self.ipset_save()?;
-        for s in &self.sets {
+        for s in self.planner.sets() {
             for c in ipset::diff(s, &Sets::parse_save(s.family(), &saved)) {
                 out.push(format!("ipset: {c:?}"));
             }
@@ -410,11 +495,12 @@ impl Dataplane for IpvsDataplane {
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
-        self.desired = Desired::new();
+        self.planner = Planner::new(&self.settings.families);
+        self.resolved = None;
         // Every virtual server but the excluded ones and others' firewall-mark ones (the diff
         // against nothing), not a flush of the whole namespace.
         let kernel = self.ipvs.dump().map_err(dp)?;
-        let plan = diff(&self.desired, &kernel, &self.settings.ipvs);
+        let plan = diff(self.planner.desired(), &kernel, &self.settings.ipvs);
         self.ipvs.apply(&plan.changes).map_err(dp)?;
         for ip in self.dummy.addresses().map_err(dp)? {
             self.dummy.unbind(ip).map_err(dp)?;
@@ -430,7 +516,16 @@ impl Dataplane for IpvsDataplane {
 
     fn tick(&mut self, now: Instant) -> Result<(), DataplaneError> {
         if self.next_check.is_some_and(|t| t <= now) {
-            self.reconcile_ipvs(now)?;
+            // Only the virtual servers with a draining real server are read again.
+            let keys: BTreeMap<ServiceKey, Option<Service>> = self
+                .draining
+                .iter()
+                .map(|d| {
+                    let planned = self.planner.desired().services().get(&d.service);
+                    (d.service, planned.map(|v| v.service.clone()))
+                })
+                .collect();
+            self.reconcile_keys(&keys, now)?;
         }
         Ok(())
     }

@@ -117,6 +117,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Client {
     socket: Socket,
     family: u16,
+    /// Virtual servers and real servers read from the kernel so far.
+    read: u64,
 }
 
 impl Client {
@@ -155,7 +157,17 @@ impl Client {
         let family = family.ok_or_else(|| Error::Unavailable {
             location: socket.location().to_string(),
         })?;
-        Ok(Client { socket, family })
+        Ok(Client {
+            socket,
+            family,
+            read: 0,
+        })
+    }
+
+    /// How many virtual servers and real servers this client has read from the kernel (what a
+    /// sync's reads cost: a partial sync reads only its changed virtual servers' real servers).
+    pub fn entries_read(&self) -> u64 {
+        self.read
     }
 
     /// IPVS's generic netlink family id in this namespace's kernel.
@@ -203,7 +215,8 @@ impl Client {
     /// Every virtual service of the namespace.
     pub fn services(&mut self) -> Result<Vec<Service>> {
         let family = self.family;
-        self.socket
+        let all = self
+            .socket
             .dump(
                 |buf, seq| ipvs::get_services(buf, family, seq),
                 |all: &mut Vec<Service>, m| {
@@ -211,7 +224,9 @@ impl Client {
                     Ok(())
                 },
             )
-            .map_err(|e| wrap("list services".into(), e))
+            .map_err(|e| wrap("list services".into(), e))?;
+        self.read += all.len() as u64;
+        Ok(all)
     }
 
     /// Adds a destination to service `key` (`EEXIST` if it has it; `ESRCH` without the
@@ -257,7 +272,8 @@ impl Client {
     pub fn destinations(&mut self, key: &ServiceKey) -> Result<Vec<DestinationState>> {
         let family = self.family;
         let ipv6 = key.is_ipv6();
-        self.socket
+        let all = self
+            .socket
             .dump(
                 |buf, seq| ipvs::get_dests(buf, family, seq, key),
                 |all: &mut Vec<DestinationState>, m| {
@@ -265,7 +281,9 @@ impl Client {
                     Ok(())
                 },
             )
-            .map_err(|e| wrap(format!("list destinations of {key}"), e))
+            .map_err(|e| wrap(format!("list destinations of {key}"), e))?;
+        self.read += all.len() as u64;
+        Ok(all)
     }
 
     /// Every virtual service with its destinations: the state [`kp_ipvs_plan::diff`] compares

@@ -175,13 +175,24 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
         .expect("slice accepted");
     let changes = state.take_changes();
     let t = Instant::now();
+    let read_before = dp.ipvs_entries_read();
     let report = dp.sync(&state, &changes, false).expect("partial sync");
+    let read = dp.ipvs_entries_read() - read_before;
     eprintln!(
-        "one-endpoint-set change: {:?}, {} operations",
+        "one-endpoint-set change: {:?}, {} operations, {read} IPVS entries read",
         t.elapsed(),
         report.operations
     );
     assert!(report.operations <= 20, "{} operations", report.operations);
+    // Only the web Service's virtual servers' real servers are read (their connection counts
+    // decide between deleting and draining): not the whole of IPVS, as a dump would.
+    let dump_read_before = dp.ipvs_entries_read();
+    dp.verify().expect("read-back");
+    let whole = dp.ipvs_entries_read() - dump_read_before;
+    assert!(
+        read > 0 && read * 4 <= whole,
+        "the partial sync read {read} IPVS entries; a dump reads {whole}"
+    );
     let diffs = dp.verify().expect("read-back");
     assert!(diffs.is_empty(), "kernel differs:\n{}", diffs.join("\n"));
     assert_ipvsadm_shows_the_plan(&lab, &dp, "after the partial sync");
