@@ -157,6 +157,10 @@ pub struct ModePlanners {
     /// sync, and each family's sets.
     ipvs_kernel: Vec<(nl::Service, Vec<nl::DestinationState>)>,
     ipvs_sets: Vec<ipvs::ipset::Sets>,
+    /// The running mode's planner (kept one Service at a time, as kp-ipvs's dataplane keeps
+    /// it) and the virtual servers as the kernel holds them after its deltas.
+    ipvs_planner: ipvs::planner::Planner,
+    ipvs_incremental: Vec<(nl::Service, Vec<nl::DestinationState>)>,
     /// The ebpf planner (element updates per changed Service) and the maps it wrote.
     ebpf: Option<ebpf::Planner>,
     ebpf_maps: ebpf::Contents,
@@ -194,6 +198,8 @@ impl ModePlanners {
             ipvs_config,
             ipvs_kernel: Vec::new(),
             ipvs_sets: IpFamily::ALL.map(ipvs::ipset::Sets::new).into(),
+            ipvs_planner: ipvs::planner::Planner::new(&IpFamily::ALL),
+            ipvs_incremental: Vec::new(),
             ebpf: None,
             ebpf_maps: ebpf::Contents::default(),
             ebpf_claims: HashMap::new(),
@@ -218,7 +224,9 @@ impl ModePlanners {
         let local = kp_flows::node_addresses();
         let allowed = Allowed::of(state, node, &local);
         let mut ok = self.userspace(state, node, changes, &allowed, i, report);
-        ok &= self.ipvs(state, node, node_ports, ipt, &local, &allowed, i, report);
+        ok &= self.ipvs(
+            state, node, node_ports, ipt, &local, changes, &allowed, i, report,
+        );
         ok &= self.ebpf(
             state, node_ports, &local, changes, converge, &allowed, i, report,
         );
@@ -277,7 +285,8 @@ impl ModePlanners {
     }
 
     /// The ipvs mode's sync: virtual servers diffed against the last ones, ipset changes as
-    /// restore text, the chains' iptables-restore input.
+    /// restore text, the chains' iptables-restore input; and the running mode's planner, whose
+    /// partial syncs must end where the plan made in one go does.
     #[allow(clippy::too_many_arguments)]
     fn ipvs(
         &mut self,
@@ -286,24 +295,50 @@ impl ModePlanners {
         node_ports: &NodePortAddresses,
         ipt: &kp_iptables_plan::PlanConfig,
         local: &[IpAddr],
+        changes: Option<&Changes>,
         allowed: &Allowed,
         i: u64,
         report: &mut Report,
     ) -> bool {
         let node_addresses = ebpf::node_port_addresses(node_ports, state, local);
+        let mut ok = self.ipvs_incremental(state, node, &node_addresses, changes, i, report);
+        // The plan in one go, with the running planner's marks (which depend on the order
+        // ports came in, not on the state).
+        let mut marks = self.ipvs_planner.desired().local().clone();
         let mut desired = ipvs::Desired::new();
         let mut sets: Vec<ipvs::ipset::Sets> = IpFamily::ALL.map(ipvs::ipset::Sets::new).into();
         for key in state.service_keys() {
             for sps in state.service_state(key) {
                 for s in sets.iter_mut() {
                     let frontends = Frontends::of(&sps, s.family());
-                    desired.add(&frontends, &node_addresses, &self.ipvs_config);
+                    desired.add_marked(&frontends, &node_addresses, &self.ipvs_config, &mut marks);
                     s.add(&frontends, &node_addresses, node);
                 }
             }
         }
         report.ipvs_plans += 1;
-        let mut ok = true;
+        let whole = self.ipvs_planner.desired();
+        let same_rules = IpFamily::ALL
+            .iter()
+            .all(|f| whole.local().rules(*f).eq(desired.local().rules(*f)));
+        if whole.services() != desired.services()
+            || whole.bind_addresses() != desired.bind_addresses()
+            || !same_rules
+            || self.ipvs_planner.sets() != sets.as_slice()
+        {
+            let differing = desired
+                .services()
+                .iter()
+                .find(|(k, v)| whole.services().get(*k) != Some(*v))
+                .map(|(k, _)| k.to_string())
+                .unwrap_or_default();
+            report.violation(
+                Check::Diverged,
+                i,
+                &format!("ipvs: the running planner differs from a plan in one go (first virtual server: {differing})"),
+            );
+            ok = false;
+        }
         report.ipvs_virtual_servers += desired.services().len() as u64;
         for (key, vs) in desired.services() {
             ok &= virtual_server(allowed, key, vs, i, report);
@@ -369,6 +404,86 @@ impl ModePlanners {
         }
         self.ipvs_kernel = kernel;
         self.ipvs_sets = sets;
+        ok
+    }
+
+    /// The running ipvs planner's sync, as kp-ipvs's dataplane makes it: the changed Services
+    /// (every one on a full sync or a node change), then a diff of only the virtual servers the
+    /// delta names against what the model kernel holds of them. Checked: the delta's record of
+    /// each virtual server is what the kernel holds, and afterwards a diff of everything finds
+    /// nothing left to do.
+    fn ipvs_incremental(
+        &mut self,
+        state: &ProxyState,
+        node: &NodeContext,
+        node_addresses: &[IpAddr],
+        changes: Option<&Changes>,
+        i: u64,
+        report: &mut Report,
+    ) -> bool {
+        let planner = &mut self.ipvs_planner;
+        let mut delta = planner.delta();
+        match changes {
+            Some(c) if !c.node_changed => {
+                for key in &c.services {
+                    let ports = state.service_state(key);
+                    planner.set_service(
+                        key,
+                        &ports,
+                        node_addresses,
+                        node,
+                        &self.ipvs_config,
+                        &mut delta,
+                    );
+                }
+            }
+            _ => planner.set_all(
+                state.service_keys().map(|k| (k, state.service_state(k))),
+                node_addresses,
+                node,
+                &self.ipvs_config,
+                &mut delta,
+            ),
+        }
+        let mut ok = true;
+        let held: BTreeMap<nl::ServiceKey, &nl::Service> = self
+            .ipvs_incremental
+            .iter()
+            .map(|(s, _)| (s.key, s))
+            .collect();
+        for (key, before) in &delta.virtual_servers {
+            if held.get(key).copied() != before.as_ref() {
+                report.violation(
+                    Check::Diverged,
+                    i,
+                    &format!("ipvs: the delta's record of {key} is not what the kernel holds"),
+                );
+                ok = false;
+            }
+        }
+        let keys: BTreeSet<nl::ServiceKey> = delta.virtual_servers.keys().copied().collect();
+        let subset: Vec<_> = self
+            .ipvs_incremental
+            .iter()
+            .filter(|(s, _)| keys.contains(&s.key))
+            .cloned()
+            .collect();
+        let plan = ipvs::diff_keys(planner.desired(), &subset, &keys, &self.ipvs_config);
+        self.ipvs_incremental = apply_ipvs(&self.ipvs_incremental, &plan.changes);
+        let left = ipvs::diff(planner.desired(), &self.ipvs_incremental, &self.ipvs_config);
+        if !left.changes.is_empty() {
+            report.violation(
+                Check::Diverged,
+                i,
+                &format!(
+                    "ipvs: after a partial sync's {} changes, a full diff finds {} more: {:?}",
+                    plan.changes.len(),
+                    left.changes.len(),
+                    left.changes.first()
+                ),
+            );
+            ok = false;
+        }
         ok
     }
 

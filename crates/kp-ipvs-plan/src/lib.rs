@@ -146,6 +146,18 @@ impl Desired {
         self.add_with(frontends, node_addresses, config, None);
     }
 
+    /// [`Desired::add`] with the short-circuit marks of `marks` (a running planner's, so that
+    /// a plan made in one go can be compared with it: marks depend on the order ports came in).
+    pub fn add_marked(
+        &mut self,
+        frontends: &Frontends<'_>,
+        node_addresses: &[IpAddr],
+        config: &Config,
+        marks: &mut local::LocalPolicy,
+    ) {
+        self.add_with(frontends, node_addresses, config, Some(marks));
+    }
+
     /// [`Desired::add`], the short-circuit marks given out by `marks` (the whole state's, when
     /// this is one Service's share of it) instead of this state's own policy; this state still
     /// records which marks it uses.
