@@ -175,41 +175,19 @@ impl Client {
         self.family
     }
 
-    /// Runs one acknowledged request `build` writes (given the family id and a sequence number).
-    fn change(
-        &mut self,
-        op: impl FnOnce() -> String,
-        build: impl FnOnce(&mut Vec<u8>, u16, u32),
-    ) -> Result<()> {
-        let family = self.family;
-        self.socket
-            .request(|buf, seq| build(buf, family, seq), |_| Ok(()))
-            .map(|_| ())
-            .map_err(|e| wrap(op(), e))
-    }
-
     /// Adds a virtual service (`EEXIST` if its key is taken).
     pub fn add_service(&mut self, svc: &Service) -> Result<()> {
-        self.change(
-            || format!("add service {}", svc.key),
-            |b, f, s| ipvs::new_service(b, f, s, svc),
-        )
+        self.apply(&[Change::AddService(svc.clone())])
     }
 
     /// Changes a service's scheduler, flags, timeout or netmask (`ESRCH` if there is none).
     pub fn update_service(&mut self, svc: &Service) -> Result<()> {
-        self.change(
-            || format!("update service {}", svc.key),
-            |b, f, s| ipvs::set_service(b, f, s, svc),
-        )
+        self.apply(&[Change::UpdateService(svc.clone())])
     }
 
     /// Deletes a service with its destinations (`ESRCH` if there is none).
     pub fn delete_service(&mut self, key: &ServiceKey) -> Result<()> {
-        self.change(
-            || format!("delete service {key}"),
-            |b, f, s| ipvs::del_service(b, f, s, key),
-        )
+        self.apply(&[Change::DeleteService(*key)])
     }
 
     /// Every virtual service of the namespace.
@@ -234,37 +212,18 @@ impl Client {
     /// namespace's routing: in a namespace whose loopback is down (no local table), every IPv4
     /// destination is refused so (seen on Linux 6.1).
     pub fn add_destination(&mut self, key: &ServiceKey, dest: &Destination) -> Result<()> {
-        self.change(
-            || {
-                format!(
-                    "add destination {} to {key}",
-                    endpoint(dest.addr, dest.port)
-                )
-            },
-            |b, f, s| ipvs::new_dest(b, f, s, key, dest),
-        )
+        self.apply(&[Change::AddDestination(*key, *dest)])
     }
 
     /// Changes a destination's weight, forwarding or thresholds (`ENOENT` if the service does
     /// not have it).
     pub fn update_destination(&mut self, key: &ServiceKey, dest: &Destination) -> Result<()> {
-        self.change(
-            || {
-                format!(
-                    "update destination {} of {key}",
-                    endpoint(dest.addr, dest.port)
-                )
-            },
-            |b, f, s| ipvs::set_dest(b, f, s, key, dest),
-        )
+        self.apply(&[Change::UpdateDestination(*key, *dest)])
     }
 
     /// Removes destination `addr:port` from service `key` (`ENOENT` if it does not have it).
     pub fn delete_destination(&mut self, key: &ServiceKey, addr: IpAddr, port: u16) -> Result<()> {
-        self.change(
-            || format!("delete destination {} of {key}", endpoint(addr, port)),
-            |b, f, s| ipvs::del_dest(b, f, s, key, addr, port),
-        )
+        self.apply(&[Change::DeleteDestination(*key, addr, port)])
     }
 
     /// The destinations of service `key`, with their connection counts (none if there is no
@@ -298,17 +257,57 @@ impl Client {
         Ok(all)
     }
 
-    /// Applies a plan's changes in order, one acknowledged request each; stops at the first
-    /// refusal (the changes before it stay applied: diff again against a new dump).
+    /// Applies a plan's changes in order. They are pipelined: up to [`PIPELINE`] requests in
+    /// one datagram, each acknowledged, the kernel running them one after the other (a service
+    /// before its destinations, as the plan orders them); a round trip per datagram, not per
+    /// change (under an emulator, where a system call costs milliseconds, this is what a full
+    /// sync's time is made of). A refusal does not stop the requests after it in the same
+    /// datagram: the first one is returned, and what else was applied shows at the next diff
+    /// against a dump (after a failure the mode's next sync is a full one).
     pub fn apply(&mut self, changes: &[Change]) -> Result<()> {
-        for change in changes {
-            match change {
-                Change::AddService(s) => self.add_service(s)?,
-                Change::UpdateService(s) => self.update_service(s)?,
-                Change::DeleteService(k) => self.delete_service(k)?,
-                Change::AddDestination(k, d) => self.add_destination(k, d)?,
-                Change::UpdateDestination(k, d) => self.update_destination(k, d)?,
-                Change::DeleteDestination(k, a, p) => self.delete_destination(k, *a, *p)?,
+        let family = self.family;
+        for chunk in changes.chunks(PIPELINE) {
+            let mut buf = Vec::with_capacity(chunk.len() * 128);
+            let first = self.socket.next_seq();
+            let mut seq = first;
+            for (i, change) in chunk.iter().enumerate() {
+                if i > 0 {
+                    seq = self.socket.next_seq();
+                }
+                match change {
+                    Change::AddService(s) => ipvs::new_service(&mut buf, family, seq, s),
+                    Change::UpdateService(s) => ipvs::set_service(&mut buf, family, seq, s),
+                    Change::DeleteService(k) => ipvs::del_service(&mut buf, family, seq, k),
+                    Change::AddDestination(k, d) => ipvs::new_dest(&mut buf, family, seq, k, d),
+                    Change::UpdateDestination(k, d) => ipvs::set_dest(&mut buf, family, seq, k, d),
+                    Change::DeleteDestination(k, a, p) => {
+                        ipvs::del_dest(&mut buf, family, seq, k, *a, *p)
+                    }
+                }
+            }
+            let last = seq;
+            let mut waiting = chunk.len();
+            let mut refused: Option<(u32, KernelError)> = None;
+            self.socket
+                .acks(&buf, |ack| {
+                    if !(first..=last).contains(&ack.seq) {
+                        return false;
+                    }
+                    if let Err(e) = ack.result {
+                        if refused.is_none_or(|(s, _)| ack.seq < s) {
+                            refused = Some((ack.seq, e));
+                        }
+                    }
+                    waiting -= 1;
+                    waiting == 0
+                })
+                .map_err(|e| wrap(format!("apply {} IPVS changes", chunk.len()), e))?;
+            if let Some((seq, error)) = refused {
+                let change = &chunk[seq.wrapping_sub(first) as usize];
+                return Err(Error::Kernel {
+                    op: describe(change),
+                    error,
+                });
             }
         }
         Ok(())
@@ -316,7 +315,11 @@ impl Client {
 
     /// Deletes every service of the namespace (`ipvsadm -C`).
     pub fn flush(&mut self) -> Result<()> {
-        self.change(|| "flush".into(), ipvs::flush)
+        let family = self.family;
+        self.socket
+            .request(|b, seq| ipvs::flush(b, family, seq), |_| Ok(()))
+            .map(|_| ())
+            .map_err(|e| wrap("flush".into(), e))
     }
 
     /// Sets IPVS's connection timeouts in seconds (`ipvsadm --set TCP TCPFIN UDP`); a zero
@@ -421,6 +424,28 @@ pub struct Timeouts {
 /// `addr:port`, IPv6 in brackets.
 fn endpoint(addr: IpAddr, port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::new(addr, port)
+}
+
+/// How many IPVS requests [`Client::apply`] sends in one datagram: about 20 KiB of requests,
+/// and their acknowledgements (an error echoes its request) well inside a receive buffer.
+pub const PIPELINE: usize = 128;
+
+/// What a change asks, as [`Client`]'s single requests word it.
+fn describe(change: &Change) -> String {
+    match change {
+        Change::AddService(s) => format!("add service {}", s.key),
+        Change::UpdateService(s) => format!("update service {}", s.key),
+        Change::DeleteService(k) => format!("delete service {k}"),
+        Change::AddDestination(k, d) => {
+            format!("add destination {} to {k}", endpoint(d.addr, d.port))
+        }
+        Change::UpdateDestination(k, d) => {
+            format!("update destination {} of {k}", endpoint(d.addr, d.port))
+        }
+        Change::DeleteDestination(k, a, p) => {
+            format!("delete destination {} of {k}", endpoint(*a, *p))
+        }
+    }
 }
 
 fn wrap(op: String, e: socket::Error) -> Error {

@@ -135,6 +135,53 @@ fn planned_changes_converge_in_a_real_ipvs_kernel() {
         .expect("services")
         .iter()
         .all(|s| s.scheduler == "lc"));
+
+    // Pipelined: more changes than one datagram holds, with a refusal in the middle (a real
+    // server for a virtual server that does not exist). The first refusal is returned, named
+    // as a single request would name it, and the requests around it ran.
+    client.flush().expect("flush");
+    let svc = |i: u16| {
+        kp_netlink::ipvs::Service::new(
+            kp_netlink::ipvs::ServiceKey::Addr {
+                addr: ip("10.96.1.1"),
+                protocol: kp_ipvs::IpvsProtocol::Tcp,
+                port: 1000 + i,
+            },
+            "rr",
+        )
+    };
+    let n = kp_ipvs::PIPELINE as u16 + 50;
+    let missing = kp_netlink::ipvs::ServiceKey::Addr {
+        addr: ip("10.96.1.2"),
+        protocol: kp_ipvs::IpvsProtocol::Tcp,
+        port: 80,
+    };
+    let mut changes: Vec<Change> = (0..n).map(|i| Change::AddService(svc(i))).collect();
+    changes.insert(
+        10,
+        Change::AddDestination(
+            missing,
+            kp_netlink::ipvs::Destination::masquerade(ip("10.244.1.5"), 8080, 1),
+        ),
+    );
+    let refused = client.apply(&changes).expect_err("a refusal");
+    assert_eq!(
+        refused.to_string(),
+        "add destination 10.244.1.5:8080 to TCP 10.96.1.2:80: ESRCH (No such process)",
+        "{refused:?}"
+    );
+    // The first datagram ran whole (the refusal does not stop it); the next was not sent.
+    let added = client.services().expect("services").len();
+    assert_eq!(
+        added,
+        kp_ipvs::PIPELINE - 1,
+        "services after the refused datagram"
+    );
+    client
+        .apply(&changes[kp_ipvs::PIPELINE..])
+        .expect("the rest");
+    assert_eq!(client.services().expect("services").len(), n as usize);
+    client.flush().expect("flush");
 }
 
 #[test]
