@@ -412,9 +412,7 @@ impl Dataplane for IpvsDataplane {
                 delta.unbind.iter().copied().collect(),
             )
         };
-        for ip in &bind {
-            self.dummy.bind(*ip).map_err(dp)?;
-        }
+        self.dummy.bind_all(&bind).map_err(dp)?;
         // Sets before the rules that match them.
         let saved = if full { Some(self.ipset_save()?) } else { None };
         for i in 0..self.settings.families.len() {
@@ -456,9 +454,7 @@ impl Dataplane for IpvsDataplane {
         } else {
             self.reconcile_keys(&delta.virtual_servers, now)?
         };
-        for ip in &unbind {
-            self.dummy.unbind(*ip).map_err(dp)?;
-        }
+        self.dummy.unbind_all(&unbind).map_err(dp)?;
         operations += bind.len() + unbind.len();
         Ok(SyncReport {
             full,
@@ -502,9 +498,8 @@ impl Dataplane for IpvsDataplane {
         let kernel = self.ipvs.dump().map_err(dp)?;
         let plan = diff(self.planner.desired(), &kernel, &self.settings.ipvs);
         self.ipvs.apply(&plan.changes).map_err(dp)?;
-        for ip in self.dummy.addresses().map_err(dp)? {
-            self.dummy.unbind(ip).map_err(dp)?;
-        }
+        let bound: Vec<IpAddr> = self.dummy.addresses().map_err(dp)?.into_iter().collect();
+        self.dummy.unbind_all(&bound).map_err(dp)?;
         self.draining.clear();
         self.next_check = None;
         Ok(())

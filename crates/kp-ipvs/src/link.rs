@@ -209,64 +209,85 @@ impl Dummy {
             .map_err(sock_err(format!("ip addr show dev {}", self.name)))
     }
 
-    fn address(&mut self, kind: u16, ip: IpAddr) -> Result<()> {
+    /// Adds (`RTM_NEWADDR`) or deletes (`RTM_DELADDR`) `ips` on the interface, pipelined:
+    /// up to [`crate::PIPELINE`] requests in one datagram, each acknowledged (a round trip per
+    /// datagram: a full sync binds every Service address). An address already there on add,
+    /// or already gone on delete (`EADDRNOTAVAIL`), is the state asked for; the first other
+    /// refusal is returned (the requests around it ran).
+    fn addresses_change(&mut self, kind: u16, ips: &[IpAddr]) -> Result<()> {
         let index = self.index;
-        let (family, prefix, octets): (u8, u8, Vec<u8>) = match ip {
-            IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec()),
-            IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec()),
-        };
-        let v6 = family == AF_INET6;
-        let flags = if kind == RTM_NEWADDR && v6 {
-            // Replace: an address bound before gets the lifetimes below too.
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
-        } else if kind == RTM_NEWADDR {
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-        } else {
-            NLM_F_REQUEST | NLM_F_ACK
-        };
-        let r = self.socket.request(
-            |b, seq| {
-                let m = message::begin(b, kind, flags, seq);
-                b.extend_from_slice(&[family, prefix, 0, RT_SCOPE_HOST]);
-                b.extend_from_slice(&index.to_ne_bytes());
-                attr::put(b, IFA_LOCAL, &octets);
-                attr::put(b, IFA_ADDRESS, &octets);
-                if v6 && kind == RTM_NEWADDR {
-                    // struct ifa_cacheinfo: preferred 0 (deprecated: never chosen as a source
-                    // address, so the masquerade of traffic leaving the node does not pick a
-                    // Service address), valid forever; the timestamps are the kernel's.
-                    let mut ci = Vec::with_capacity(16);
-                    ci.extend_from_slice(&0u32.to_ne_bytes());
-                    ci.extend_from_slice(&u32::MAX.to_ne_bytes());
-                    ci.extend_from_slice(&[0u8; 8]);
-                    attr::put(b, IFA_CACHEINFO, &ci);
-                }
-                message::end(b, m);
-            },
-            |_| Ok(()),
-        );
         let add = kind == RTM_NEWADDR;
-        match r {
-            Ok(_) => Ok(()),
-            // Already there on add, already gone on delete (EADDRNOTAVAIL): the state asked for.
-            Err(e) if add && e.kernel().is_some_and(|k| k.is_exists()) => Ok(()),
-            Err(e) if !add && e.kernel().is_some_and(|k| k.errno == EADDRNOTAVAIL) => Ok(()),
-            Err(e) => Err(sock_err(format!(
-                "ip addr {} {ip}/{prefix} dev {}",
-                if add { "add" } else { "del" },
-                self.name
-            ))(e)),
+        for chunk in ips.chunks(crate::PIPELINE) {
+            let mut buf = Vec::with_capacity(chunk.len() * 64);
+            let first = self.socket.next_seq();
+            let mut seq = first;
+            for (i, ip) in chunk.iter().enumerate() {
+                if i > 0 {
+                    seq = self.socket.next_seq();
+                }
+                address_request(&mut buf, kind, index, *ip, seq);
+            }
+            let last = seq;
+            let mut waiting = chunk.len();
+            let mut refused: Option<(u32, kp_netlink::KernelError)> = None;
+            self.socket
+                .acks(&buf, |ack| {
+                    if !(first..=last).contains(&ack.seq) {
+                        return false;
+                    }
+                    if let Err(e) = ack.result {
+                        let fine = if add {
+                            e.is_exists()
+                        } else {
+                            e.errno == EADDRNOTAVAIL
+                        };
+                        if !fine && refused.is_none_or(|(s, _)| ack.seq < s) {
+                            refused = Some((ack.seq, e));
+                        }
+                    }
+                    waiting -= 1;
+                    waiting == 0
+                })
+                .map_err(sock_err(format!(
+                    "ip addr {} ({} addresses) dev {}",
+                    if add { "add" } else { "del" },
+                    chunk.len(),
+                    self.name
+                )))?;
+            if let Some((seq, error)) = refused {
+                let ip = chunk[seq.wrapping_sub(first) as usize];
+                let prefix = if ip.is_ipv6() { 128 } else { 32 };
+                return Err(sock_err(format!(
+                    "ip addr {} {ip}/{prefix} dev {}",
+                    if add { "add" } else { "del" },
+                    self.name
+                ))(kp_netlink::socket::Error::Kernel {
+                    seq,
+                    error,
+                }));
+            }
         }
+        Ok(())
     }
 
     /// `ip addr add IP/32 (or /128) dev NAME`; an address already there is fine.
     pub fn bind(&mut self, ip: IpAddr) -> Result<()> {
-        self.address(RTM_NEWADDR, ip)
+        self.addresses_change(RTM_NEWADDR, &[ip])
+    }
+
+    /// [`Dummy::bind`] for many addresses, pipelined.
+    pub fn bind_all(&mut self, ips: &[IpAddr]) -> Result<()> {
+        self.addresses_change(RTM_NEWADDR, ips)
     }
 
     /// `ip addr del IP/32 (or /128) dev NAME`; a missing address is fine.
     pub fn unbind(&mut self, ip: IpAddr) -> Result<()> {
-        self.address(RTM_DELADDR, ip)
+        self.addresses_change(RTM_DELADDR, &[ip])
+    }
+
+    /// [`Dummy::unbind`] for many addresses, pipelined.
+    pub fn unbind_all(&mut self, ips: &[IpAddr]) -> Result<()> {
+        self.addresses_change(RTM_DELADDR, ips)
     }
 
     /// `ip link del NAME` (its addresses go with it).
@@ -285,6 +306,40 @@ impl Dummy {
             .map_err(sock_err(format!("ip link del {name}")))?;
         Ok(())
     }
+}
+
+/// Writes one `RTM_NEWADDR`/`RTM_DELADDR` request for `ip` (a host address) on interface
+/// `index`, with `NLM_F_ACK`.
+fn address_request(b: &mut Vec<u8>, kind: u16, index: u32, ip: IpAddr, seq: u32) {
+    let (family, prefix, octets): (u8, u8, Vec<u8>) = match ip {
+        IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec()),
+        IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec()),
+    };
+    let v6 = family == AF_INET6;
+    let flags = if kind == RTM_NEWADDR && v6 {
+        // Replace: an address bound before gets the lifetimes below too.
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+    } else if kind == RTM_NEWADDR {
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    } else {
+        NLM_F_REQUEST | NLM_F_ACK
+    };
+    let m = message::begin(b, kind, flags, seq);
+    b.extend_from_slice(&[family, prefix, 0, RT_SCOPE_HOST]);
+    b.extend_from_slice(&index.to_ne_bytes());
+    attr::put(b, IFA_LOCAL, &octets);
+    attr::put(b, IFA_ADDRESS, &octets);
+    if v6 && kind == RTM_NEWADDR {
+        // struct ifa_cacheinfo: preferred 0 (deprecated: never chosen as a source address, so
+        // the masquerade of traffic leaving the node does not pick a Service address), valid
+        // forever; the timestamps are the kernel's.
+        let mut ci = Vec::with_capacity(16);
+        ci.extend_from_slice(&0u32.to_ne_bytes());
+        ci.extend_from_slice(&u32::MAX.to_ne_bytes());
+        ci.extend_from_slice(&[0u8; 8]);
+        attr::put(b, IFA_CACHEINFO, &ci);
+    }
+    message::end(b, m);
 }
 
 /// asm-generic/errno.h: what deleting an address that is not there answers.

@@ -80,6 +80,25 @@ fn kube_ipvs0_holds_service_addresses_ipv6_ones_deprecated_and_goes_away() {
             .collect::<Vec<_>>(),
         [ip("fd00:10:96::10")]
     );
+    // Many at once, pipelined over more than one datagram, some already bound: all bound;
+    // then all unbound, some already gone.
+    let many: Vec<IpAddr> = (0..300u32)
+        .map(|i| ip(&format!("10.97.{}.{}", i / 200, i % 200 + 1)))
+        .collect();
+    d.bind(many[5]).expect("bind one first");
+    d.bind_all(&many).expect("bind all");
+    let bound = d.addresses().expect("addresses");
+    assert_eq!(bound.len(), 301, "the 300 and fd00:10:96::10");
+    assert!(many.iter().all(|a| bound.contains(a)));
+    d.unbind(many[299]).expect("unbind one first");
+    d.unbind_all(&many).expect("unbind all");
+    assert_eq!(
+        d.addresses()
+            .expect("addresses")
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [ip("fd00:10:96::10")]
+    );
     let found = Dummy::find(name, "kube-ipvs0")
         .expect("lookup")
         .expect("there");
