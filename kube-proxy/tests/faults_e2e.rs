@@ -1,9 +1,11 @@
 //! Faults injected into a running kube-proxy, in each kernel mode: the kernel tool (`nft`,
-//! `iptables-restore`; userspace mode's `nft` for its redirect table) failing N times in a
-//! row, and the manifest directory vanishing and coming back. Existing Services must keep
-//! answering throughout, the failures must be counted, and the proxy must recover with the
-//! first attempt after the fault ends. Then tampering: rules, table elements or ebpf map
-//! entries deleted behind the proxy's back, repaired by its periodic check.
+//! `iptables-restore`; userspace mode's `nft` for its redirect table; ipvs mode's
+//! `ipset restore`) failing N times in a row, and the manifest directory vanishing and coming
+//! back. Existing Services must keep answering throughout, the failures must be counted, and
+//! the proxy must recover with the first attempt after the fault ends. Then tampering: rules,
+//! table elements, ebpf map entries, an IPVS virtual server or an ipset's elements deleted
+//! behind the proxy's back, repaired by its periodic check. ipvs mode's tests run in the kp-vm
+//! guest (`tests/guest`): this machine's kernel has no IPVS.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -15,16 +17,27 @@ use kp_test::netns::ChildGuard;
 
 mod common;
 mod ebpf_lab;
+mod guest;
 use common::{
     eventually, http_get, metric_sum, temp_dir, web_backends, write_atomically, HEALTHZ, PROGRAMMED,
 };
 
 /// The tool that applies a sync in each mode, wrapped so that a test can make the next N runs
 /// fail. (Only the applying tools: iptables mode on nft also lists chains with `nft`, and falls
-/// back to iptables-save when that fails.)
+/// back to iptables-save when that fails.) An entry of two words wraps the tool but fails only
+/// its runs with that first argument: ipvs mode reads its sets back with `ipset save` and
+/// applies them with `ipset restore`; its IPVS changes go over netlink, which no wrapper
+/// reaches.
 fn applying_tools(mode: &str) -> &'static [&'static str] {
     match mode {
         "nftables" | "userspace" => &["nft"],
+        "ipvs" => &[
+            "ipset restore",
+            "iptables-nft-restore",
+            "ip6tables-nft-restore",
+            "iptables-legacy-restore",
+            "ip6tables-legacy-restore",
+        ],
         _ => &[
             "iptables-nft-restore",
             "ip6tables-nft-restore",
@@ -36,9 +49,13 @@ fn applying_tools(mode: &str) -> &'static [&'static str] {
 
 /// Writes a wrapper for each tool into `dir`: while `dir/fail-count` holds a number above zero,
 /// a run decrements it and fails the way a refused transaction does; otherwise it runs the
-/// real tool.
+/// real tool. A `tool subcommand` entry fails only runs whose first argument is `subcommand`.
 fn write_wrappers(dir: &Path, tools: &[&str]) {
-    for tool in tools {
+    for entry in tools {
+        let (tool, only) = match entry.split_once(' ') {
+            Some((tool, sub)) => (tool, format!(" && [ \"$1\" = {sub} ]")),
+            None => (*entry, String::new()),
+        };
         let real = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
             .iter()
             .map(|d| Path::new(d).join(tool))
@@ -48,7 +65,7 @@ fn write_wrappers(dir: &Path, tools: &[&str]) {
             "#!/bin/sh\n\
              count={dir}/fail-count\n\
              n=$(cat \"$count\" 2>/dev/null || echo 0)\n\
-             if [ \"$n\" -gt 0 ]; then\n\
+             if [ \"$n\" -gt 0 ]{only}; then\n\
              \techo $((n - 1)) > \"$count\"\n\
              \techo \"{tool}: injected failure\" >&2\n\
              \texit 1\n\
@@ -131,6 +148,21 @@ impl Failures {
 /// A stopping userspace proxy serves on for its drain timeout: short here, so each stop is quick.
 const USERSPACE_DRAIN: &str = "--userspace-drain-timeout=1s";
 
+/// ipvs mode's periods (the iptables ones, which `common::spawn_proxy_in_mode` sets to a
+/// second, do not apply in ipvs mode). ipvs mode runs only in the kp-vm guest, where a full
+/// sync that changes nothing takes about 9 s (every `ipset` and `iptables-nft` run is
+/// emulated): with a period of a second the loop would be in a full sync all the time, and a
+/// tampering test could not see the breakage before a sync already under way repaired it. 5 s
+/// leaves that time after each periodic full sync.
+const IPVS_PERIODS: [&str; 2] = ["--ipvs-sync-period=5s", "--ipvs-min-sync-period=100ms"];
+
+/// `host`, or `guest` in the kp-vm guest (ipvs mode): the guest is emulated (TCG) on a shared
+/// machine, where a start's first sync took 5-27 s and a full sync that changes nothing 9 s, so
+/// every wait for the proxy is longer there. The other modes' waits are unchanged.
+fn wait(host: u64, guest: u64) -> Duration {
+    Duration::from_secs(if guest::is_guest() { guest } else { host })
+}
+
 fn start(lab: &Lab, mode: &str, manifests: &Path, tools: &Path) -> ChildGuard {
     start_with(lab, mode, manifests, tools, &[])
 }
@@ -141,15 +173,18 @@ fn start_with(lab: &Lab, mode: &str, manifests: &Path, tools: &Path, extra: &[&s
     if mode == "userspace" {
         source.push(USERSPACE_DRAIN);
     }
+    if mode == "ipvs" {
+        source.extend(IPVS_PERIODS);
+    }
     source.extend(extra);
     let mut proxy = common::spawn_proxy_in_mode(lab, mode, &["env", &path], &source);
     proxy
-        .wait_for_log(PROGRAMMED, Duration::from_secs(60))
+        .wait_for_log(PROGRAMMED, wait(60, 180))
         .unwrap_or_else(|e| panic!("{mode}: first sync: {e}\n{}", proxy.log()));
     // The other modes' leftovers are removed after the first sync, with the same tools: a
     // fault injected before that would be spent there instead of on the sync under test.
     proxy
-        .wait_for_log(common::LEFTOVERS_GONE, Duration::from_secs(30))
+        .wait_for_log(common::LEFTOVERS_GONE, wait(30, 180))
         .unwrap_or_else(|e| panic!("{mode}: leftovers: {e}\n{}", proxy.log()));
     proxy
 }
@@ -177,7 +212,7 @@ fn tool_failures_are_survived(mode: &str, legacy: bool, failures: Failures) {
     let mut checks = 0;
     let recovered = eventually(
         "the new Service to be programmed after the injected failures",
-        Duration::from_secs(60),
+        wait(60, 180),
         || {
             assert_eq!(
                 web_backends(&lab, 6)
@@ -202,11 +237,9 @@ fn tool_failures_are_survived(mode: &str, legacy: bool, failures: Failures) {
     );
     // The rules answer as soon as the tool commits; /healthz turns healthy when the sync that
     // committed them returns (after its own checks), a moment later on a loaded machine.
-    eventually(
-        &format!("{mode}: healthy again"),
-        Duration::from_secs(10),
-        || http_get(lab.node(), HEALTHZ).contains("\"healthy\":true"),
-    );
+    eventually(&format!("{mode}: healthy again"), wait(10, 60), || {
+        http_get(lab.node(), HEALTHZ).contains("\"healthy\":true")
+    });
     assert!(
         proxy.log().contains("injected failure"),
         "the tool's error is logged"
@@ -253,6 +286,22 @@ fn iptables_mode_on_legacy_survives_iptables_restore_failing_three_times() {
         true,
         Failures::Metric("kubeproxy_sync_proxy_rules_iptables_restore_failures_total"),
     );
+}
+
+/// ipvs mode applies its sets with `ipset restore` (a new ClusterIP is a new element of
+/// `KUBE-CLUSTER-IP`) and its chains with `iptables-restore`; it has no failure metric of its
+/// own, so the failed syncs are counted from the sync loop's log. Runs in the kp-vm guest: this
+/// machine's kernel has no IPVS.
+#[test]
+#[ignore = "needs root"]
+fn ipvs_mode_survives_ipset_restore_failing_three_times() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    if !guest::in_guest("ipvs_mode_survives_ipset_restore_failing_three_times") {
+        return;
+    }
+    tool_failures_are_survived("ipvs", false, Failures::LogLines);
 }
 
 /// The manifest directory disappears (an unmounted volume) and comes back: nothing is removed
@@ -306,6 +355,12 @@ enum Repairs {
     Metric(&'static str),
     LogLines(&'static str),
     FullSyncWrites,
+    /// Full syncs that wrote more than the full sync before them: ipvs mode's periodic full
+    /// sync reads IPVS, the sets and `kube-ipvs0` back and writes what differs, but restores
+    /// its chains every time, so a full sync that found nothing still reports those writes.
+    /// (The tamper waits for a periodic full sync first, so the one before a repair is a
+    /// quiet one, not the first sync.)
+    FullSyncWritesAboveTheLast,
 }
 
 /// The sync loop's line for a full sync, followed by the number of operations it sent.
@@ -325,8 +380,22 @@ impl Repairs {
                 .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<u64>().ok())
                 .filter(|n| *n > 0)
                 .count() as f64,
+            Repairs::FullSyncWritesAboveTheLast => {
+                let writes = full_sync_writes(proxy);
+                writes.windows(2).filter(|w| w[1] > w[0]).count() as f64
+            }
         }
     }
+}
+
+/// The operations of each full sync in `proxy`'s log, in order.
+fn full_sync_writes(proxy: &ChildGuard) -> Vec<u64> {
+    proxy
+        .log()
+        .lines()
+        .filter_map(|l| l.split_once(FULL_SYNC))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .collect()
 }
 
 /// What is done behind the proxy's back.
@@ -338,7 +407,8 @@ enum Tamper<'a> {
 }
 
 /// Something deletes part of our rules behind the proxy's back; the periodic check (every
-/// `--iptables-sync-period`, 1 s in these tests) finds and repairs it.
+/// `--iptables-sync-period`, 1 s in these tests; ipvs mode's `--ipvs-sync-period`, see
+/// [`IPVS_PERIODS`]) finds and repairs it.
 fn tampering_is_repaired_within_one_sync_period(
     mode: &str,
     legacy: bool,
@@ -366,6 +436,17 @@ fn tampering_is_repaired_within_one_sync_period(
     );
     let proxy = start_with(&lab, mode, &manifests.0, &tools.0, &flags);
     assert!(answers(&lab, "10.96.0.10"));
+    if let Repairs::FullSyncWritesAboveTheLast = repairs {
+        // A periodic full sync after the first one, so that the repair is compared with a
+        // quiet one; tampering right after it also leaves the test a whole period to see
+        // the breakage before the next one repairs it.
+        let synced = full_sync_writes(&proxy).len();
+        eventually(
+            &format!("{mode}: a periodic full sync"),
+            wait(10, 60),
+            || full_sync_writes(&proxy).len() > synced,
+        );
+    }
     let before = repairs.count(&lab, &proxy);
     match tamper {
         Tamper::Commands(commands) => {
@@ -384,11 +465,17 @@ fn tampering_is_repaired_within_one_sync_period(
         !answers(&lab, "10.96.0.10"),
         "{mode}: the tampering did not break the web Service, so it proves nothing"
     );
-    let repaired = eventually(
-        "the tampered rules to be repaired",
-        Duration::from_secs(5),
-        || answers(&lab, "10.96.0.10"),
-    );
+    let repaired = eventually("the tampered rules to be repaired", wait(5, 60), || {
+        answers(&lab, "10.96.0.10")
+    });
+    if let Repairs::FullSyncWritesAboveTheLast = repairs {
+        // The full sync that repairs logs its line when it ends, which in the guest can be
+        // seconds after the part that mattered (the sets come first in a sync).
+        let until = std::time::Instant::now() + wait(5, 60);
+        while repairs.count(&lab, &proxy) <= before && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     assert!(
         repairs.count(&lab, &proxy) > before,
         "{mode}: the repair is counted\n{}",
@@ -476,5 +563,47 @@ fn ebpf_mode_repairs_a_map_entry_deleted_behind_its_back() {
             ebpf_lab::tcp_frontend_head("10.96.0.10".parse().unwrap(), 80),
         ),
         Repairs::FullSyncWrites,
+    );
+}
+
+/// The web virtual server deleted (`ipvsadm -D`): 10.96.0.10 is still bound to `kube-ipvs0`
+/// and let through by `KUBE-IPVS-FILTER`, so a connection reaches the node's own stack, where
+/// nothing listens on port 80, and is refused until the periodic full sync re-adds the virtual
+/// server and its real servers. Runs in the kp-vm guest: this machine's kernel has no IPVS.
+#[test]
+#[ignore = "needs root"]
+fn ipvs_mode_repairs_a_virtual_server_deleted_behind_its_back() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    if !guest::in_guest("ipvs_mode_repairs_a_virtual_server_deleted_behind_its_back") {
+        return;
+    }
+    tampering_is_repaired_within_one_sync_period(
+        "ipvs",
+        false,
+        Tamper::Commands(&[&["ipvsadm", "-D", "-t", "10.96.0.10:80"]]),
+        Repairs::FullSyncWritesAboveTheLast,
+    );
+}
+
+/// `KUBE-CLUSTER-IP` flushed: besides masquerade, the set is what lets a new connection to a
+/// ClusterIP through `KUBE-IPVS-FILTER`, which rejects new connections to every other address
+/// of `KUBE-IPVS-IPS`; so 10.96.0.10 refuses until the periodic full sync (which compares the
+/// sets with `ipset save`) adds the elements back. Runs in the kp-vm guest.
+#[test]
+#[ignore = "needs root"]
+fn ipvs_mode_repairs_a_set_flushed_behind_its_back() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    if !guest::in_guest("ipvs_mode_repairs_a_set_flushed_behind_its_back") {
+        return;
+    }
+    tampering_is_repaired_within_one_sync_period(
+        "ipvs",
+        false,
+        Tamper::Commands(&[&["ipset", "flush", "KUBE-CLUSTER-IP"]]),
+        Repairs::FullSyncWritesAboveTheLast,
     );
 }
