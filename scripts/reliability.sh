@@ -3,9 +3,9 @@
 # ending with one table of figures. Which modes each part covers:
 #   fuzzing   every mode's renderer: nftables, iptables, userspace, ipvs, ebpf
 #   faults    nftables, iptables (nft and legacy), userspace, ebpf (tampering only: it runs no
-#             tool); not ipvs, which runs only in a qemu guest (kube-proxy/tests/ipvs_vm_e2e.rs)
-#   restarts  kill -9: nftables, iptables (nft and legacy), ebpf; userspace: SIGTERM (a rolling
-#             restart; kill -9 ends the relays the dead process held); not ipvs (as above)
+#             tool), ipvs (in the kp-vm qemu guest: this kernel has no IPVS)
+#   restarts  kill -9: nftables, iptables (nft and legacy), ebpf, ipvs (qemu guest); userspace:
+#             SIGTERM (a rolling restart; kill -9 ends the relays the dead process held)
 #   churn     nftables
 #
 #   bash scripts/reliability.sh            # the long run (1M fuzzed objects, 10k-Service churn)
@@ -57,7 +57,7 @@ if [ "$(id -u)" -ne 0 ]; then
     printf '%s\nNOT ROOT: faults, restarts and churn need network namespaces and are SKIPPED.\n%s\n' \
         "$(printf '!%.0s' $(seq 72))" "$(printf '!%.0s' $(seq 72))" >&2
 else
-    say "faults: failing kernel tools (nftables, iptables nft/legacy, userspace), tampering (those and ebpf), API server drops, 410s, stalls and outages, a vanishing manifest directory"
+    say "faults: failing kernel tools (nftables, iptables nft/legacy, userspace, ipvs in a qemu guest), tampering (those and ebpf), API server drops, 410s, stalls and outages, a vanishing manifest directory"
     cargo test -q --locked -p kube-proxy --test faults_e2e --test apiserver_e2e -- --include-ignored \
         >"$logs/faults.log" 2>&1
     cargo test -q --locked -p kp-source --test fake_apiserver >>"$logs/faults.log" 2>&1
@@ -69,13 +69,13 @@ else
         row "faults injected and survived" FAILED "$n passed, $f failed: see $logs/faults.log"
     fi
 
-    say "restarts under traffic: kill -9 and a new kube-proxy (nftables, iptables nft/legacy, ebpf); userspace: SIGTERM and a new kube-proxy"
+    say "restarts under traffic: kill -9 and a new kube-proxy (nftables, iptables nft/legacy, ebpf, ipvs in a qemu guest); userspace: SIGTERM and a new kube-proxy"
     cargo test --locked -p kube-proxy --test restart_e2e -- --include-ignored --test-threads=1 \
         --nocapture >"$logs/restarts.log" 2>&1
     n=$(grep -c 'none failed' "$logs/restarts.log"); f=$(failed_in "$logs/restarts.log")
     # Each run's line starts with its mode ("iptables" twice: nft and legacy backends).
     runs=$(grep 'none failed' "$logs/restarts.log" \
-        | grep -oE '(nftables|iptables|ebpf|userspace \(SIGTERM\)): ' | tr -d ':' | sed 's/ $//' \
+        | grep -oE '(nftables|iptables|ebpf|ipvs \(guest\)|userspace \(SIGTERM\)): ' | tr -d ':' | sed 's/ $//' \
         | paste -sd, - | sed 's/,/, /g')
     gap=$(grep -oE 'longest gap [0-9.]+[mµn]?s' "$logs/restarts.log" | awk '{print $3}' | sort -V | tail -n 1)
     if [ "$f" -eq 0 ] && [ "$n" -gt 0 ]; then
