@@ -445,27 +445,42 @@ pub fn diff(desired: &Sets, current: &Sets) -> Vec<SetChange> {
     out
 }
 
+/// The most elements a hash set takes (`maxelem`). Upstream's 65,536 is too few at scale:
+/// `KUBE-LOOP-BACK` holds one element per endpoint of every ClusterIP port (100,000 at 10,000
+/// Services of 10 endpoints), and a full set refuses the rest ("Hash is full"). A hash set's
+/// memory follows its elements, not this bound.
+pub const MAX_ELEMENTS: u32 = 1 << 20;
+
+fn inet(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "inet",
+        IpFamily::V6 => "inet6",
+    }
+}
+
+/// The type and options `set` is created with (after its name, without `-exist`).
+fn create_options(set: SetName, family: IpFamily) -> String {
+    let t = set.set_type();
+    match t {
+        SetType::BitmapPort => format!("{} range 0-65535", t.as_str()),
+        _ => format!(
+            "{} family {} hashsize 1024 maxelem {MAX_ELEMENTS}",
+            t.as_str(),
+            inet(family)
+        ),
+    }
+}
+
 /// The `ipset restore` text for `changes` in `family`, led by a `create ... -exist` of every
 /// set (creating one that exists is a no-op, so the rules that name every set always load).
 pub fn restore_text(family: IpFamily, changes: &[SetChange]) -> String {
     let mut out = String::new();
-    let inet = match family {
-        IpFamily::V4 => "inet",
-        IpFamily::V6 => "inet6",
-    };
     for set in SetName::ALL {
-        let name = set.name(family);
-        let t = set.set_type();
-        match t {
-            SetType::BitmapPort => out.push_str(&format!(
-                "create {name} {} range 0-65535 -exist\n",
-                t.as_str()
-            )),
-            _ => out.push_str(&format!(
-                "create {name} {} family {inet} hashsize 1024 maxelem 65536 -exist\n",
-                t.as_str()
-            )),
-        }
+        out.push_str(&format!(
+            "create {} {} -exist\n",
+            set.name(family),
+            create_options(set, family)
+        ));
     }
     for c in changes {
         let (verb, set, entry) = match c {
@@ -475,6 +490,67 @@ pub fn restore_text(family: IpFamily, changes: &[SetChange]) -> String {
         out.push_str(&format!("{verb} {} {entry} -exist\n", set.name(family)));
     }
     out
+}
+
+/// The sets of `family` that `ipset save` output shows created with other options than
+/// [`restore_text`]'s (another `maxelem`, as upstream's or an older kube-proxy-rs's, or
+/// options such as `comment` or `counters`): `create ... -exist` refuses those, so they must
+/// be replaced ([`replace_text`]). The size the kernel reports (`hashsize`, which grows with
+/// the elements, `bucketsize`, `initval`) is not compared.
+pub fn misfits(family: IpFamily, saved: &str) -> Vec<SetName> {
+    let mut out = Vec::new();
+    for line in saved.lines() {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("create") {
+            continue;
+        }
+        let Some(set) = words.next().and_then(|n| SetName::parse(n, family)) else {
+            continue;
+        };
+        let mut shown = Vec::new();
+        let mut words = words.peekable();
+        while let Some(w) = words.next() {
+            if matches!(w, "hashsize" | "bucketsize" | "initval") {
+                words.next();
+            } else {
+                shown.push(w);
+            }
+        }
+        let mut wanted: Vec<String> = Vec::new();
+        let mut options = create_options(set, family);
+        options = options.replace(" hashsize 1024", "");
+        wanted.extend(options.split_whitespace().map(str::to_string));
+        if shown != wanted {
+            out.push(set);
+        }
+    }
+    out
+}
+
+/// The `ipset restore` text that replaces each of `sets` by an empty one created as
+/// [`restore_text`] creates it, under the same name: a new set is created, swapped with the
+/// old one (iptables rules that match the name keep working throughout) and the old one
+/// destroyed. The caller then adds every element again.
+pub fn replace_text(family: IpFamily, sets: &[SetName]) -> String {
+    let mut out = String::new();
+    for (i, set) in sets.iter().enumerate() {
+        let temp = format!("KUBE-REPLACING-{i}");
+        out.push_str(&format!(
+            "create {temp} {}\nswap {} {temp}\ndestroy {temp}\n",
+            create_options(*set, family),
+            set.name(family)
+        ));
+    }
+    out
+}
+
+impl Sets {
+    /// Empties `set` (what a replaced set holds).
+    pub fn clear(&mut self, set: SetName) {
+        if let Some(entries) = self.sets.get_mut(&set) {
+            entries.clear();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -229,15 +229,19 @@ impl IpvsDataplane {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| tool(e.to_string()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(text.as_bytes())
-                .map_err(|e| tool(e.to_string()))?;
-        }
+        // A write that fails (ipset stopped reading at a refused line: a broken pipe) is
+        // reported with what ipset said, not as the pipe's error.
+        let written = match child.stdin.take() {
+            Some(mut stdin) => stdin.write_all(text.as_bytes()),
+            None => Ok(()),
+        };
         let out = child.wait_with_output().map_err(|e| tool(e.to_string()))?;
         if !out.status.success() {
-            return Err(tool(String::from_utf8_lossy(&out.stderr).into_owned()));
+            return Err(tool(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
         }
+        written.map_err(|e| tool(e.to_string()))?;
         Ok(())
     }
 
@@ -254,12 +258,22 @@ impl IpvsDataplane {
                 c
             }
         };
-        let out = cmd.output().map_err(|e| {
+        let tool = |detail: String| {
             DataplaneError::transient(Error::Tool {
                 op: "ipset save".into(),
-                detail: e.to_string(),
+                detail,
             })
-        })?;
+        };
+        let out = cmd.output().map_err(|e| tool(e.to_string()))?;
+        // A failed save is not "no sets": the full sync would re-add every element and never
+        // delete a stale one.
+        if !out.status.success() {
+            return Err(tool(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
@@ -417,14 +431,27 @@ impl Dataplane for IpvsDataplane {
         let saved = if full { Some(self.ipset_save()?) } else { None };
         for i in 0..self.settings.families.len() {
             let family = self.settings.families[i];
-            let set_changes = match &saved {
+            let (replace, set_changes) = match &saved {
                 Some(saved) => {
-                    ipset::diff(&self.planner.sets()[i], &Sets::parse_save(family, saved))
+                    // Sets made with other options (upstream's maxelem, an older version's)
+                    // refuse `create -exist`: replaced under their name, then filled again.
+                    let misfits = ipset::misfits(family, saved);
+                    let mut had = Sets::parse_save(family, saved);
+                    for set in &misfits {
+                        tracing::warn!(
+                            set = set.name(family),
+                            "replacing an ipset created with other options than this mode's"
+                        );
+                        had.clear(*set);
+                    }
+                    let changes = ipset::diff(&self.planner.sets()[i], &had);
+                    (ipset::replace_text(family, &misfits), changes)
                 }
-                None => delta.set_changes(i),
+                None => (String::new(), delta.set_changes(i)),
             };
             if full || !set_changes.is_empty() {
-                self.ipset_restore(&ipset::restore_text(family, &set_changes))?;
+                let text = ipset::restore_text(family, &set_changes);
+                self.ipset_restore(&(replace + &text))?;
             }
             operations += set_changes.len();
             if !full && set_changes.is_empty() && !delta.local {

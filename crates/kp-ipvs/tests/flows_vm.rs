@@ -139,11 +139,38 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
         .run(&["ipvsadm", "-L", "--timeout"])
         .expect("ipvsadm");
     assert!(shown.contains("1800 60 120"), "{shown}");
+    // A set as upstream's kube-proxy makes it (maxelem 65536, which `create -exist` with this
+    // mode's options refuses), holding a stale element: the first sync replaces it under its
+    // name and fills it.
+    let node_run = |args: &[&str]| lab.node().run(args).expect("ipset");
+    node_run(&[
+        "ipset",
+        "create",
+        "KUBE-LOOP-BACK",
+        "hash:ip,port,ip",
+        "family",
+        "inet",
+        "hashsize",
+        "1024",
+        "maxelem",
+        "65536",
+    ]);
+    node_run(&[
+        "ipset",
+        "add",
+        "KUBE-LOOP-BACK",
+        "10.244.9.9,tcp:80,10.244.9.9",
+    ]);
     let state = kp_flows::state();
     let t = Instant::now();
     let report = dp
         .sync(&state, &Changes::default(), true)
         .expect("first sync");
+    let loop_back = node_run(&["ipset", "save", "KUBE-LOOP-BACK"]);
+    assert!(
+        loop_back.contains("maxelem 1048576") && !loop_back.contains("10.244.9.9"),
+        "{loop_back}"
+    );
     eprintln!(
         "first sync: {:?}, {} operations",
         t.elapsed(),

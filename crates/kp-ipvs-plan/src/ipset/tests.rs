@@ -204,7 +204,7 @@ fn restore_text_creates_every_set_and_saved_output_reads_back_to_the_same_conten
     let text = restore_text(IpFamily::V4, &diff(&want, &Sets::new(IpFamily::V4)));
     assert!(text.contains("create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 -exist\n"));
     assert!(text.contains(
-        "create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536 -exist\n"
+        "create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 1048576 -exist\n"
     ));
     assert!(text
         .contains("add KUBE-LOAD-BALANCER-SOURCE-CIDR 198.51.100.10,tcp:80,192.0.2.0/24 -exist\n"));
@@ -238,4 +238,38 @@ fn a_host_network_saved_without_its_length_parses_as_a_host_route() {
         Entry::parse(SetType::HashIpPort, "10.0.0.1,tcp:80,10.0.0.1"),
         None
     );
+}
+
+#[test]
+fn sets_created_with_other_options_are_found_and_replaced_under_their_name() {
+    // As `ipset save` prints them: ours (the kernel's sizes differ and do not count), one with
+    // upstream's maxelem, one with comments, one of the other family, one of someone else.
+    let saved = "\
+create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 4096 maxelem 1048576 bucketsize 12 initval 0x1
+create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x2
+create KUBE-EXTERNAL-IP hash:ip,port family inet hashsize 1024 maxelem 1048576 comment bucketsize 12 initval 0x3
+create KUBE-NODE-PORT-TCP bitmap:port range 0-65535
+create KUBE-6-LOOP-BACK hash:ip,port,ip family inet6 hashsize 1024 maxelem 65536 bucketsize 12 initval 0x4
+create OTHER hash:ip family inet hashsize 1024 maxelem 65536
+add KUBE-LOOP-BACK 10.244.1.5,tcp:8080,10.244.1.5
+";
+    assert_eq!(
+        misfits(IpFamily::V4, saved),
+        [SetName::LoopBack, SetName::ExternalIp]
+    );
+    assert_eq!(misfits(IpFamily::V6, saved), [SetName::LoopBack]);
+    let text = replace_text(IpFamily::V4, &[SetName::LoopBack]);
+    assert_eq!(
+        text,
+        "create KUBE-REPLACING-0 hash:ip,port,ip family inet hashsize 1024 maxelem 1048576\n\
+         swap KUBE-LOOP-BACK KUBE-REPLACING-0\n\
+         destroy KUBE-REPLACING-0\n"
+    );
+    // What restore_text creates is not a misfit.
+    let ours: String = restore_text(IpFamily::V4, &[])
+        .replace(" -exist", "")
+        .lines()
+        .map(|l| format!("{l} bucketsize 12 initval 0x9\n"))
+        .collect();
+    assert!(misfits(IpFamily::V4, &ours).is_empty(), "{ours}");
 }
