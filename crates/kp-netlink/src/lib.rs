@@ -5,7 +5,8 @@
 //! ([`message`]: `nlmsghdr`, splitting datagrams, telling `NLMSG_ERROR`/`NLMSG_DONE` and
 //! `NLM_F_DUMP_INTR` apart), attributes with alignment and nesting ([`attr`]), nfnetlink's
 //! `nfgenmsg` and batches ([`nfnl`]), generic netlink's `genlmsghdr` and the controller's family
-//! lookup ([`genl`]), IPVS's services and destinations over generic netlink ([`ipvs`]), the
+//! lookup ([`genl`]), IPVS's services and destinations over generic netlink ([`ipvs`]), ipset's
+//! element add and delete requests over nfnetlink ([`ipset`]), the
 //! kernel's refusal as a typed errno ([`KernelError`]), and the kernel's numbers under their
 //! UAPI names ([`abi`]).
 //!
@@ -24,6 +25,7 @@ pub mod abi;
 pub mod attr;
 mod error;
 pub mod genl;
+pub mod ipset;
 pub mod ipvs;
 pub mod message;
 #[cfg(feature = "socket")]
