@@ -6,6 +6,7 @@
 //! deletes virtual services and their destinations (real servers), dumps them, and flushes.
 //! One request per change, acknowledged before the next: no `ipvsadm` process.
 //! [`Client::dump`] reads the whole state and [`Client::apply`] applies a `kp-ipvs-plan` plan.
+//! [`ipset::Ipset`] adds and deletes set elements over nfnetlink, pipelined the same way.
 //!
 //! Errors keep the kernel's errno ([`Error::errno`]), so a caller tells a service that is
 //! already there (`EEXIST`) or gone (`ESRCH`, `ENOENT`) from a fault; a kernel without IPVS is
@@ -15,6 +16,7 @@
 
 pub mod cleanup;
 pub mod dataplane;
+pub mod ipset;
 pub mod link;
 
 use std::net::IpAddr;
