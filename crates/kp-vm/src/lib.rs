@@ -586,3 +586,42 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Whether this process runs in a kp-vm guest ([`Vm::run`] sets `KP_VM_GUEST`).
+pub fn is_guest() -> bool {
+    std::env::var_os("KP_VM_GUEST").is_some()
+}
+
+/// For a test that needs the guest's kernel: on the host, boots a guest (killed after
+/// `timeout`) and runs test `name` of the current test binary there, alone, with ignored tests
+/// included (kp-echo found or built here first: the guest's file system is the host's,
+/// read-only), and panics unless it passed there. Returns whether this is the guest (go on with
+/// the test) or the host (done).
+pub fn in_guest(name: &str, timeout: Duration) -> bool {
+    if is_guest() {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let echo = kp_test::echo_binary();
+    let script = format!(
+        "KP_ECHO={} {} --exact {name} --include-ignored --nocapture --test-threads 1",
+        echo.display(),
+        exe.display()
+    );
+    let run = Vm::new()
+        .expect("qemu, the kernel and busybox are installed")
+        .timeout(timeout)
+        .run(&script)
+        .expect("the guest runs the test");
+    eprintln!(
+        "guest: boot {:?}, total {:?}\n{}",
+        run.boot, run.total, run.output
+    );
+    assert!(
+        run.success(),
+        "the test failed in the guest:\n{}",
+        run.output
+    );
+    assert!(run.output.contains("1 passed"), "{}", run.output);
+    false
+}

@@ -1,32 +1,7 @@
 //! What the VM test files share.
 
-/// On the host, runs test `name` of this binary in the kp-vm guest and checks it passed there.
-/// Returns whether this is the guest (go on with the test) or not (done).
+/// On the host, runs test `name` of this binary in the kp-vm guest (5 minutes at most) and
+/// checks it passed there. Returns whether this is the guest (go on with the test) or not.
 pub fn in_guest(name: &str) -> bool {
-    if std::env::var_os("KP_VM_GUEST").is_some() {
-        return true;
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    // kp-echo is found (or built) here, where cargo is; the guest's file system is read-only.
-    let echo = kp_test::echo_binary();
-    let script = format!(
-        "KP_ECHO={} {} --exact {name} --include-ignored --nocapture --test-threads 1",
-        echo.display(),
-        exe.display()
-    );
-    let run = kp_vm::Vm::new()
-        .expect("qemu, the kernel and busybox are installed")
-        .run(&script)
-        .expect("the guest runs the test");
-    eprintln!(
-        "guest: boot {:?}, total {:?}\n{}",
-        run.boot, run.total, run.output
-    );
-    assert!(
-        run.success(),
-        "the test failed in the guest:\n{}",
-        run.output
-    );
-    assert!(run.output.contains("1 passed"), "{}", run.output);
-    false
+    kp_vm::in_guest(name, std::time::Duration::from_secs(300))
 }
