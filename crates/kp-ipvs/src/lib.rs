@@ -268,51 +268,31 @@ impl Client {
     /// against a dump (after a failure the mode's next sync is a full one).
     pub fn apply(&mut self, changes: &[Change]) -> Result<()> {
         let family = self.family;
-        for chunk in changes.chunks(PIPELINE) {
-            let mut buf = Vec::with_capacity(chunk.len() * 128);
-            let first = self.socket.next_seq();
-            let mut seq = first;
-            for (i, change) in chunk.iter().enumerate() {
-                if i > 0 {
-                    seq = self.socket.next_seq();
-                }
-                match change {
-                    Change::AddService(s) => ipvs::new_service(&mut buf, family, seq, s),
-                    Change::UpdateService(s) => ipvs::set_service(&mut buf, family, seq, s),
-                    Change::DeleteService(k) => ipvs::del_service(&mut buf, family, seq, k),
-                    Change::AddDestination(k, d) => ipvs::new_dest(&mut buf, family, seq, k, d),
-                    Change::UpdateDestination(k, d) => ipvs::set_dest(&mut buf, family, seq, k, d),
+        let refused = self
+            .socket
+            .pipeline(
+                changes.len(),
+                PIPELINE,
+                |i, buf, seq| match &changes[i] {
+                    Change::AddService(s) => ipvs::new_service(buf, family, seq, s),
+                    Change::UpdateService(s) => ipvs::set_service(buf, family, seq, s),
+                    Change::DeleteService(k) => ipvs::del_service(buf, family, seq, k),
+                    Change::AddDestination(k, d) => ipvs::new_dest(buf, family, seq, k, d),
+                    Change::UpdateDestination(k, d) => ipvs::set_dest(buf, family, seq, k, d),
                     Change::DeleteDestination(k, a, p) => {
-                        ipvs::del_dest(&mut buf, family, seq, k, *a, *p)
+                        ipvs::del_dest(buf, family, seq, k, *a, *p)
                     }
-                }
-            }
-            let last = seq;
-            let mut waiting = chunk.len();
-            let mut refused: Option<(u32, KernelError)> = None;
-            self.socket
-                .acks(&buf, |ack| {
-                    if !(first..=last).contains(&ack.seq) {
-                        return false;
-                    }
-                    if let Err(e) = ack.result {
-                        if refused.is_none_or(|(s, _)| ack.seq < s) {
-                            refused = Some((ack.seq, e));
-                        }
-                    }
-                    waiting -= 1;
-                    waiting == 0
-                })
-                .map_err(|e| wrap(format!("apply {} IPVS changes", chunk.len()), e))?;
-            if let Some((seq, error)) = refused {
-                let change = &chunk[seq.wrapping_sub(first) as usize];
-                return Err(Error::Kernel {
-                    op: describe(change),
-                    error,
-                });
-            }
+                },
+                |_, _| false,
+            )
+            .map_err(|e| wrap(format!("apply {} IPVS changes", changes.len()), e))?;
+        match refused {
+            None => Ok(()),
+            Some((i, error)) => Err(Error::Kernel {
+                op: describe(&changes[i]),
+                error,
+            }),
         }
-        Ok(())
     }
 
     /// Deletes every service of the namespace (`ipvsadm -C`).

@@ -217,57 +217,40 @@ impl Dummy {
     fn addresses_change(&mut self, kind: u16, ips: &[IpAddr]) -> Result<()> {
         let index = self.index;
         let add = kind == RTM_NEWADDR;
-        for chunk in ips.chunks(crate::PIPELINE) {
-            let mut buf = Vec::with_capacity(chunk.len() * 64);
-            let first = self.socket.next_seq();
-            let mut seq = first;
-            for (i, ip) in chunk.iter().enumerate() {
-                if i > 0 {
-                    seq = self.socket.next_seq();
-                }
-                address_request(&mut buf, kind, index, *ip, seq);
-            }
-            let last = seq;
-            let mut waiting = chunk.len();
-            let mut refused: Option<(u32, kp_netlink::KernelError)> = None;
-            self.socket
-                .acks(&buf, |ack| {
-                    if !(first..=last).contains(&ack.seq) {
-                        return false;
+        let verb = if add { "add" } else { "del" };
+        let refused = self
+            .socket
+            .pipeline(
+                ips.len(),
+                crate::PIPELINE,
+                |i, buf, seq| address_request(buf, kind, index, ips[i], seq),
+                |_, e| {
+                    if add {
+                        e.is_exists()
+                    } else {
+                        e.errno == EADDRNOTAVAIL
                     }
-                    if let Err(e) = ack.result {
-                        let fine = if add {
-                            e.is_exists()
-                        } else {
-                            e.errno == EADDRNOTAVAIL
-                        };
-                        if !fine && refused.is_none_or(|(s, _)| ack.seq < s) {
-                            refused = Some((ack.seq, e));
-                        }
-                    }
-                    waiting -= 1;
-                    waiting == 0
-                })
-                .map_err(sock_err(format!(
-                    "ip addr {} ({} addresses) dev {}",
-                    if add { "add" } else { "del" },
-                    chunk.len(),
-                    self.name
-                )))?;
-            if let Some((seq, error)) = refused {
-                let ip = chunk[seq.wrapping_sub(first) as usize];
+                },
+            )
+            .map_err(sock_err(format!(
+                "ip addr {verb} ({} addresses) dev {}",
+                ips.len(),
+                self.name
+            )))?;
+        match refused {
+            None => Ok(()),
+            Some((i, error)) => {
+                let ip = ips[i];
                 let prefix = if ip.is_ipv6() { 128 } else { 32 };
-                return Err(sock_err(format!(
-                    "ip addr {} {ip}/{prefix} dev {}",
-                    if add { "add" } else { "del" },
+                Err(sock_err(format!(
+                    "ip addr {verb} {ip}/{prefix} dev {}",
                     self.name
                 ))(kp_netlink::socket::Error::Kernel {
-                    seq,
+                    seq: 0,
                     error,
-                }));
+                }))
             }
         }
-        Ok(())
     }
 
     /// `ip addr add IP/32 (or /128) dev NAME`; an address already there is fine.

@@ -357,6 +357,53 @@ impl Socket {
         }
     }
 
+    /// Sends `count` requests that each ask for an acknowledgement (`NLM_F_ACK`), `build(i,
+    /// buf, seq)` appending the `i`-th with sequence number `seq`, `per_datagram` of them to a
+    /// datagram (pipelined: one round trip per datagram, the kernel running them in order), and
+    /// waits for every acknowledgement. Returns the first refusal that `accepted` does not take
+    /// as success (an `EEXIST` may be the state asked for), with its request's index: the
+    /// requests after it in its datagram ran, the datagrams after it were not sent.
+    pub fn pipeline(
+        &mut self,
+        count: usize,
+        per_datagram: usize,
+        mut build: impl FnMut(usize, &mut Vec<u8>, u32),
+        accepted: impl Fn(usize, &KernelError) -> bool,
+    ) -> Result<Option<(usize, KernelError)>, Error> {
+        let per_datagram = per_datagram.max(1);
+        let mut start = 0;
+        while start < count {
+            let end = (start + per_datagram).min(count);
+            let mut buf = Vec::with_capacity((end - start) * 128);
+            let first = self.seq.wrapping_add(1);
+            for i in start..end {
+                let seq = self.next_seq();
+                build(i, &mut buf, seq);
+            }
+            let index = |seq: u32| start + seq.wrapping_sub(first) as usize;
+            let mut waiting = end - start;
+            let mut refused: Option<(usize, KernelError)> = None;
+            self.acks(&buf, |ack| {
+                let i = index(ack.seq);
+                if !(start..end).contains(&i) {
+                    return false;
+                }
+                if let Err(e) = ack.result {
+                    if !accepted(i, &e) && refused.is_none_or(|(r, _)| i < r) {
+                        refused = Some((i, e));
+                    }
+                }
+                waiting -= 1;
+                waiting == 0
+            })?;
+            if refused.is_some() {
+                return Ok(refused);
+            }
+            start = end;
+        }
+        Ok(None)
+    }
+
     /// Sends an nfnetlink batch (`BATCH_BEGIN`, messages, `BATCH_END`; see
     /// [`nfnl::batch_control`](crate::nfnl::batch_control)) whose message `ack_seq` asks for an
     /// acknowledgement, and waits until the kernel has processed it: the kernel applies a batch

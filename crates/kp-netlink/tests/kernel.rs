@@ -191,3 +191,77 @@ fn a_bad_namespace_name_is_refused_before_anything_is_opened() {
     let err = Socket::open(Protocol::Netfilter, Some("../x")).expect_err("bad name");
     assert!(err.to_string().contains("not a namespace name"), "{err}");
 }
+
+// linux/rtnetlink.h, linux/if_addr.h
+const RTM_NEWADDR: u16 = 20;
+const IFA_LOCAL: u16 = 2;
+const ENODEV: i32 = 19;
+
+/// `ip addr add 10.250.X.Y/32 dev` the interface of index `ifindex`, with `NLM_F_ACK`.
+fn add_address(buf: &mut Vec<u8>, seq: u32, ifindex: u32, i: usize) {
+    let m = message::begin(
+        buf,
+        RTM_NEWADDR,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        seq,
+    );
+    // struct ifaddrmsg: AF_INET, /32, no flags, host scope, the interface.
+    buf.extend_from_slice(&[2, 32, 0, 254]);
+    buf.extend_from_slice(&ifindex.to_ne_bytes());
+    attr::put(
+        buf,
+        IFA_LOCAL,
+        &[10, 250, (i / 250) as u8, (i % 250 + 1) as u8],
+    );
+    message::end(buf, m);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_pipeline_runs_every_datagram_until_a_refusal_and_names_its_request() {
+    let ns = netns("nl-pipeline");
+    let mut s = Socket::open(Protocol::Route, Some(ns.name())).expect("socket");
+    let count = 300;
+    // Request 150 names an interface that does not exist (ENODEV); request 10 adds an address
+    // request 9 added (EEXIST), which the caller accepts.
+    let refused = s
+        .pipeline(
+            count,
+            128,
+            |i, buf, seq| match i {
+                150 => add_address(buf, seq, 9999, i),
+                10 => add_address(buf, seq, 1, 9),
+                _ => add_address(buf, seq, 1, i),
+            },
+            |i, e| i == 10 && e.is_exists(),
+        )
+        .expect("the exchange");
+    let (index, error) = refused.expect("a refusal");
+    assert_eq!((index, error.errno), (150, ENODEV));
+    let shown = ns
+        .ip(&["-4", "addr", "show", "dev", "lo"])
+        .expect("ip addr");
+    let has = |i: usize| shown.contains(&format!("10.250.{}.{}/32", i / 250, i % 250 + 1));
+    // The first datagram (0-127) and the rest of the refused one (128-255) ran; the third was
+    // not sent.
+    assert!(
+        (0..256).filter(|i| ![10, 150].contains(i)).all(has),
+        "{shown}"
+    );
+    assert!(!has(150) && !has(10));
+    assert!(!(256..count).any(has), "{shown}");
+    // Nothing refused: every request runs, none returned.
+    let again = s
+        .pipeline(
+            count,
+            128,
+            |i, buf, seq| add_address(buf, seq, 1, i),
+            |_, e| e.is_exists(),
+        )
+        .expect("the exchange");
+    assert!(again.is_none());
+    let shown = ns
+        .ip(&["-4", "addr", "show", "dev", "lo"])
+        .expect("ip addr");
+    assert!((0..count).all(|i| shown.contains(&format!("10.250.{}.{}/32", i / 250, i % 250 + 1))));
+}
