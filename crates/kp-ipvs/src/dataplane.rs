@@ -125,6 +125,9 @@ pub struct IpvsDataplane {
     resolved: Option<(NodeContext, Vec<IpAddr>)>,
     draining: Vec<Draining>,
     next_check: Option<Instant>,
+    /// The netlink socket a partial sync's set elements go through (opened at first use,
+    /// dropped after an error).
+    ipset: Option<crate::ipset::Ipset>,
 }
 
 fn dp(e: Error) -> DataplaneError {
@@ -186,6 +189,7 @@ impl IpvsDataplane {
             resolved: None,
             draining: Vec::new(),
             next_check: None,
+            ipset: None,
         })
     }
 
@@ -242,6 +246,22 @@ impl IpvsDataplane {
             ));
         }
         written.map_err(|e| tool(e.to_string()))?;
+        Ok(())
+    }
+
+    /// A partial sync's element changes over netlink: no `ipset restore` process (its spawn
+    /// was most of a one-endpoint change). The sets exist: a full sync created them.
+    fn ipset_elements(
+        &mut self,
+        family: IpFamily,
+        changes: &[ipset::SetChange],
+    ) -> Result<(), DataplaneError> {
+        let mut client = match self.ipset.take() {
+            Some(c) => c,
+            None => crate::ipset::Ipset::open(self.settings.netns.as_deref()).map_err(dp)?,
+        };
+        client.apply(family, changes).map_err(dp)?;
+        self.ipset = Some(client);
         Ok(())
     }
 
@@ -449,9 +469,11 @@ impl Dataplane for IpvsDataplane {
                 }
                 None => (String::new(), delta.set_changes(i)),
             };
-            if full || !set_changes.is_empty() {
+            if full {
                 let text = ipset::restore_text(family, &set_changes);
                 self.ipset_restore(&(replace + &text))?;
+            } else if !set_changes.is_empty() {
+                self.ipset_elements(family, &set_changes)?;
             }
             operations += set_changes.len();
             if !full && set_changes.is_empty() && !delta.local {

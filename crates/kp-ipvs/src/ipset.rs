@@ -10,7 +10,6 @@ use kp_core::model::{IpFamily, Protocol};
 use kp_ipvs_plan::ipset::{Entry, SetChange};
 use kp_netlink::ipset::{self as wire, Command, Element};
 use kp_netlink::socket::Socket;
-use kp_netlink::KernelError;
 
 use crate::{wrap, Error, Result, PIPELINE};
 
@@ -97,49 +96,31 @@ impl Ipset {
     /// that does not exist), and the datagrams after it are not sent.
     pub fn apply(&mut self, family: IpFamily, changes: &[SetChange]) -> Result<()> {
         let nfproto = wire::nfproto(family == IpFamily::V6);
-        for chunk in changes.chunks(PIPELINE) {
-            let mut buf = Vec::with_capacity(chunk.len() * 96);
-            let first = self.socket.next_seq();
-            let mut seq = first;
-            for (i, change) in chunk.iter().enumerate() {
-                if i > 0 {
-                    seq = self.socket.next_seq();
-                }
-                let (command, set, entry) = parts(change);
-                wire::request(
-                    &mut buf,
-                    command,
-                    nfproto,
-                    seq,
-                    &set.name(family),
-                    &element(entry),
-                );
+        let refused = self
+            .socket
+            .pipeline(
+                changes.len(),
+                PIPELINE,
+                |i, buf, seq| {
+                    let (command, set, entry) = parts(&changes[i]);
+                    wire::request(
+                        buf,
+                        command,
+                        nfproto,
+                        seq,
+                        &set.name(family),
+                        &element(entry),
+                    );
+                },
+                |_, _| false,
+            )
+            .map_err(|e| wrap(format!("apply {} ipset changes", changes.len()), e))?;
+        if let Some((i, error)) = refused {
+            let mut op = describe(family, &changes[i]);
+            if let Some(name) = wire::error_name(error.errno) {
+                op.push_str(&format!(" ({name})"));
             }
-            let last = seq;
-            let mut waiting = chunk.len();
-            let mut refused: Option<(u32, KernelError)> = None;
-            self.socket
-                .acks(&buf, |ack| {
-                    if !(first..=last).contains(&ack.seq) {
-                        return false;
-                    }
-                    if let Err(e) = ack.result {
-                        if refused.is_none_or(|(s, _)| ack.seq < s) {
-                            refused = Some((ack.seq, e));
-                        }
-                    }
-                    waiting -= 1;
-                    waiting == 0
-                })
-                .map_err(|e| wrap(format!("apply {} ipset changes", chunk.len()), e))?;
-            if let Some((seq, error)) = refused {
-                let change = &chunk[seq.wrapping_sub(first) as usize];
-                let mut op = describe(family, change);
-                if let Some(name) = wire::error_name(error.errno) {
-                    op.push_str(&format!(" ({name})"));
-                }
-                return Err(Error::Kernel { op, error });
-            }
+            return Err(Error::Kernel { op, error });
         }
         Ok(())
     }

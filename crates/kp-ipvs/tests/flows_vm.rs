@@ -242,6 +242,49 @@ fn the_flow_table_passes_through_the_ipvs_dataplane_on_a_real_ipvs_kernel() {
     assert!(dp.draining().is_empty(), "{:?}", dp.draining());
     assert_ipvsadm_shows_the_plan(&lab, &dp, "after pod-3 came back");
 
+    // Set elements in partial syncs (over netlink, no `ipset restore`): a new Service (its
+    // ClusterIP, address and hairpin entries), then one of its endpoints replaced (a hairpin
+    // entry deleted and one added, as the benchmark's change); the sets read back as planned.
+    state
+        .apply(SourceEvent::Upsert(Object::Service(Box::new(
+            kp_flows::synthetic::service(199),
+        ))))
+        .expect("service accepted");
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(
+            kp_flows::synthetic::slice(199, 2, &[]),
+        ))))
+        .expect("slice accepted");
+    let changes = state.take_changes();
+    let report = dp.sync(&state, &changes, false).expect("a Service added");
+    assert!(report.operations >= 4, "{report:?}");
+    let diffs = dp.verify().expect("read-back");
+    assert!(diffs.is_empty(), "kernel differs:\n{}", diffs.join("\n"));
+    let mut moved = kp_flows::synthetic::slice(199, 2, &[]);
+    if let Some(eps) = moved.endpoints.as_mut() {
+        eps[0].addresses = vec!["10.250.9.9".to_string()];
+    }
+    state
+        .apply(SourceEvent::Upsert(Object::EndpointSlice(Box::new(moved))))
+        .expect("slice accepted");
+    let changes = state.take_changes();
+    let t = Instant::now();
+    let report = dp
+        .sync(&state, &changes, false)
+        .expect("an endpoint replaced");
+    eprintln!(
+        "one-endpoint change with set elements: {:?}, {} operations",
+        t.elapsed(),
+        report.operations
+    );
+    let diffs = dp.verify().expect("read-back");
+    assert!(diffs.is_empty(), "kernel differs:\n{}", diffs.join("\n"));
+    let saved = lab.node().run(&["ipset", "save"]).expect("ipset save");
+    assert!(
+        saved.contains("add KUBE-LOOP-BACK 10.250.9.9,tcp:8080,10.250.9.9"),
+        "{saved}"
+    );
+
     // Someone else's firewall-mark virtual server, which neither the dataplane's cleanup nor
     // the removal of the mode's leftovers may touch.
     let mut client = kp_ipvs::Client::open(Some(&ns)).expect("IPVS");
