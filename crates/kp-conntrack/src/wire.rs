@@ -58,11 +58,7 @@ fn nfproto(family: IpFamily) -> u8 {
 }
 
 fn ipproto(protocol: Protocol) -> u8 {
-    match protocol {
-        Protocol::Tcp => IPPROTO_TCP,
-        Protocol::Udp => IPPROTO_UDP,
-        Protocol::Sctp => IPPROTO_SCTP,
-    }
+    protocol.ip_number()
 }
 
 /// `conntrack -L -f FAMILY -p PROTOCOL`: a dump of one family's entries of one protocol.

@@ -26,6 +26,16 @@ impl Protocol {
     /// Every protocol, in a fixed order.
     pub const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
+    /// The IANA protocol number the kernel uses (`IPPROTO_TCP` 6, `IPPROTO_UDP` 17,
+    /// `IPPROTO_SCTP` 132).
+    pub fn ip_number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
     /// Parses the Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
     pub fn from_kubernetes(s: &str) -> Option<Protocol> {
         match s {

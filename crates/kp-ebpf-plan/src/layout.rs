@@ -72,11 +72,7 @@ impl Scope {
 
 /// The IANA protocol number the kernel uses (`IPPROTO_*`).
 pub fn ip_proto(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => 6,
-        Protocol::Udp => 17,
-        Protocol::Sctp => 132,
-    }
+    p.ip_number()
 }
 
 /// The protocol of an `IPPROTO_*` number this mode programs.

@@ -6,21 +6,12 @@
 //! `ipset save` in a full sync. Adds of elements already there and deletes of elements already
 //! gone succeed (as `-exist` in the restore text).
 
-use kp_core::model::{IpFamily, Protocol};
+use kp_core::model::IpFamily;
 use kp_ipvs_plan::ipset::{Entry, SetChange};
 use kp_netlink::ipset::{self as wire, Command, Element};
 use kp_netlink::socket::Socket;
 
 use crate::{wrap, Error, Result, PIPELINE};
-
-/// The `IPPROTO_*` number of a protocol.
-fn ipproto(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => 6,
-        Protocol::Udp => 17,
-        Protocol::Sctp => 132,
-    }
-}
 
 /// The attributes of an entry: what its set type reads.
 pub fn element(entry: &Entry) -> Element {
@@ -36,20 +27,20 @@ pub fn element(entry: &Entry) -> Element {
         Entry::IpPort(ip, p, port) => Element {
             ip: Some(ip),
             port: Some(port),
-            proto: Some(ipproto(p)),
+            proto: Some(p.ip_number()),
             ..Element::default()
         },
         Entry::IpPortIp(ip, p, port, ip2) => Element {
             ip: Some(ip),
             port: Some(port),
-            proto: Some(ipproto(p)),
+            proto: Some(p.ip_number()),
             ip2: Some(ip2),
             cidr2: None,
         },
         Entry::IpPortNet(ip, p, port, net) => Element {
             ip: Some(ip),
             port: Some(port),
-            proto: Some(ipproto(p)),
+            proto: Some(p.ip_number()),
             ip2: Some(net.network()),
             cidr2: Some(net.prefix_len()),
         },
@@ -129,6 +120,8 @@ impl Ipset {
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
+
+    use kp_core::model::Protocol;
 
     use super::*;
 

@@ -28,7 +28,7 @@
 
 use std::net::IpAddr;
 
-use kp_core::model::{IpFamily, Protocol};
+use kp_core::model::IpFamily;
 
 use crate::element::{Atom, NoEndpointVerdict};
 use crate::layout::SetId;
@@ -485,13 +485,7 @@ fn encode_fields(
                 };
                 ip_bytes(ip, &mut b);
             }
-            (AtomKind::Proto, Atom::Proto(p)) => {
-                b[0] = match p {
-                    Protocol::Tcp => 6,
-                    Protocol::Udp => 17,
-                    Protocol::Sctp => 132,
-                }
-            }
+            (AtomKind::Proto, Atom::Proto(p)) => b[0] = p.ip_number(),
             (AtomKind::Port, Atom::Port(p)) => b[..2].copy_from_slice(&p.to_be_bytes()),
             (AtomKind::Slot, Atom::Slot(s)) => b[..4].copy_from_slice(&s.to_ne_bytes()),
             (kind, atom) => return Err(format!("{atom} is not a {kind:?} of this family")),

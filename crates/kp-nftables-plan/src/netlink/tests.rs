@@ -16,6 +16,7 @@
 
 use super::*;
 use crate::layout::Route;
+use kp_core::model::Protocol;
 use kp_netlink::abi::{NLA_F_NESTED, NLM_F_REQUEST};
 
 /// `add element … v { 10.0.0.3 . tcp . 80 : goto reject-packet, 10.0.0.4 . udp . 53 : drop }`
