@@ -18,6 +18,130 @@ pub enum DetectLocal {
     ClusterCidr(Vec<IpNet>),
     /// Sources inside this node's `podCIDRs` are pods.
     NodeCidr,
+    /// Packets that arrive on this bridge are from pods (`detectLocalMode: BridgeInterface`).
+    BridgeInterface(InterfaceName),
+    /// Packets that arrive on an interface whose name starts with this prefix are from pods
+    /// (`detectLocalMode: InterfaceNamePrefix`).
+    InterfaceNamePrefix(InterfaceName),
+}
+
+impl DetectLocal {
+    /// The interface form of detect-local, if it is one.
+    pub fn interface(&self) -> Option<LocalInterface> {
+        match self {
+            DetectLocal::BridgeInterface(n) => Some(LocalInterface::Bridge(n.clone())),
+            DetectLocal::InterfaceNamePrefix(n) => Some(LocalInterface::Prefix(n.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// An interface name (or name prefix) as detect-local may use it: 1 to 15 bytes (the kernel's
+/// `IFNAMSIZ` less the NUL), not `.` or `..`, of printable ASCII without whitespace and
+/// without any character that could end or extend a match in rule text: `/` and `:` (which
+/// the kernel refuses in names), quotes and `\`, iptables' and nftables' wildcards `+` and
+/// `*`, and nft's syntax characters `$ # ; { }`. The renderers write it into rules unquoted
+/// (iptables) or between double quotes (nftables), so a name that passes cannot inject.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InterfaceName(String);
+
+/// Why a name is refused as an [`InterfaceName`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InterfaceNameError {
+    /// Empty.
+    #[error("an interface name must not be empty")]
+    Empty,
+    /// More than 15 bytes.
+    #[error("an interface name has at most 15 bytes, this one has {0}")]
+    TooLong(usize),
+    /// `.` or `..`.
+    #[error("an interface name cannot be \".\" or \"..\"")]
+    Dots,
+    /// A character the kernel or the rule text does not allow.
+    #[error("an interface name cannot contain {0:?} (allowed: printable ASCII except whitespace and / : \" ' ` \\ + * $ # ; {{ }})")]
+    Character(char),
+}
+
+impl InterfaceName {
+    /// The longest name the kernel takes, in bytes.
+    pub const MAX_LEN: usize = 15;
+
+    /// Validates `name` (see [`InterfaceName`]).
+    pub fn new(name: &str) -> Result<Self, InterfaceNameError> {
+        if name.is_empty() {
+            return Err(InterfaceNameError::Empty);
+        }
+        if let Some(c) = name.chars().find(|c| {
+            !c.is_ascii_graphic()
+                || matches!(
+                    c,
+                    '/' | ':' | '"' | '\'' | '`' | '\\' | '+' | '*' | '$' | '#' | ';' | '{' | '}'
+                )
+        }) {
+            return Err(InterfaceNameError::Character(c));
+        }
+        if name.len() > Self::MAX_LEN {
+            return Err(InterfaceNameError::TooLong(name.len()));
+        }
+        if name == "." || name == ".." {
+            return Err(InterfaceNameError::Dots);
+        }
+        Ok(InterfaceName(name.to_string()))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for InterfaceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Detect-local by the interface a packet arrives on (upstream's `BridgeInterface` and
+/// `InterfaceNamePrefix` detectors, `pkg/proxy/util/localdetector.go`). Packets the node sends
+/// itself arrive on no interface, so they are never local by this test, as upstream's
+/// `! -i` / `iifname !=` match them in the output hook.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LocalInterface {
+    /// Packets that arrive on this interface (a bridge) are from pods.
+    Bridge(InterfaceName),
+    /// Packets that arrive on an interface whose name starts with this are from pods.
+    Prefix(InterfaceName),
+}
+
+impl LocalInterface {
+    /// Whether a packet that arrived on `iif` (`None`: sent by the node) is from a pod.
+    pub fn matches(&self, iif: Option<&str>) -> bool {
+        match (self, iif) {
+            (_, None) => false,
+            (LocalInterface::Bridge(n), Some(i)) => i == n.as_str(),
+            (LocalInterface::Prefix(p), Some(i)) => i.starts_with(p.as_str()),
+        }
+    }
+
+    /// The iptables match for "from a pod" (`-i cbr0`, `-i veth+`), or with `negate` for "not
+    /// from a pod" (`! -i cbr0`), as `iptables-save` prints it.
+    pub fn iptables(&self, negate: bool) -> String {
+        let neg = if negate { "! " } else { "" };
+        match self {
+            LocalInterface::Bridge(n) => format!("{neg}-i {n}"),
+            LocalInterface::Prefix(p) => format!("{neg}-i {p}+"),
+        }
+    }
+
+    /// The nftables match for "from a pod" (`iifname "cbr0"`, `iifname "veth*"`), or with
+    /// `negate` for "not from a pod" (`iifname != "cbr0"`), as `nft list` prints it.
+    pub fn nft(&self, negate: bool) -> String {
+        let op = if negate { "!= " } else { "" };
+        match self {
+            LocalInterface::Bridge(n) => format!("iifname {op}\"{n}\""),
+            LocalInterface::Prefix(p) => format!("iifname {op}\"{p}*\""),
+        }
+    }
 }
 
 /// Where NodePorts answer (`nodePortAddresses`).
@@ -37,8 +161,12 @@ pub enum NodePortAddresses {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeContext {
     /// Sources that count as pod traffic for detect-local (ClusterCIDR or the node's PodCIDR).
-    /// Empty when detect-local is off.
+    /// Empty when detect-local is off or goes by interface.
     pub local_cidrs: Vec<IpNet>,
+    /// Detect-local by the interface a packet arrives on, instead of by source address
+    /// (`BridgeInterface`, `InterfaceNamePrefix`). `None` with the CIDR forms and without
+    /// detect-local.
+    pub local_interface: Option<LocalInterface>,
     /// Where NodePorts answer, when they are restricted; empty with [`NodePortAddresses::AllLocal`].
     pub node_port_addresses: Vec<IpNet>,
     /// The node's primary addresses, at most one per family (from its Node object).
@@ -58,10 +186,13 @@ impl NodeContext {
         let node = state.node();
         NodeContext {
             local_cidrs: match detect_local {
-                DetectLocal::None => Vec::new(),
+                DetectLocal::None
+                | DetectLocal::BridgeInterface(_)
+                | DetectLocal::InterfaceNamePrefix(_) => Vec::new(),
                 DetectLocal::ClusterCidr(c) => c.clone(),
                 DetectLocal::NodeCidr => node.pod_cidrs.clone(),
             },
+            local_interface: detect_local.interface(),
             node_port_addresses: match node_ports {
                 NodePortAddresses::AllLocal => Vec::new(),
                 NodePortAddresses::Cidrs(c) => c.clone(),
@@ -98,6 +229,11 @@ impl NodeContext {
             }
         }
         (!nets.is_empty()).then_some(nets)
+    }
+
+    /// Whether detect-local is on, in either form.
+    pub fn detects_local(&self) -> bool {
+        !self.local_cidrs.is_empty() || self.local_interface.is_some()
     }
 
     /// The node's primary address of `family`, if its Node reports one.
@@ -160,6 +296,80 @@ mod tests {
             &ProxyState::new("node-a"),
         );
         assert_eq!(none, NodeContext::default());
+    }
+
+    #[test]
+    fn interface_detect_local_carries_the_name_and_no_cidrs() {
+        let mut state = ProxyState::new("node-a");
+        upsert(&mut state, node_a());
+        let veth = InterfaceName::new("veth").unwrap();
+        let ctx = NodeContext::resolve(
+            &DetectLocal::InterfaceNamePrefix(veth.clone()),
+            &NodePortAddresses::AllLocal,
+            &state,
+        );
+        assert!(ctx.local_cidrs.is_empty());
+        assert_eq!(ctx.local_interface, Some(LocalInterface::Prefix(veth)));
+        assert!(ctx.detects_local());
+        let prefix = ctx.local_interface.unwrap();
+        assert!(prefix.matches(Some("veth1")));
+        assert!(prefix.matches(Some("veth")));
+        assert!(!prefix.matches(Some("eth0")));
+        assert!(!prefix.matches(None));
+        assert_eq!(prefix.iptables(false), "-i veth+");
+        assert_eq!(prefix.nft(true), "iifname != \"veth*\"");
+        let bridge = LocalInterface::Bridge(InterfaceName::new("cbr0").unwrap());
+        assert!(bridge.matches(Some("cbr0")));
+        assert!(!bridge.matches(Some("cbr01")));
+        assert!(!bridge.matches(None));
+        assert_eq!(bridge.iptables(true), "! -i cbr0");
+        assert_eq!(bridge.nft(false), "iifname \"cbr0\"");
+        let off = NodeContext::resolve(&DetectLocal::None, &NodePortAddresses::AllLocal, &state);
+        assert!(!off.detects_local());
+    }
+
+    #[test]
+    fn interface_names_follow_the_kernel_and_cannot_inject() {
+        for ok in [
+            "cbr0",
+            "veth",
+            "flannel.1",
+            "br-0a1b2c3d4e5f",
+            "eth0.100",
+            "a",
+            "vlan@x",
+        ] {
+            assert_eq!(InterfaceName::new(ok).unwrap().as_str(), ok);
+        }
+        assert_eq!(InterfaceName::new(""), Err(InterfaceNameError::Empty));
+        assert_eq!(
+            InterfaceName::new("abcdefghijklmnop"),
+            Err(InterfaceNameError::TooLong(16))
+        );
+        assert!(InterfaceName::new("abcdefghijklmno").is_ok());
+        assert_eq!(InterfaceName::new(".."), Err(InterfaceNameError::Dots));
+        for (bad, c) in [
+            ("cbr 0", ' '),
+            ("a/b", '/'),
+            ("eth0:1", ':'),
+            ("x\"y", '"'),
+            ("x'y", '\''),
+            ("a\\b", '\\'),
+            ("veth+", '+'),
+            ("veth*", '*'),
+            ("a;b", ';'),
+            ("a\0b", '\0'),
+            ("a\tb", '\t'),
+            ("a\nb", '\n'),
+            ("vé", 'é'),
+            ("x}", '}'),
+        ] {
+            assert_eq!(
+                InterfaceName::new(bad),
+                Err(InterfaceNameError::Character(c)),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
