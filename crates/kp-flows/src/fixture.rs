@@ -7,7 +7,8 @@
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
+use kp_core::flow::Ingress;
+use kp_core::node::{DetectLocal, InterfaceName, NodeContext, NodePortAddresses};
 use kp_core::track::{Kind, Object, ProxyState, SourceEvent};
 use serde_json::{json, Value};
 
@@ -512,15 +513,94 @@ pub fn state() -> ProxyState {
 /// families, and `nodePortAddresses: primary` resolved against the fixture's Node (192.0.2.1
 /// and 2001:db8::1). Localhost NodePorts are off: `primary` never includes 127.0.0.1.
 pub fn node_context() -> NodeContext {
-    let cidr = |s: &str| {
-        s.parse()
-            .unwrap_or_else(|e| panic!("fixture CIDR {s}: {e}"))
-    };
-    NodeContext::resolve(
-        &DetectLocal::ClusterCidr(vec![cidr(CLUSTER_CIDR), cidr(CLUSTER_CIDR6)]),
-        &NodePortAddresses::Primary,
-        &state(),
-    )
+    node_context_with(&DetectLocal::ClusterCidr(vec![
+        cidr(CLUSTER_CIDR),
+        cidr(CLUSTER_CIDR6),
+    ]))
+}
+
+fn cidr<T: std::str::FromStr>(s: &str) -> T
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse()
+        .unwrap_or_else(|e| panic!("fixture CIDR {s}: {e}"))
+}
+
+/// [`node_context`] with another detect-local.
+pub fn node_context_with(detect_local: &DetectLocal) -> NodeContext {
+    NodeContext::resolve(detect_local, &NodePortAddresses::Primary, &state())
+}
+
+/// The prefix of the node's pod-side interfaces in the lab (`vethI` for pod I; see
+/// `kp_test::lab`).
+pub const POD_VETH_PREFIX: &str = "veth";
+/// The bridge of [`ingress_bridged`]'s node.
+pub const POD_BRIDGE: &str = "cbr0";
+
+/// The node's links as the lab builds them, for tracers of detect-local by interface: pod I of
+/// this node behind `vethI` (routed point-to-point, as kindnet and the `ptp` plugin do), the
+/// other node's network behind `eth1`, and everything else (external clients) behind `eth0`.
+pub fn ingress() -> Ingress {
+    let mut links = uplinks();
+    for p in pods().into_iter().filter(|p| p.node == NODE) {
+        let veth = format!("{POD_VETH_PREFIX}{}", pod_index(p.name));
+        links = links.route(cidr(&format!("{}/32", p.v4)), &veth);
+        if let Some(v6) = p.v6 {
+            links = links.route(cidr(&format!("{v6}/128")), &veth);
+        }
+    }
+    links
+}
+
+/// The node's links when its pods hang off one bridge, [`POD_BRIDGE`] (the CNI `bridge`
+/// plugin, kubenet's `cbr0`): this node's pod CIDRs behind it, the rest as in [`ingress`].
+pub fn ingress_bridged() -> Ingress {
+    [POD_CIDR, POD_CIDR6]
+        .into_iter()
+        .fold(uplinks(), |l, net| l.route(cidr(net), POD_BRIDGE))
+}
+
+/// External clients behind `eth0`, the other node and its pods behind `eth1`.
+fn uplinks() -> Ingress {
+    let mut links = Ingress::new()
+        .route(cidr("0.0.0.0/0"), "eth0")
+        .route(cidr("::/0"), "eth0");
+    for net in [
+        "10.244.2.0/24",
+        "fd00:10:244:2::/64",
+        "198.18.0.0/24",
+        "2001:db8:1::/64",
+    ] {
+        links = links.route(cidr(net), "eth1");
+    }
+    links
+}
+
+/// Detect-local by interface, each form with the links it is run with: `InterfaceNamePrefix`
+/// `veth` over [`ingress`], and `BridgeInterface` `cbr0` over [`ingress_bridged`]. Every row of
+/// the table expects the same with either as with the cluster CIDRs: the table's pods are on
+/// this node, and its other clients arrive on `eth0` or from the node itself.
+pub fn interface_detect_locals() -> Vec<(DetectLocal, Ingress)> {
+    let name = |s: &str| InterfaceName::new(s).expect("fixture interface name");
+    vec![
+        (
+            DetectLocal::InterfaceNamePrefix(name(POD_VETH_PREFIX)),
+            ingress(),
+        ),
+        (
+            DetectLocal::BridgeInterface(name(POD_BRIDGE)),
+            ingress_bridged(),
+        ),
+    ]
+}
+
+/// The digits that end a fixture pod's name (`pod-3` → 3), which number its veth.
+fn pod_index(name: &str) -> u32 {
+    name.rsplit('-')
+        .next()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("fixture pod {name} has no number"))
 }
 
 /// The fixture's `web` EndpointSlice with only the named pods.

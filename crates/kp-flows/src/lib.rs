@@ -34,8 +34,9 @@ pub mod synthetic;
 pub mod table;
 
 pub use fixture::{
-    load, manifest, manifest_list, manifest_list_of, node_context, objects, pods, state,
-    sticky_slice, web_slice, Pod,
+    ingress, ingress_bridged, interface_detect_locals, load, manifest, manifest_list,
+    manifest_list_of, node_context, node_context_with, objects, pods, state, sticky_slice,
+    web_slice, Pod, POD_BRIDGE, POD_VETH_PREFIX,
 };
 pub use table::{
     cases, check_tracer, check_tracer_for, expected_verdict, node_addresses, Case, Expect, Support,

@@ -248,3 +248,38 @@ fn socket_lb_with_the_tc_path_changes_only_rejects_and_sctp_from_outside() {
     assert!(!masq.changed_for(Support::SOCKET_LB_TC));
     assert!(!Support::SOCKET_LB_TC.reason.is_empty());
 }
+
+/// The links of detect-local by interface put every pod row on an interface the detect-local
+/// matches, and every other row on one it does not (or none, from the node).
+#[test]
+fn interface_links_tell_pod_rows_from_the_others() {
+    let forms = crate::interface_detect_locals();
+    assert_eq!(forms.len(), 2);
+    for (detect, links) in forms {
+        let local = node_context_with(&detect)
+            .local_interface
+            .expect("an interface form");
+        for case in cases() {
+            let iif = links.interface(&case.packet);
+            let from_pod = case.packet.origin == Origin::Pod;
+            assert_eq!(local.matches(iif), from_pod, "{detect:?}: {}", case.name);
+            if case.packet.origin == Origin::Node {
+                assert_eq!(iif, None, "{}", case.name);
+            }
+        }
+    }
+    let pod_1 = cases()
+        .into_iter()
+        .find(|c| c.from == "pod-1")
+        .expect("a row from pod-1");
+    assert_eq!(crate::ingress().interface(&pod_1.packet), Some("veth1"));
+    assert_eq!(
+        crate::ingress_bridged().interface(&pod_1.packet),
+        Some(crate::POD_BRIDGE)
+    );
+    let client = cases()
+        .into_iter()
+        .find(|c| c.from == "client")
+        .expect("a row from the client");
+    assert_eq!(crate::ingress().interface(&client.packet), Some("eth0"));
+}
