@@ -129,6 +129,11 @@ impl LocalInterface {
         let neg = if negate { "! " } else { "" };
         match self {
             LocalInterface::Bridge(n) => format!("{neg}-i {n}"),
+            // A prefix as long as a name can be matches that name alone (and iptables refuses
+            // `-i` of 16 bytes with the `+`).
+            LocalInterface::Prefix(p) if p.as_str().len() == InterfaceName::MAX_LEN => {
+                format!("{neg}-i {p}")
+            }
             LocalInterface::Prefix(p) => format!("{neg}-i {p}+"),
         }
     }
@@ -139,6 +144,10 @@ impl LocalInterface {
         let op = if negate { "!= " } else { "" };
         match self {
             LocalInterface::Bridge(n) => format!("iifname {op}\"{n}\""),
+            // As for iptables: a 15-byte prefix is the whole name.
+            LocalInterface::Prefix(p) if p.as_str().len() == InterfaceName::MAX_LEN => {
+                format!("iifname {op}\"{p}\"")
+            }
             LocalInterface::Prefix(p) => format!("iifname {op}\"{p}*\""),
         }
     }
@@ -346,7 +355,11 @@ mod tests {
             InterfaceName::new("abcdefghijklmnop"),
             Err(InterfaceNameError::TooLong(16))
         );
-        assert!(InterfaceName::new("abcdefghijklmno").is_ok());
+        let longest = InterfaceName::new("abcdefghijklmno").unwrap();
+        let whole = LocalInterface::Prefix(longest);
+        assert_eq!(whole.iptables(false), "-i abcdefghijklmno");
+        assert_eq!(whole.nft(false), "iifname \"abcdefghijklmno\"");
+        assert!(whole.matches(Some("abcdefghijklmno")));
         assert_eq!(InterfaceName::new(".."), Err(InterfaceNameError::Dots));
         for (bad, c) in [
             ("cbr 0", ' '),

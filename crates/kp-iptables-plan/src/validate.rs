@@ -50,6 +50,7 @@
 //! | `--reject-with icmp6-port-unreachable` in `iptables` (and the reverse) | refused: `unknown reject type` | same | refused |
 //! | `REJECT` in nat, `DNAT` or `MASQUERADE` in filter | refused | refused | refused |
 //! | a line of 10240+ bytes | refused: cut at the 10240-byte line buffer, the rest parsed as another line | same | refused |
+//! | `-i NAME` / `-i PREFIX+` of 16+ bytes (the `+` counted) | refused: `must be shorter than IFNAMSIZ (16)` | same | refused (the renderer writes a 15-byte prefix as the name itself, which is all it can match) |
 //! | 249+ arguments after `-A CHAIN` | refused: `Parser cannot handle more arguments` | same | refused (above [`MAX_ARGS`]: unvetted) |
 //!
 //! Both accept negating a prefix of 1 or more (`! -d 0.0.0.0/1`), `--comment` with `"`, `\`, `'`
@@ -383,6 +384,7 @@ enum Stage {
     Start,
     Source,
     Destination,
+    InInterface,
     Protocol,
     Matches,
 }
@@ -451,6 +453,7 @@ impl<'a> Parser<'a> {
             let (now, what) = match flag {
                 "-s" => (Stage::Source, "-s"),
                 "-d" => (Stage::Destination, "-d"),
+                "-i" => (Stage::InInterface, "-i"),
                 "-p" => (Stage::Protocol, "-p"),
                 "-m" => (Stage::Matches, "-m"),
                 "-j" => {
@@ -469,7 +472,7 @@ impl<'a> Parser<'a> {
             if now < stage {
                 return fail(
                     Problem::NotCanonical,
-                    format!("{what} out of place: iptables-save prints -s, -d, -p, the matches, -j in that order"),
+                    format!("{what} out of place: iptables-save prints -s, -d, -i, -p, the matches, -j in that order"),
                 );
             }
             stage = now;
@@ -477,6 +480,19 @@ impl<'a> Parser<'a> {
                 Stage::Source | Stage::Destination => {
                     let value = self.next(what)?;
                     self.address(what, neg, value.raw)?;
+                }
+                Stage::InInterface => {
+                    let value = self.next("-i")?.raw;
+                    let name = value.strip_suffix('+').unwrap_or(value);
+                    if value.len() > kp_core::node::InterfaceName::MAX_LEN {
+                        return fail(
+                            Problem::Refused,
+                            format!("-i {value}: longer than 15 bytes"),
+                        );
+                    }
+                    if kp_core::node::InterfaceName::new(name).is_err() {
+                        return fail(Problem::Unvetted, format!("-i {value}"));
+                    }
                 }
                 Stage::Protocol => {
                     let value = self.next("-p")?.raw;

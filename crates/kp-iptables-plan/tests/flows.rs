@@ -185,3 +185,37 @@ fn the_table_catches_a_ruleset_without_rejects_or_drops() {
     assert_breaks("-j REJECT", |e| *e == kp_flows::Expect::Reject);
     assert_breaks("-j DROP", |e| *e == kp_flows::Expect::Drop);
 }
+
+/// Detect-local by interface (`InterfaceNamePrefix` veth, `BridgeInterface` cbr0), each over
+/// the links it is run with: every row passes as with the cluster CIDRs, since the table's
+/// pods arrive on the pods' interfaces and its other clients do not. With a prefix no pod
+/// interface has, the rows from pods to a ClusterIP are masqueraded instead, and fail: the
+/// match decides.
+#[test]
+fn every_flow_row_passes_with_detect_local_by_interface() {
+    let state = state();
+    let traced = |detect: &kp_core::node::DetectLocal, links: kp_core::flow::Ingress| {
+        let node = kp_flows::node_context_with(detect);
+        assert!(node.local_cidrs.is_empty());
+        let mut tracer = IptablesTracer::new(kp_flows::node_addresses()).with_ingress(links);
+        for mut p in planners() {
+            let family = p.config().family;
+            let restore = p.full(&state, &node);
+            assert!(restore.text().contains(" -i "), "{detect:?}");
+            apply(&mut tracer, family, &restore.text());
+            apply(&mut tracer, family, &common::jumps(&p));
+        }
+        tracer
+    };
+    for (detect, links) in kp_flows::interface_detect_locals() {
+        assert_rows_pass(&traced(&detect, links));
+    }
+    let elsewhere = kp_core::node::DetectLocal::InterfaceNamePrefix(
+        kp_core::node::InterfaceName::new("cali").unwrap(),
+    );
+    let failures = kp_flows::check_tracer(&traced(&elsewhere, kp_flows::ingress()));
+    assert!(!failures.is_empty());
+    for f in &failures {
+        assert!(f.contains("Pod "), "only rows from pods change: {f}");
+    }
+}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use kp_core::flow::Tracer;
-use kp_core::flow::{Origin, Packet, Verdict};
+use kp_core::flow::{Ingress, Origin, Packet, Verdict};
 use kp_core::model::{IpFamily, Protocol};
 
 use kp_iptables_plan::restore::Table;
@@ -237,6 +237,12 @@ enum Match {
         neg: bool,
     },
     Comment(String),
+    /// `-i NAME`, or `-i NAME+` (`prefix`): the interface the packet arrived on.
+    InIface {
+        name: String,
+        prefix: bool,
+        neg: bool,
+    },
     LocalAddr {
         dst: bool,
         neg: bool,
@@ -1226,6 +1232,7 @@ fn claim_target(
 fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, Bad> {
     let mut src: Option<Match> = None;
     let mut dst: Option<Match> = None;
+    let mut in_iface: Option<Match> = None;
     let mut proto: Option<(Protocol, bool)> = None;
     let mut modules: Vec<Module> = Vec::new();
     let mut target: Option<TargetState> = None;
@@ -1345,8 +1352,28 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
                 target = Some(t);
                 i += 2;
             }
-            "-i" | "--in-interface" | "-o" | "--out-interface" | "-f" | "--fragment" | "-c"
-            | "--set-counters" | "-4" | "-6" | "--ipv4" | "--ipv6" => {
+            "-i" | "--in-interface" => {
+                let v = value(a, next)?;
+                let (name, prefix) = match v.strip_suffix('+') {
+                    Some(n) => (n, true),
+                    None => (v, false),
+                };
+                // IFNAMSIZ: 15 bytes and the NUL, the `+` counted.
+                if name.is_empty() || v.len() > 15 || name.contains('+') {
+                    return Err(invalid(format!("-i {v}: not an interface name")));
+                }
+                if in_iface.is_some() {
+                    return Err(invalid("-i given twice"));
+                }
+                in_iface = Some(Match::InIface {
+                    name: name.to_string(),
+                    prefix,
+                    neg: was_neg,
+                });
+                i += 2;
+            }
+            "-o" | "--out-interface" | "-f" | "--fragment" | "-c" | "--set-counters" | "-4"
+            | "-6" | "--ipv4" | "--ipv6" => {
                 return Err(unsupported(format!("option {a}")));
             }
             "-t" | "--table" => {
@@ -1396,7 +1423,7 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
         return Err(invalid("trailing !"));
     }
 
-    let mut matches: Vec<Match> = src.into_iter().chain(dst).collect();
+    let mut matches: Vec<Match> = src.into_iter().chain(dst).chain(in_iface).collect();
     if let Some((proto, neg)) = proto {
         matches.push(Match::Proto { proto, neg });
     }
@@ -1699,6 +1726,9 @@ struct Walk {
     mark: u32,
     dnat: bool,
     masquerade: bool,
+    /// The interface the packet arrived on: `None` for the node's own packets, `Some(None)`
+    /// when the tracer has no [`Ingress`] to tell (an `-i` match then fails the trace).
+    iif: Option<Option<String>>,
     /// `-m recent --rcheck` lists looked up, with their `--seconds`.
     rchecks: Vec<(String, u32)>,
     /// `-m recent --set` lists the client was added to.
@@ -1736,6 +1766,8 @@ enum Test {
 #[derive(Clone, Debug)]
 pub struct IptablesTracer {
     local: Vec<IpAddr>,
+    /// The node's links, for `-i` matches ([`IptablesTracer::with_ingress`]).
+    ingress: Option<Ingress>,
     /// Indexed by family, then table (filter, nat).
     tables: [[TableModel; 2]; 2],
 }
@@ -1748,8 +1780,17 @@ impl IptablesTracer {
         let fresh = || [TableModel::new(Table::Filter), TableModel::new(Table::Nat)];
         IptablesTracer {
             local,
+            ingress: None,
             tables: [fresh(), fresh()],
         }
+    }
+
+    /// The tracer with the node's links, which tell the interface a packet arrives on (what
+    /// `-i` matches). Without them, a packet from outside or from a pod that meets an `-i`
+    /// match fails its trace.
+    pub fn with_ingress(mut self, ingress: Ingress) -> Self {
+        self.ingress = Some(ingress);
+        self
     }
 
     /// Replays one `iptables-restore --noflush` input for `family`. All or nothing: on error
@@ -1988,6 +2029,11 @@ impl IptablesTracer {
             mark: 0,
             dnat: false,
             masquerade: false,
+            iif: match (&self.ingress, p.origin) {
+                (_, Origin::Node) => None,
+                (Some(links), _) => Some(links.interface(p).map(str::to_string)),
+                (None, _) => Some(None),
+            },
             rchecks: Vec::new(),
             sets: Vec::new(),
             probability: 1.0,
@@ -2208,6 +2254,19 @@ impl IptablesTracer {
                 yes((*lo..=*hi).contains(&port) != *neg)
             }
             Match::Comment(_) => Test::Yes,
+            Match::InIface { name, prefix, neg } => {
+                let on = match &w.iif {
+                    None => false,
+                    Some(Some(i)) if *prefix => i.starts_with(name.as_str()),
+                    Some(Some(i)) => i == name,
+                    Some(None) => panic!(
+                        "a rule matches -i {name}, and the tracer has no links to tell the \
+                         interface a packet from outside or from a pod arrives on: build it \
+                         with IptablesTracer::with_ingress"
+                    ),
+                };
+                yes(on != *neg)
+            }
             Match::LocalAddr { dst, neg } => {
                 let ip = if *dst { &w.dst } else { &w.src };
                 yes(self.is_local(ip) != *neg)

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_core::model::IpFamily;
-use kp_core::node::NodeContext;
+use kp_core::node::{LocalInterface, NodeContext};
 
 use super::rule::loopback;
 
@@ -62,6 +62,8 @@ pub(crate) struct RenderContext {
     pub localhost_node_ports: bool,
     /// Detect-local: the pod network of this family (upstream allows one per family).
     pub local_cidr: Option<IpNet>,
+    /// Detect-local by the interface a packet arrives on (instead of `local_cidr`).
+    pub local_interface: Option<LocalInterface>,
     pub node_ports: NodePortDestinations,
     /// The node's primary address of this family (`loadBalancerSourceRanges` that contain it
     /// also admit traffic the node sends to its own LoadBalancer IPs).
@@ -100,6 +102,7 @@ impl RenderContext {
                 .iter()
                 .find(|n| IpFamily::of_net(n) == family)
                 .map(IpNet::trunc),
+            local_interface: node.local_interface.clone(),
             node_ports,
             node_ip: node.node_ip(family),
             service_cidrs: node

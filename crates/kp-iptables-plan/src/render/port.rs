@@ -334,12 +334,16 @@ fn port_chains(ctx: &RenderContext, view: &PortView<'_>, out: &mut PortRules) {
     }
 }
 
-/// The first rule of the ClusterIP's policy chain: traffic from outside the pod network (or
-/// all of it, with `masqueradeAll`) is marked for masquerade. `None` without detect-local.
+/// The first rule of the ClusterIP's policy chain: traffic from outside the pod network, or
+/// not arrived on the pods' interfaces with detect-local by interface (or all of it, with
+/// `masqueradeAll`) is marked for masquerade. `None` without detect-local.
 fn cluster_ip_masquerade(ctx: &RenderContext, view: &PortView<'_>) -> Option<String> {
     let base = Rule::new();
     let base = if ctx.masquerade_all {
         base
+    } else if let Some(i) = &ctx.local_interface {
+        // Not arrived on the pods' interface(s): `! -i cbr0`, `! -i veth+`.
+        base.local_iface(i, true)
     } else {
         match &ctx.local_cidr {
             // A pod network of every address leaves no off-node client to masquerade (and
@@ -378,11 +382,14 @@ fn external_chain(ctx: &RenderContext, view: &PortView<'_>) -> ChainWrite {
         // Short-circuit: pods and the node itself reach every endpoint, as if they had gone
         // out to the load balancer and come back.
         TrafficPolicy::Local if !fronts.cluster_endpoints().is_empty() => {
-            if let Some(c) = &ctx.local_cidr {
+            let from_pods = match (&ctx.local_interface, &ctx.local_cidr) {
+                (Some(i), _) => Some(Rule::new().local_iface(i, false)),
+                (None, Some(c)) => Some(Rule::new().src(net(c))),
+                (None, None) => None,
+            };
+            if let Some(r) = from_pods {
                 rules.push(
-                    Rule::new()
-                        .src(net(c))
-                        .comment(&format!("pod traffic for {spn} external destinations"))
+                    r.comment(&format!("pod traffic for {spn} external destinations"))
                         .jump(&view.chains.svc)
                         .build(),
                 );

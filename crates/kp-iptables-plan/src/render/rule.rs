@@ -6,13 +6,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use kp_core::model::{IpFamily, Protocol};
+use kp_core::node::LocalInterface;
 
 /// One rule under construction. Whatever order the parts are added in, [`Rule::build`] puts
-/// them in `iptables-save`'s order: `-s`, `-d`, `-p`, the matches in the order added, `-j`.
+/// them in `iptables-save`'s order: `-s`, `-d`, `-i`, `-p`, the matches in the order added,
+/// `-j`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Rule {
     src: Option<(bool, IpNet)>,
     dst: Option<(bool, IpNet)>,
+    /// `-i …` or `! -i …`, as [`LocalInterface::iptables`] spells it.
+    in_iface: Option<String>,
     proto: Option<Protocol>,
     matches: String,
     target: String,
@@ -46,6 +50,13 @@ impl Rule {
     /// `! -d NET` (never a zero-length prefix, as for [`Rule::not_src`]).
     pub(crate) fn not_dst(mut self, net: IpNet) -> Self {
         self.dst = Some((true, net));
+        self
+    }
+
+    /// Detect-local by interface: `-i cbr0` / `-i veth+` (from a pod), or with `negate`
+    /// `! -i cbr0` (not from a pod).
+    pub(crate) fn local_iface(mut self, local: &LocalInterface, negate: bool) -> Self {
+        self.in_iface = Some(local.iptables(negate));
         self
     }
 
@@ -105,6 +116,9 @@ impl Rule {
                 }
                 None => {}
             }
+        }
+        if let Some(i) = &self.in_iface {
+            let _ = write!(out, " {i}");
         }
         if let Some(p) = self.proto {
             let _ = write!(out, " -p {}", p.as_lower());

@@ -925,3 +925,53 @@ fn pod_networks_and_source_ranges_of_every_address_render_valid_rules() {
         }
     }
 }
+
+/// Detect-local by interface: the ClusterIP masquerades what did not arrive on the pods'
+/// interface(s), and a Local-policy entry short-circuits what did, as upstream's
+/// `BridgeInterface` (`-i cbr0`) and `InterfaceNamePrefix` (`-i veth+`) detectors do.
+#[test]
+fn detect_local_by_interface_matches_the_ingress_interface() {
+    use kp_core::node::{InterfaceName, LocalInterface};
+    let mut p = port("ns2", "svc2", "172.30.0.42");
+    p.node_port = Some(3001);
+    p.external_traffic_local = true;
+    let eps = [ep("10.180.0.2", true), ep("10.180.2.1", false)];
+    let n = names::service_chains(&p.name);
+    for (local, not_from_pods, from_pods) in [
+        (
+            LocalInterface::Bridge(InterfaceName::new("cbr0").unwrap()),
+            "! -i cbr0",
+            "-i cbr0",
+        ),
+        (
+            LocalInterface::Prefix(InterfaceName::new("veth").unwrap()),
+            "! -i veth+",
+            "-i veth+",
+        ),
+    ] {
+        let node = NodeContext {
+            local_interface: Some(local),
+            ..NodeContext::default()
+        };
+        let ctx = RenderContext::new(&PlanConfig::new(IpFamily::V4), &node, false);
+        let rules = render(&ctx, &p, &eps);
+        assert_eq!(
+            chain(&rules, &n.svc)[0],
+            format!("-d 172.30.0.42/32 {not_from_pods} -p tcp -m comment --comment \"ns2/svc2:p80 cluster IP\" -m tcp --dport 80 -j KUBE-MARK-MASQ")
+        );
+        assert_eq!(
+            chain(&rules, &n.ext)[0],
+            format!("{from_pods} -m comment --comment \"pod traffic for ns2/svc2:p80 external destinations\" -j {}", n.svc)
+        );
+        for (name, rs) in [
+            (&n.svc, chain(&rules, &n.svc)),
+            (&n.ext, chain(&rules, &n.ext)),
+        ] {
+            for r in rs {
+                assert!(!r.contains("-s 10."), "{r}");
+                crate::validate::rule(IpFamily::V4, Table::Nat, name, r)
+                    .unwrap_or_else(|e| panic!("{r}: {e}"));
+            }
+        }
+    }
+}

@@ -85,7 +85,21 @@ fn arguments_must_come_in_save_order_one_space_apart() {
     refused(V4, f, "-d  10.0.0.0/8 -j RETURN", NotCanonical);
     refused(V4, f, "-j RETURN -d 10.0.0.0/8", Refused);
     refused(V4, f, "", Meaningless);
-    refused(V4, f, "-i eth0 -j RETURN", Unvetted);
+    refused(V4, f, "-o eth0 -j RETURN", Unvetted);
+    // Detect-local by interface: `-i` after `-d`, before `-p`; 15 bytes at most, `+` counted.
+    accepted(V4, f, "-i eth0 -j RETURN");
+    accepted(
+        V4,
+        f,
+        "-d 10.0.0.0/8 ! -i veth+ -p tcp -m tcp --dport 80 -j RETURN",
+    );
+    accepted(V4, f, "-i abcdefghijklmn+ -j RETURN");
+    refused(V4, f, "-p tcp -i eth0 -j RETURN", NotCanonical);
+    refused(V4, f, "-i eth0 -d 10.0.0.0/8 -j RETURN", NotCanonical);
+    refused(V4, f, "-i abcdefghijklmno+ -j RETURN", Refused);
+    refused(V4, f, "-i eth0 -i eth1 -j RETURN", Refused);
+    refused(V4, f, "-i a/b -j RETURN", Unvetted);
+    refused(V4, f, "-i + -j RETURN", Unvetted);
     refused(V4, f, "! -p tcp -j RETURN", Unvetted);
     refused(V4, f, "-p icmp -j RETURN", Unvetted);
     refused(V4, f, "-j RETURN\n-A INPUT -j DROP", Refused);

@@ -594,7 +594,7 @@ fn unknown_tables_commands_matches_options_and_targets_are_refused() {
             2,
         ),
         ("*nat\n-A KUBE-SERVICES -j LOG\nCOMMIT\n", 2),
-        ("*nat\n-A KUBE-SERVICES -i eth0 -j RETURN\nCOMMIT\n", 2),
+        ("*nat\n-A KUBE-SERVICES -o eth0 -j RETURN\nCOMMIT\n", 2),
         (
             "*nat\n-A KUBE-SERVICES -m statistic --mode nth --every 2 -j RETURN\nCOMMIT\n",
             2,
@@ -1038,12 +1038,15 @@ fn kernel_cases() -> Vec<(IpFamily, Kernel, String)> {
         // Accepted by both backends, refused by the tracer. (An unterminated quote swallows
         // the rest of the line, and the newline, into the comment.)
         "-A KUBE-UNUSED -m comment --comment \"open -j RETURN",
-        "-A KUBE-UNUSED -i eth0 -j RETURN",
+        "-A KUBE-UNUSED -o eth0 -j RETURN",
+        // Detect-local by interface: a prefix, and one too long with its `+`.
+        "-A KUBE-UNUSED ! -i veth+ -j RETURN",
+        "-A KUBE-UNUSED -i abcdefghijklmno+ -j RETURN",
         "-A KUBE-UNUSED -j LOG",
         "-A KUBE-UNUSED -m recent --rcheck --name X -j RETURN",
         ":MARK - [0:0]",
     ] {
-        let stricter = body.contains("eth0")
+        let stricter = body.contains("-o eth0")
             || body.contains("LOG")
             || body.contains("--rcheck --name X")
             || body.starts_with(":MARK")
@@ -1128,4 +1131,50 @@ fn the_tracer_loads_exactly_what_iptables_restore_loads() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `-i` matches the interface the node's links put the packet on (`+` ends a prefix); the
+/// node's own packets arrive on none, so `! -i` matches them. Without links, a packet from a
+/// pod cannot be placed, and the trace says so instead of guessing.
+#[test]
+fn in_interface_follows_the_links_and_the_node_arrives_on_none() {
+    let nat = NAT.replace(
+        "--dport 80 ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ",
+        "--dport 80 ! -i veth+ -j KUBE-MARK-MASQ",
+    );
+    assert_ne!(nat, NAT);
+    let links = kp_core::flow::Ingress::new()
+        .route("0.0.0.0/0".parse().unwrap(), "eth0")
+        .route("10.244.1.0/24".parse().unwrap(), "veth7");
+    let t = tracer_with(&nat).with_ingress(links);
+    let masquerade = |p: &Packet| match t.trace(p) {
+        Verdict::Dnat { masquerade, .. } => masquerade,
+        other => panic!("{p}: {other:?}"),
+    };
+    assert!(!masquerade(&pod("10.244.1.9", "10.96.0.10", 80)));
+    assert!(masquerade(&packet(
+        Origin::External,
+        "192.0.2.2",
+        "10.96.0.10",
+        80
+    )));
+    assert!(masquerade(&packet(
+        Origin::Node,
+        "192.0.2.1",
+        "10.96.0.10",
+        80
+    )));
+    let exact = tracer_with(&nat.replace("! -i veth+", "! -i veth")).with_ingress(
+        kp_core::flow::Ingress::new().route("10.244.1.0/24".parse().unwrap(), "veth7"),
+    );
+    assert!(matches!(
+        exact.trace(&pod("10.244.1.9", "10.96.0.10", 80)),
+        Verdict::Dnat {
+            masquerade: true,
+            ..
+        }
+    ));
+    let blind = tracer_with(&nat);
+    let caught = std::panic::catch_unwind(|| blind.trace(&pod("10.244.1.9", "10.96.0.10", 80)));
+    assert!(caught.is_err());
 }
