@@ -218,7 +218,7 @@ pub fn special_address(ip: IpAddr) -> Option<&'static str> {
 
 /// Parses an address that traffic is sent to or from (a ClusterIP, external IP, LoadBalancer
 /// IP or endpoint), refusing the special ranges of [`special_address`].
-fn parse_service_ip(field: &'static str, value: &str) -> Result<IpAddr, InvalidObject> {
+pub(crate) fn parse_service_ip(field: &'static str, value: &str) -> Result<IpAddr, InvalidObject> {
     let ip = parse_ip(field, value)?;
     match special_address(ip) {
         Some(reason) => Err(InvalidObject::SpecialAddress {

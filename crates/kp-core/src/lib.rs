@@ -12,6 +12,7 @@ pub mod dataplane;
 pub mod flow;
 pub mod frontend;
 pub mod logsafe;
+pub mod mirror;
 pub mod model;
 pub mod node;
 pub mod select;

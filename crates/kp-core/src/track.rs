@@ -9,13 +9,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::convert::{self, InvalidObject, ServiceDisposition};
 use crate::logsafe::Escaped;
+use crate::mirror;
 use ipnet::IpNet;
 
 use crate::model::{Endpoint, NodeInfo, ServiceKey, ServicePort, ServicePortName, SliceEndpoints};
@@ -32,6 +33,10 @@ pub enum Kind {
     Node,
     /// networking.k8s.io/v1 ServiceCIDR: the ranges ClusterIPs are allocated from.
     ServiceCidr,
+    /// core/v1 Endpoints, mirrored into EndpointSlices ([`crate::mirror`]). Only the manifest
+    /// directory sends these (a cluster's mirroring controller writes the slices itself); they
+    /// count as part of the EndpointSlice list, so there is no `Synced(Endpoints)` to wait for.
+    Endpoints,
 }
 
 impl fmt::Display for Kind {
@@ -41,6 +46,7 @@ impl fmt::Display for Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
             Kind::ServiceCidr => "ServiceCIDR",
+            Kind::Endpoints => "Endpoints",
         })
     }
 }
@@ -56,6 +62,8 @@ pub enum Object {
     Node(Box<Node>),
     /// A ServiceCIDR.
     ServiceCidr(Box<ServiceCIDR>),
+    /// An Endpoints object (see [`Kind::Endpoints`]).
+    Endpoints(Box<Endpoints>),
 }
 
 impl Object {
@@ -66,6 +74,7 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Node(_) => Kind::Node,
             Object::ServiceCidr(_) => Kind::ServiceCidr,
+            Object::Endpoints(_) => Kind::Endpoints,
         }
     }
 
@@ -76,6 +85,7 @@ impl Object {
             Object::EndpointSlice(s) => &s.metadata,
             Object::Node(n) => &n.metadata,
             Object::ServiceCidr(c) => &c.metadata,
+            Object::Endpoints(e) => &e.metadata,
         }
     }
 
@@ -154,7 +164,7 @@ pub struct Changes {
     pub services: BTreeSet<ServiceKey>,
     /// Number of Service object changes included.
     pub service_changes: u64,
-    /// Number of EndpointSlice object changes included.
+    /// Number of EndpointSlice (and Endpoints) object changes included.
     pub endpoint_changes: u64,
     /// The node-wide context of the rules changed: this Node in a way that affects them (zone,
     /// pod CIDRs, primary addresses), or the Service CIDRs. Every Service is planned again.
@@ -189,6 +199,10 @@ pub struct ProxyState {
     /// Slice names per Service, sorted (a Service has a handful; a `Vec` costs a fraction of
     /// a `BTreeSet`'s node at 10k Services).
     slices_by_service: HashMap<ServiceKey, Vec<ObjectKey>>,
+    /// Slices mirrored from Endpoints objects, by Service (an Endpoints is named after its
+    /// Service), sorted by slice name. Used for a Service only while `slices_by_service` has no
+    /// entry for it: a Service's own EndpointSlices win.
+    mirrored: HashMap<ServiceKey, Vec<SliceEndpoints>>,
     node: NodeInfo,
     /// Service CIDRs from the configuration (our `serviceCIDRs` setting).
     configured_service_cidrs: Vec<IpNet>,
@@ -312,6 +326,11 @@ impl ProxyState {
                         let cidrs = convert::service_cidrs(&c).map_err(reject)?;
                         Ok(self.set_service_cidrs(key.name, Some(cidrs)))
                     }
+                    Object::Endpoints(e) => {
+                        let (service, slices, _) =
+                            mirror::mirrored_endpoints(&e, &self.node_name).map_err(reject)?;
+                        Ok(self.set_mirrored(service, slices))
+                    }
                 }
             }
             SourceEvent::Delete(Kind::ServiceCidr, key) => {
@@ -321,6 +340,9 @@ impl ProxyState {
                 Ok(self.set_service(ServiceKey::new(key.namespace, key.name), Vec::new()))
             }
             SourceEvent::Delete(Kind::EndpointSlice, key) => Ok(self.set_slice(key, None)),
+            SourceEvent::Delete(Kind::Endpoints, key) => {
+                Ok(self.set_mirrored(ServiceKey::new(key.namespace, key.name), Vec::new()))
+            }
             SourceEvent::Delete(Kind::Node, key) => {
                 if key.name != self.node_name {
                     return Ok(Applied::Unchanged);
@@ -384,6 +406,28 @@ impl ProxyState {
         Applied::Changed
     }
 
+    /// Sets the slices mirrored from the Endpoints of `service` (none: it went, or mirrors
+    /// nothing). Only that Service is touched, and only if no slice of its own shadows them.
+    fn set_mirrored(&mut self, service: ServiceKey, mut slices: Vec<SliceEndpoints>) -> Applied {
+        slices.sort_by(|a, b| a.slice_name.cmp(&b.slice_name));
+        if self.mirrored.get(&service).map_or(&[][..], Vec::as_slice) == slices.as_slice() {
+            return Applied::Unchanged;
+        }
+        let shadowed = self.slices_by_service.contains_key(&service);
+        if slices.is_empty() {
+            self.mirrored.remove(&service);
+        } else {
+            self.mirrored.insert(service.clone(), slices);
+        }
+        if shadowed {
+            // Kept for when the Service's own slices go; nothing programmed changes now.
+            return Applied::Unchanged;
+        }
+        self.pending.services.insert(service);
+        self.pending.endpoint_changes += 1;
+        Applied::Changed
+    }
+
     fn set_node(&mut self, info: NodeInfo) -> Applied {
         if info == self.node {
             return Applied::Unchanged;
@@ -438,18 +482,11 @@ impl ProxyState {
     /// All endpoints of one Service port, merged over its slices and families. An address
     /// listed more than once counts once: an entry that is not terminating wins over one that
     /// is (the pod network reused a terminating pod's address, as upstream's
-    /// `EndpointSliceCache`), and otherwise the slice with the lowest name wins.
+    /// `EndpointSliceCache`), and otherwise the slice with the lowest name wins. The slices are
+    /// the Service's own EndpointSlices, or if it has none, those mirrored from its Endpoints.
     pub fn endpoints(&self, name: &ServicePortName) -> Vec<Endpoint> {
         let mut out: BTreeMap<(std::net::IpAddr, u16), Endpoint> = BTreeMap::new();
-        for skey in self
-            .slices_by_service
-            .get(&name.service)
-            .into_iter()
-            .flatten()
-        {
-            let Some(slice) = self.slices.get(skey) else {
-                continue;
-            };
+        let mut merge = |slice: &SliceEndpoints| {
             for p in &slice.ports {
                 if p.port_name != name.port || p.protocol != name.protocol {
                     continue;
@@ -461,6 +498,18 @@ impl ProxyState {
                     }
                 }
             }
+        };
+        match self.slices_by_service.get(&name.service) {
+            Some(keys) => keys
+                .iter()
+                .filter_map(|k| self.slices.get(k))
+                .for_each(&mut merge),
+            None => self
+                .mirrored
+                .get(&name.service)
+                .into_iter()
+                .flatten()
+                .for_each(&mut merge),
         }
         out.into_values().collect()
     }

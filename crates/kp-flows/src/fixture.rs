@@ -469,6 +469,7 @@ pub fn manifest(object: &Object) -> Value {
             "ServiceCIDR",
             serde_json::to_value(c),
         ),
+        Object::Endpoints(e) => ("v1", "Endpoints", serde_json::to_value(e)),
     };
     let mut v =
         value.unwrap_or_else(|e| panic!("{} {} serialises: {e}", object.kind(), object.key()));

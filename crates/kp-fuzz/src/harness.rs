@@ -454,6 +454,7 @@ impl Harness {
                 Kind::EndpointSlice => format!("svc-{}-{}", r.below(48), r.below(3)),
                 Kind::Node => kp_flows::NODE.to_string(),
                 Kind::ServiceCidr => (*r.pick(&["kubernetes", "extra", "second-range"])).into(),
+                Kind::Endpoints => format!("svc-{}", r.below(48)),
             }
         };
         let namespace = match kind {
@@ -578,6 +579,7 @@ fn object_json(o: &Object) -> Value {
         Object::EndpointSlice(s) => serde_json::to_value(s),
         Object::Node(n) => serde_json::to_value(n),
         Object::ServiceCidr(c) => serde_json::to_value(c),
+        Object::Endpoints(e) => serde_json::to_value(e),
     };
     v.unwrap_or(Value::Null)
 }

@@ -1,4 +1,10 @@
-//! The standalone source: Service, EndpointSlice and Node manifests in a directory.
+//! The standalone source: Service, EndpointSlice, Endpoints, Node and ServiceCIDR manifests in
+//! a directory.
+//!
+//! v1 Endpoints objects are passed on as they are; kp-core mirrors them into EndpointSlices as a
+//! cluster's EndpointSliceMirroring controller does (`kp_core::mirror`), and a Service's own
+//! EndpointSlices win over them. An Endpoints subset with more addresses than the controller
+//! mirrors is logged here, once per change of the object.
 //!
 //! Upstream has no such source; this one exists so that the proxy can run without an API server
 //! (tests, appliances). It keeps the same contract as the API source: `Synced` after the first
@@ -275,6 +281,23 @@ async fn settle_down(activity: &Mutex<Activity>, wake_rx: &mut mpsc::Receiver<()
     }
 }
 
+/// Logs an Endpoints object whose subsets hold more addresses than are mirrored (as the
+/// mirroring controller warns about it), before it is sent.
+fn warn_truncated(obj: &Object) {
+    let Object::Endpoints(endpoints) = obj else {
+        return;
+    };
+    let skipped = kp_core::mirror::truncated(endpoints);
+    if skipped > 0 {
+        warn!(
+            endpoints = %obj.key(),
+            skipped,
+            "at most {} addresses of an Endpoints subset are mirrored; the rest are left out",
+            kp_core::mirror::MAX_ENDPOINTS_PER_SUBSET
+        );
+    }
+}
+
 /// Whether a file name is one this source reads.
 fn is_manifest_name(name: &str) -> bool {
     if name.starts_with('.') || name.ends_with('~') {
@@ -427,7 +450,12 @@ impl DirState {
             path: self.dir.clone(),
             source,
         })?;
-        let mut emit = |ev| tx.blocking_send(ev).is_ok();
+        let mut emit = |ev: SourceEvent| {
+            if let SourceEvent::Upsert(obj) = &ev {
+                warn_truncated(obj);
+            }
+            tx.blocking_send(ev).is_ok()
+        };
         // Taken before any file is looked at, so that a file is never thought settled early.
         let now = SystemTime::now();
         Ok(self.scan(listing, &mut Disk, now, &mut emit).ok())

@@ -14,7 +14,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service, ServiceSpec, ServiceStatus};
+use k8s_openapi::api::core::v1::{
+    EndpointSubset, Endpoints, Node, NodeSpec, NodeStatus, Service, ServiceSpec, ServiceStatus,
+};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec, ServiceCIDRStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -43,9 +45,10 @@ pub fn parse_file(path: &Path, text: &str) -> Result<Vec<Object>, SourceError> {
 ///
 /// A `.json` file holds one JSON document; any other file is YAML and may hold several
 /// documents separated by `---` lines. Each document is a v1 `Service`, a discovery.k8s.io/v1
-/// `EndpointSlice`, a v1 `Node`, or a list of those: a v1 `List` (as `kubectl get -o yaml`
-/// writes) or a typed `ServiceList`, `EndpointSliceList` or `NodeList` (whose items may omit
-/// `apiVersion` and `kind`). Empty documents are skipped, so an empty file holds no objects.
+/// `EndpointSlice`, a v1 `Endpoints` (mirrored into EndpointSlices by kp-core's `mirror`), a v1
+/// `Node`, a networking.k8s.io/v1 `ServiceCIDR`, or a list of those: a v1 `List` (as `kubectl
+/// get -o yaml` writes) or a typed `ServiceList`, `EndpointSliceList`, `EndpointsList`,
+/// `NodeList` or `ServiceCIDRList` (whose items may omit `apiVersion` and `kind`). Empty documents are skipped, so an empty file holds no objects.
 ///
 /// The first document that fails (bad syntax, an unsupported kind, a field of the wrong type, no
 /// `metadata.name`) fails the whole file, with an error naming the file and the document; `f`
@@ -390,6 +393,7 @@ fn list_item_type(api_version: &str, kind: &str) -> Option<Option<(&'static str,
         (CORE_V1, "List") => None,
         (CORE_V1, "ServiceList") => Some((CORE_V1, "Service")),
         (DISCOVERY_V1, "EndpointSliceList") => Some((DISCOVERY_V1, "EndpointSlice")),
+        (CORE_V1, "EndpointsList") => Some((CORE_V1, "Endpoints")),
         (CORE_V1, "NodeList") => Some((CORE_V1, "Node")),
         (NETWORKING_V1, "ServiceCIDRList") => Some((NETWORKING_V1, "ServiceCIDR")),
         _ => return None,
@@ -423,8 +427,8 @@ fn type_of(
 fn unsupported(api_version: &str, kind: &str) -> String {
     format!(
         "unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Service, \
-         discovery.k8s.io/v1 EndpointSlice, v1 Node, networking.k8s.io/v1 ServiceCIDR or a \
-         list of them"
+         discovery.k8s.io/v1 EndpointSlice, v1 Endpoints, v1 Node, networking.k8s.io/v1 \
+         ServiceCIDR or a list of them"
     )
 }
 
@@ -438,6 +442,10 @@ fn decode_typed(doc: &impl Syntax, api_version: &str, kind: &str) -> Result<Obje
         (DISCOVERY_V1, "EndpointSlice") => Object::EndpointSlice(Box::new(
             doc.typed::<EndpointSlice>()
                 .map_err(|err| format!("EndpointSlice: {err}"))?,
+        )),
+        (CORE_V1, "Endpoints") => Object::Endpoints(Box::new(
+            doc.typed::<Endpoints>()
+                .map_err(|err| format!("Endpoints: {err}"))?,
         )),
         (CORE_V1, "Node") => Object::Node(Box::new(
             doc.typed::<Node>().map_err(|err| format!("Node: {err}"))?,
@@ -476,6 +484,10 @@ fn decode_item(value: Value, default: Option<(&str, &str)>) -> Result<Object, St
             serde_json::from_value::<EndpointSlice>(value)
                 .map_err(|err| format!("EndpointSlice: {err}"))?,
         )),
+        (CORE_V1, "Endpoints") => Object::Endpoints(Box::new(
+            serde_json::from_value::<Endpoints>(value)
+                .map_err(|err| format!("Endpoints: {err}"))?,
+        )),
         (CORE_V1, "Node") => Object::Node(Box::new(
             serde_json::from_value::<Node>(value).map_err(|err| format!("Node: {err}"))?,
         )),
@@ -512,6 +524,7 @@ enum Field {
     AddressType,
     Endpoints,
     Ports,
+    Subsets,
     Other,
 }
 
@@ -543,6 +556,7 @@ impl<'de> Visitor<'de> for FieldSeed {
             "addressType" => Field::AddressType,
             "endpoints" => Field::Endpoints,
             "ports" => Field::Ports,
+            "subsets" => Field::Subsets,
             _ => Field::Other,
         })
     }
@@ -811,6 +825,7 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
 enum ObjType {
     Service,
     EndpointSlice,
+    Endpoints,
     Node,
     ServiceCidr,
 }
@@ -820,6 +835,7 @@ impl ObjType {
         Some(match (api_version, kind) {
             (CORE_V1, "Service") => ObjType::Service,
             (DISCOVERY_V1, "EndpointSlice") => ObjType::EndpointSlice,
+            (CORE_V1, "Endpoints") => ObjType::Endpoints,
             (CORE_V1, "Node") => ObjType::Node,
             (NETWORKING_V1, "ServiceCIDR") => ObjType::ServiceCidr,
             _ => return None,
@@ -830,6 +846,7 @@ impl ObjType {
         match self {
             ObjType::Service => "Service",
             ObjType::EndpointSlice => "EndpointSlice",
+            ObjType::Endpoints => "Endpoints",
             ObjType::Node => "Node",
             ObjType::ServiceCidr => "ServiceCIDR",
         }
@@ -906,7 +923,7 @@ enum Body {
     Service(Option<ServiceSpec>, Option<ServiceStatus>),
     Node(Option<NodeSpec>, Option<NodeStatus>),
     ServiceCidr(Option<ServiceCIDRSpec>, Option<ServiceCIDRStatus>),
-    /// EndpointSlices have neither.
+    /// EndpointSlices and Endpoints have neither.
     None,
 }
 
@@ -916,7 +933,7 @@ impl Body {
             ObjType::Service => Body::Service(None, None),
             ObjType::Node => Body::Node(None, None),
             ObjType::ServiceCidr => Body::ServiceCidr(None, None),
-            ObjType::EndpointSlice => Body::None,
+            ObjType::EndpointSlice | ObjType::Endpoints => Body::None,
         }
     }
 
@@ -992,6 +1009,7 @@ impl<'de> Visitor<'de> for FastObject<'_, '_> {
         let mut address_type: Option<String> = None;
         let mut endpoints: Option<Vec<Endpoint>> = None;
         let mut ports: Option<Vec<EndpointPort>> = None;
+        let mut subsets: Option<Vec<EndpointSubset>> = None;
         // `spec` and `status` met before the type.
         let (mut early_spec, mut early_status) = (None::<Value>, None::<Value>);
         // Settles the type from `apiVersion` and `kind` (or the default) when both are known.
@@ -1025,6 +1043,9 @@ impl<'de> Visitor<'de> for FastObject<'_, '_> {
                 }
                 Field::Ports if ty.is_none_or(|t| t == ObjType::EndpointSlice) && !list => {
                     ports = map.next_value()?
+                }
+                Field::Subsets if ty.is_none_or(|t| t == ObjType::Endpoints) && !list => {
+                    subsets = map.next_value()?
                 }
                 Field::Spec | Field::Status | Field::Items => {
                     if ty.is_none() && !list {
@@ -1093,6 +1114,7 @@ impl<'de> Visitor<'de> for FastObject<'_, '_> {
             default.map(|t| match t {
                 ObjType::Service => (CORE_V1, "Service"),
                 ObjType::EndpointSlice => (DISCOVERY_V1, "EndpointSlice"),
+                ObjType::Endpoints => (CORE_V1, "Endpoints"),
                 ObjType::Node => (CORE_V1, "Node"),
                 ObjType::ServiceCidr => (NETWORKING_V1, "ServiceCIDR"),
             }),
@@ -1145,6 +1167,9 @@ impl<'de> Visitor<'de> for FastObject<'_, '_> {
                     ports,
                 }))
             }
+            (ObjType::Endpoints, Body::None) => {
+                Object::Endpoints(Box::new(Endpoints { metadata, subsets }))
+            }
             _ => return Err(give_up()),
         };
         Ok(Decoded::Object(
@@ -1167,6 +1192,7 @@ pub fn digest(obj: &Object) -> Digest {
     let _ = match obj {
         Object::Service(s) => s.serialize(&mut serde_json::Serializer::new(&mut w)),
         Object::EndpointSlice(s) => s.serialize(&mut serde_json::Serializer::new(&mut w)),
+        Object::Endpoints(e) => e.serialize(&mut serde_json::Serializer::new(&mut w)),
         Object::Node(n) => n.serialize(&mut serde_json::Serializer::new(&mut w)),
         Object::ServiceCidr(c) => c.serialize(&mut serde_json::Serializer::new(&mut w)),
     };

@@ -46,6 +46,11 @@ pub(super) fn info(kind: Kind) -> KindInfo {
             list_kind: "ServiceCIDRList",
             namespaced: false,
         },
+        Kind::Endpoints => KindInfo {
+            api_version: "v1",
+            list_kind: "EndpointsList",
+            namespaced: true,
+        },
     }
 }
 
