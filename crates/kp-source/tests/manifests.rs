@@ -454,3 +454,121 @@ async fn a_change_is_reported_quickly() {
         took[5]
     );
 }
+
+/// A v1 Endpoints for Service `ns/web`, ready at `ip` and not ready at 10.0.0.99.
+fn endpoints(ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Endpoints\nmetadata:\n  name: web\n  namespace: ns\nsubsets:\n\
+         - addresses:\n  - ip: {ip}\n  notReadyAddresses:\n  - ip: 10.0.0.99\n  ports:\n\
+         \x20 - name: http\n    port: 8080\n    protocol: TCP\n"
+    )
+}
+
+/// The endpoints of `ns/web`'s port `http` in `state`: `ip:port` and whether ready.
+fn web_endpoints(state: &kp_core::track::ProxyState) -> Vec<(String, bool)> {
+    let name = kp_core::model::ServicePortName {
+        service: kp_core::model::ServiceKey::new("ns", "web"),
+        port: "http".into(),
+        protocol: kp_core::model::Protocol::Tcp,
+    };
+    state
+        .endpoints(&name)
+        .iter()
+        .map(|e| (e.to_string(), e.ready))
+        .collect()
+}
+
+/// Receives one event and applies it to `state`, returning it rendered.
+async fn apply_next(
+    rx: &mut mpsc::Receiver<SourceEvent>,
+    state: &mut kp_core::track::ProxyState,
+    waiting_for: &str,
+) -> String {
+    let ev = next(rx, waiting_for).await;
+    let shown = show(&ev);
+    state.apply(ev).expect("accepted");
+    shown
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_with_a_v1_endpoints_gets_its_endpoints_and_follows_edits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    fs::write(path.join("web.yaml"), service("web", 80)).expect("write");
+    fs::write(path.join("web-endpoints.yaml"), endpoints("10.0.0.1")).expect("write");
+
+    let (tx, mut rx) = mpsc::channel(64);
+    let _source = tokio::spawn(run_manifests(path.clone(), tx, Arc::new(Metrics::new())));
+    let mut state = kp_core::track::ProxyState::new("node-1");
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        seen.push(apply_next(&mut rx, &mut state, "the initial read").await);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "synced EndpointSlice",
+            "synced Node",
+            "synced Service",
+            "upsert Endpoints ns/web",
+            "upsert Service ns/web",
+        ]
+    );
+    assert_eq!(
+        web_endpoints(&state),
+        [
+            ("10.0.0.1:8080".into(), true),
+            ("10.0.0.99:8080".into(), false)
+        ]
+    );
+    let selected = state.service_state(&kp_core::model::ServiceKey::new("ns", "web"));
+    assert_eq!(
+        selected[0].endpoints.cluster.len(),
+        1,
+        "the ready one is used"
+    );
+
+    // Editing the Endpoints file moves the Service to the new address.
+    write_atomic(&path, "web-endpoints.yaml", &endpoints("10.0.0.2"));
+    assert_eq!(
+        apply_next(&mut rx, &mut state, "the edited Endpoints").await,
+        "upsert Endpoints ns/web"
+    );
+    assert_eq!(
+        web_endpoints(&state),
+        [
+            ("10.0.0.2:8080".into(), true),
+            ("10.0.0.99:8080".into(), false)
+        ]
+    );
+
+    // A real EndpointSlice for the Service wins; removing it brings the Endpoints back.
+    let slice = SLICE.replace("10.0.0.1", "10.0.0.3");
+    write_atomic(&path, "web-slice.yaml", &slice);
+    assert_eq!(
+        apply_next(&mut rx, &mut state, "the slice").await,
+        "upsert EndpointSlice ns/web-1"
+    );
+    assert_eq!(web_endpoints(&state), [("10.0.0.3:8080".into(), true)]);
+    fs::remove_file(path.join("web-slice.yaml")).expect("remove");
+    assert_eq!(
+        apply_next(&mut rx, &mut state, "the slice's deletion").await,
+        "delete EndpointSlice ns/web-1"
+    );
+    assert_eq!(
+        web_endpoints(&state),
+        [
+            ("10.0.0.2:8080".into(), true),
+            ("10.0.0.99:8080".into(), false)
+        ]
+    );
+
+    // Removing the Endpoints file leaves the Service without endpoints.
+    fs::remove_file(path.join("web-endpoints.yaml")).expect("remove");
+    assert_eq!(
+        apply_next(&mut rx, &mut state, "the Endpoints' deletion").await,
+        "delete Endpoints ns/web"
+    );
+    assert!(web_endpoints(&state).is_empty());
+}

@@ -676,3 +676,87 @@ fn yaml_splits_into_pieces_of_whole_documents() {
     assert_eq!(docs, split_documents(&text).len());
     assert_eq!(super::split_yaml(&text, 1 << 20), [text.as_str()]);
 }
+
+/// A v1 Endpoints, as the walkthroughs write one for a Service without a selector.
+const ENDPOINTS: &str = "\
+apiVersion: v1
+kind: Endpoints
+metadata:
+  name: web
+  namespace: ns
+  labels: {app: web}
+subsets:
+- addresses:
+  - {ip: 10.0.0.1, nodeName: node-1}
+  notReadyAddresses:
+  - ip: 10.0.0.2
+  ports:
+  - {name: http, port: 8080, protocol: TCP}
+";
+
+#[test]
+fn endpoints_objects_and_lists_of_them_are_accepted() {
+    let text = format!("{}---\n{ENDPOINTS}", service("web", 80));
+    let objects = parse("/m/web.yaml", &text);
+    assert_eq!(names(&objects), ["Service ns/web", "Endpoints ns/web"]);
+    let Object::Endpoints(ep) = &objects[1] else {
+        panic!("not an Endpoints")
+    };
+    let subset = &ep.subsets.as_deref().expect("subsets")[0];
+    assert_eq!(
+        subset.addresses.as_deref().expect("addresses")[0].ip,
+        "10.0.0.1"
+    );
+    assert_eq!(
+        subset.not_ready_addresses.as_deref().expect("not ready")[0].ip,
+        "10.0.0.2"
+    );
+    assert_eq!(subset.ports.as_deref().expect("ports")[0].port, 8080);
+
+    let typed = "apiVersion: v1\nkind: EndpointsList\nitems:\n\
+                 - metadata: {name: a, namespace: ns}\n  subsets: [{addresses: [{ip: 10.0.0.3}]}]\n";
+    assert_eq!(names(&parse("l.yaml", typed)), ["Endpoints ns/a"]);
+    let json = r#"{"apiVersion":"v1","kind":"List","items":[
+        {"apiVersion":"v1","kind":"Endpoints","metadata":{"name":"b","namespace":"ns"},
+         "subsets":[{"addresses":[{"ip":"10.0.0.4"}],"ports":[{"port":80}]}]}]}"#;
+    assert_eq!(names(&parse("l.json", json)), ["Endpoints ns/b"]);
+    // A wrong field type fails the file as for any other kind.
+    let (_, reason) = parse_err(
+        "x.yaml",
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {name: c}\nsubsets: {a: b}\n",
+    );
+    assert!(reason.contains("Endpoints"), "{reason}");
+}
+
+#[test]
+fn the_one_pass_decoder_takes_endpoints_and_agrees_with_the_two_passes() {
+    // `kubectl get -o yaml` sorts keys: `subsets` comes after `kind` but a stray `ports` or
+    // `spec` may come before it.
+    let sorted = "apiVersion: v1\nkind: Endpoints\nmetadata: {name: s, namespace: ns}\n\
+                  subsets:\n- addresses: [{ip: 10.0.0.5, hostname: h, targetRef: {kind: Pod, name: p}}]\n  \
+                  ports: [{port: 81, appProtocol: http}]\n";
+    let late = "subsets: [{addresses: [{ip: 10.0.0.6}], ports: [{port: 82}]}]\n\
+                metadata: {name: late}\nkind: Endpoints\napiVersion: v1\n";
+    let mut v1_list = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    for doc in [ENDPOINTS, SLICE] {
+        for (i, line) in doc.lines().enumerate() {
+            v1_list.push_str(if i == 0 { "- " } else { "  " });
+            v1_list.push_str(line);
+            v1_list.push('\n');
+        }
+    }
+    for (what, text) in [
+        ("an Endpoints", ENDPOINTS.to_string()),
+        ("sorted keys", sorted.to_string()),
+        ("subsets before the type", late.to_string()),
+        ("in a v1 List", v1_list),
+    ] {
+        assert!(one_pass_takes(&text), "{what}: left to the two passes");
+        let fast: Vec<String> = parse("x.yaml", &text)
+            .iter()
+            .map(|o| format!("{o:?}"))
+            .collect();
+        assert!(!fast.is_empty(), "{what}");
+        assert_eq!(fast, slowly("x.yaml", &text), "{what}");
+    }
+}
