@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use kp_core::model::IpFamily;
+use kp_core::node::LocalInterface;
 
 use crate::names::{self, *};
 
@@ -22,8 +23,12 @@ pub struct PlanConfig {
     pub masquerade_mark: u32,
     /// Masquerade all Service traffic (`masqueradeAll`).
     pub masquerade_all: bool,
-    /// Whether a detect-local mode is configured (the `pod-cidrs` set decides what is local).
+    /// Whether a detect-local mode is configured (the `pod-cidrs` set decides what is local,
+    /// unless `local_interface` is set).
     pub detect_local: bool,
+    /// Detect-local by the interface a packet arrives on (`BridgeInterface`,
+    /// `InterfaceNamePrefix`): `iifname` decides what is local instead of `pod-cidrs`.
+    pub local_interface: Option<LocalInterface>,
     /// Whether NodePorts answer only on the addresses in the `nodeport-addresses` set
     /// (`nodePortAddresses` CIDRs or `primary`); otherwise on every local address but loopback.
     pub node_ports_restricted: bool,
@@ -37,6 +42,7 @@ impl PlanConfig {
             masquerade_mark: 1 << 14,
             masquerade_all: false,
             detect_local: false,
+            local_interface: None,
             node_ports_restricted: false,
         }
     }
@@ -547,11 +553,11 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
             "cluster-ips",
             format!("{ip} daddr @{CLUSTER_IPS} {set_mark}"),
         );
-    } else if cfg.detect_local {
+    } else if let Some(not_local) = not_local_match(cfg) {
         add(
             SERVICE_MASQUERADE,
             "cluster-ips",
-            format!("{ip} daddr @{CLUSTER_IPS} {ip} saddr != @{POD_CIDRS} {set_mark}"),
+            format!("{ip} daddr @{CLUSTER_IPS} {not_local} {set_mark}"),
         );
     }
     add(
@@ -625,6 +631,27 @@ pub fn fixed_rules(cfg: &PlanConfig) -> Vec<RuleDef> {
     rules
 }
 
+/// What detect-local calls pod traffic: `ip saddr @pod-cidrs`, or the ingress interface
+/// (`iifname "cbr0"`, `iifname "veth*"`). `None` without detect-local.
+fn local_match(cfg: &PlanConfig) -> Option<String> {
+    match (&cfg.local_interface, cfg.detect_local) {
+        (Some(i), _) => Some(i.nft(false)),
+        (None, true) => Some(format!("{} saddr @{POD_CIDRS}", Expr::of(cfg.family).ip)),
+        (None, false) => None,
+    }
+}
+
+/// The negation of [`local_match`]: `ip saddr != @pod-cidrs`, `iifname != "cbr0"`. The node's
+/// own packets (output hook) have no input interface, so `iifname !=` matches them, as it does
+/// upstream.
+fn not_local_match(cfg: &PlanConfig) -> Option<String> {
+    match (&cfg.local_interface, cfg.detect_local) {
+        (Some(i), _) => Some(i.nft(true)),
+        (None, true) => Some(format!("{} saddr != @{POD_CIDRS}", Expr::of(cfg.family).ip)),
+        (None, false) => None,
+    }
+}
+
 /// The objects and rules of one dispatch class (`route`, `n` endpoints).
 pub fn class_rules(cfg: &PlanConfig, route: Route, n: u32) -> Vec<RuleDef> {
     let e = Expr::of(cfg.family);
@@ -650,11 +677,11 @@ pub fn class_rules(cfg: &PlanConfig, route: Route, n: u32) -> Vec<RuleDef> {
         }],
         Route::LocalSourceVips | Route::LocalSourceNodePorts => {
             let mut v = Vec::new();
-            if cfg.detect_local {
+            if let Some(local) = local_match(cfg) {
                 v.push(RuleDef {
                     chain: SERVICE_LOCAL_SOURCE,
                     id: format!("{id}-from-pods"),
-                    text: format!("{ip} saddr @{POD_CIDRS} {dnat}"),
+                    text: format!("{local} {dnat}"),
                 });
             }
             v.push(RuleDef {

@@ -115,3 +115,45 @@ fn the_table_catches_a_ruleset_without_masquerading() {
         .count();
     assert_eq!(failures.len(), masq_rows, "{}", failures.join("\n"));
 }
+
+/// Detect-local by interface (`InterfaceNamePrefix` veth, `BridgeInterface` cbr0), each over
+/// the links it is run with: every row passes as with the cluster CIDRs. With a prefix no pod
+/// interface has, only rows from pods change (their ClusterIP traffic is masqueraded): the
+/// `iifname` match decides.
+#[test]
+fn every_flow_row_passes_with_detect_local_by_interface() {
+    let state = state();
+    let traced = |detect: &kp_core::node::DetectLocal, links: kp_core::flow::Ingress| {
+        let node = kp_flows::node_context_with(detect);
+        let mut tracer = NftTracer::new(kp_flows::node_addresses()).with_ingress(links);
+        for f in IpFamily::ALL {
+            let mut cfg = PlanConfig::new(f);
+            cfg.detect_local = true;
+            cfg.local_interface = detect.interface();
+            cfg.node_ports_restricted = true;
+            let tx = Planner::new(cfg).full(&state, &node);
+            assert!(tx.text.contains("iifname"), "{detect:?}");
+            tracer
+                .apply(&tx.text)
+                .unwrap_or_else(|e| panic!("{e}\n{}", tx.text));
+        }
+        tracer
+    };
+    for (detect, links) in kp_flows::interface_detect_locals() {
+        let failures = kp_flows::check_tracer(&traced(&detect, links));
+        assert!(
+            failures.is_empty(),
+            "{detect:?}: {} rows failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+    let elsewhere = kp_core::node::DetectLocal::InterfaceNamePrefix(
+        kp_core::node::InterfaceName::new("cali").unwrap(),
+    );
+    let failures = kp_flows::check_tracer(&traced(&elsewhere, kp_flows::ingress()));
+    assert!(!failures.is_empty());
+    for f in &failures {
+        assert!(f.contains("Pod "), "only rows from pods change: {f}");
+    }
+}

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use kp_core::flow::Tracer;
-use kp_core::flow::{Origin, Packet, Verdict};
+use kp_core::flow::{Ingress, Origin, Packet, Verdict};
 use kp_core::model::{IpFamily, Protocol};
 
 use kp_nftables_plan::element::{canonical, Atom, NoEndpointVerdict, Tuple};
@@ -48,6 +48,12 @@ enum Match {
     NotInNet {
         key: Sel,
         net: ipnet::IpNet,
+    },
+    /// `iifname "NAME"`, `iifname "PREFIX*"` (`prefix`), or with `!=` (`negate`).
+    Iifname {
+        name: String,
+        prefix: bool,
+        negate: bool,
     },
 }
 
@@ -143,6 +149,9 @@ struct Walk {
     masquerade: bool,
     affinity: Option<u32>,
     affinity_lookup: bool,
+    /// The interface the packet arrived on: `None` for the node's own packets (nft reads an
+    /// empty name), `Some(None)` when the tracer has no links to tell.
+    iif: Option<Option<String>>,
 }
 
 enum Flow {
@@ -158,6 +167,8 @@ enum Flow {
 pub struct NftTracer {
     tables: HashMap<&'static str, Table>,
     local: Vec<IpAddr>,
+    /// The node's links, for `iifname` ([`NftTracer::with_ingress`]).
+    ingress: Option<Ingress>,
 }
 
 impl NftTracer {
@@ -167,7 +178,16 @@ impl NftTracer {
         NftTracer {
             tables: HashMap::new(),
             local,
+            ingress: None,
         }
+    }
+
+    /// The tracer with the node's links, which tell the interface a packet arrives on (what
+    /// `iifname` matches). Without them, a packet from outside or from a pod that meets an
+    /// `iifname` match panics: the tracer does not guess.
+    pub fn with_ingress(mut self, ingress: Ingress) -> Self {
+        self.ingress = Some(ingress);
+        self
     }
 
     /// Replays a transaction. Fails on any statement the planner would not emit.
@@ -573,6 +593,24 @@ impl NftTracer {
                 Atom::Ip(ip) => !net.contains(&ip),
                 _ => false,
             },
+            Match::Iifname {
+                name,
+                prefix,
+                negate,
+            } => {
+                let on = match &w.iif {
+                    // The output hook: no input device, an empty name (kernel 5.x and later).
+                    None => false,
+                    Some(Some(i)) if *prefix => i.starts_with(name.as_str()),
+                    Some(Some(i)) => i == name,
+                    Some(None) => panic!(
+                        "a rule matches iifname {name:?}, and the tracer has no links to tell \
+                         the interface a packet from outside or from a pod arrives on: build \
+                         it with NftTracer::with_ingress"
+                    ),
+                };
+                on != *negate
+            }
         }
     }
 }
@@ -598,6 +636,11 @@ impl Tracer for NftTracer {
             masquerade: false,
             affinity: None,
             affinity_lookup: false,
+            iif: match (&self.ingress, p.origin) {
+                (_, Origin::Node) => None,
+                (Some(links), _) => Some(links.interface(p).map(str::to_string)),
+                (None, _) => Some(None),
+            },
         };
         let mut walks = vec![start];
         let mut verdicts = Vec::new();
@@ -731,6 +774,24 @@ fn parse_rule(body: &str) -> Option<Rule> {
             ("ct", "state", "new") => {
                 matches.push(Match::CtStateNew);
                 i += 3;
+            }
+            ("iifname", op, quoted) => {
+                let (negate, quoted, n) = match op {
+                    "!=" => (true, quoted, 3),
+                    _ => (false, op, 2),
+                };
+                let inner = quoted.strip_prefix('"')?.strip_suffix('"')?;
+                let (name, prefix) = match inner.strip_suffix('*') {
+                    Some(p) => (p, true),
+                    None => (inner, false),
+                };
+                kp_core::node::InterfaceName::new(name).ok()?;
+                matches.push(Match::Iifname {
+                    name: name.to_string(),
+                    prefix,
+                    negate,
+                });
+                i += n;
             }
             ("ct", "status", "dnat") => {
                 matches.push(Match::CtStatusDnat);

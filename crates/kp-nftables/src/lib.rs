@@ -245,6 +245,7 @@ impl NftablesDataplane {
                     masquerade_mark: 1 << cfg.masquerade_bit,
                     masquerade_all: cfg.masquerade_all,
                     detect_local: cfg.detect_local != DetectLocal::None,
+                    local_interface: cfg.detect_local.interface(),
                     node_ports_restricted: cfg.node_ports != NodePortAddresses::AllLocal,
                 })
             })

@@ -127,6 +127,7 @@ pub fn plan_nftables(
             masquerade_mark: 1 << nc.masquerade_bit,
             masquerade_all: nc.masquerade_all,
             detect_local: nc.detect_local != DetectLocal::None,
+            local_interface: nc.detect_local.interface(),
             node_ports_restricted: nc.node_ports != NodePortAddresses::AllLocal,
         });
         let tx = p.full(state, &node);

@@ -517,12 +517,14 @@ fn adopt_node(a: &Addrs) -> NodeContext {
             node_port_addresses: nets(&["192.0.2.1/32", "198.51.100.0/24"]),
             node_ips: vec!["192.0.2.1".parse().unwrap()],
             service_cidrs: nets(&["10.96.0.0/16"]),
+            local_interface: None,
         },
         IpFamily::V6 => NodeContext {
             local_cidrs: nets(&["fd00:10::/48"]),
             node_port_addresses: nets(&["2001:db8::1/128", "2001:db8:5::/64"]),
             node_ips: vec!["2001:db8::1".parse().unwrap()],
             service_cidrs: nets(&["fd00:96::/112"]),
+            local_interface: None,
         },
     }
 }
@@ -960,5 +962,65 @@ fn the_text_sink_writes_exactly_the_statements_and_element_changes_a_sink_is_han
             (tx.operations, tx.removes_endpoints)
         );
         assert_same_statements(a.family, &tx.text, &sink);
+    }
+}
+
+/// Detect-local by interface: the ClusterIP masquerade rule and the Local-policy short-circuit
+/// match the ingress interface instead of `pod-cidrs` (upstream's `iifname != "cbr0"` and
+/// `iifname "veth*"`), in both families, and the table's comment tells the forms apart so an
+/// adopted table of another form is replaced.
+#[test]
+fn detect_local_by_interface_matches_iifname() {
+    use crate::layout::{class_rules, fixed_rules, table_comment, Route};
+    use kp_core::node::{InterfaceName, LocalInterface};
+    let name = |s: &str| InterfaceName::new(s).unwrap();
+    for family in IpFamily::ALL {
+        let ip = crate::names::family(family);
+        let cidrs = PlanConfig {
+            detect_local: true,
+            ..PlanConfig::new(family)
+        };
+        let mut comments = BTreeSet::from([table_comment(&cidrs)]);
+        for (local, not_from_pods, from_pods) in [
+            (
+                LocalInterface::Bridge(name("cbr0")),
+                "iifname != \"cbr0\"",
+                "iifname \"cbr0\"",
+            ),
+            (
+                LocalInterface::Prefix(name("veth")),
+                "iifname != \"veth*\"",
+                "iifname \"veth*\"",
+            ),
+        ] {
+            let cfg = PlanConfig {
+                local_interface: Some(local),
+                ..cidrs.clone()
+            };
+            let masq = fixed_rules(&cfg)
+                .into_iter()
+                .find(|r| r.id == "cluster-ips")
+                .expect("the ClusterIP masquerade rule");
+            assert_eq!(
+                masq.text,
+                format!(
+                    "{ip} daddr @cluster-ips {not_from_pods} meta mark set meta mark or 0x4000"
+                )
+            );
+            let short = class_rules(&cfg, Route::LocalSourceVips, 2);
+            let pods = short
+                .iter()
+                .find(|r| r.id.ends_with("-from-pods"))
+                .expect("the short-circuit for pods");
+            assert!(
+                pods.text.starts_with(&format!("{from_pods} {ip} daddr")),
+                "{}",
+                pods.text
+            );
+            for r in fixed_rules(&cfg).iter().chain(&short) {
+                assert!(!r.text.contains("@pod-cidrs"), "{}", r.text);
+            }
+            assert!(comments.insert(table_comment(&cfg)));
+        }
     }
 }

@@ -79,3 +79,40 @@ fn a_rule_naming_a_missing_set_is_refused() {
         .unwrap_err();
     assert!(matches!(err, TraceError::Invalid { .. }), "{err}");
 }
+
+/// `iifname` matches the interface the node's links put a packet on (`*` ends a prefix;
+/// `!=` negates); without links, a packet from outside cannot be placed and the trace panics.
+#[test]
+fn iifname_follows_the_links() {
+    let rules = |m: &str| {
+        format!("{BASE}add rule ip kube-proxy nat-prerouting {m} drop comment \"z\"\n").replace(
+            "add rule ip kube-proxy nat-prerouting ip daddr",
+            "add rule ip kube-proxy nat-postrouting ip daddr",
+        )
+    };
+    let links = kp_core::flow::Ingress::new()
+        .route("0.0.0.0/0".parse().unwrap(), "eth0")
+        .route("192.0.2.0/24".parse().unwrap(), "veth3");
+    for (m, dropped) in [
+        ("iifname \"veth*\"", true),
+        ("iifname \"veth3\"", true),
+        ("iifname \"veth\"", false),
+        ("iifname != \"veth*\"", false),
+        ("iifname != \"cbr0\"", true),
+        ("iifname \"eth*\"", false),
+    ] {
+        let mut t = NftTracer::new(vec![]).with_ingress(links.clone());
+        t.apply(&rules(m)).unwrap_or_else(|e| panic!("{m}: {e}"));
+        assert_eq!(
+            t.trace(&packet("10.96.0.1", 80)) == Verdict::Drop,
+            dropped,
+            "{m}"
+        );
+    }
+    let mut blind = NftTracer::new(vec![]);
+    blind.apply(&rules("iifname \"veth*\"")).unwrap();
+    assert!(std::panic::catch_unwind(|| blind.trace(&packet("10.96.0.1", 80))).is_err());
+    let mut t = NftTracer::new(vec![]);
+    let err = t.apply(&rules("iifname \"a/b\"")).unwrap_err();
+    assert!(matches!(err, TraceError::Unsupported { .. }), "{err}");
+}
