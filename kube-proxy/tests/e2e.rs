@@ -247,3 +247,51 @@ fn bad_manifests_are_reported_and_never_break_working_rules() {
     );
     proxy.terminate(Duration::from_secs(5)).unwrap();
 }
+
+/// The fixture with the web Service's EndpointSlice replaced by a v1 Endpoints holding the
+/// same pods (all but `left_out`) and port, as hand-written manifests do.
+fn web_as_endpoints(left_out: &[&str]) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&kp_flows::manifest_list()).unwrap();
+    let items = v["items"].as_array_mut().unwrap();
+    let i = items
+        .iter()
+        .position(|item| item["kind"] == "EndpointSlice" && item["metadata"]["name"] == "web-ipv4")
+        .expect("the web slice");
+    let slice = items.remove(i);
+    let addresses: Vec<serde_json::Value> = slice["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| !left_out.contains(&e["addresses"][0].as_str().unwrap()))
+        .map(|e| serde_json::json!({"ip": e["addresses"][0], "nodeName": e["nodeName"]}))
+        .collect();
+    items.push(serde_json::json!({
+        "apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": "web", "namespace": slice["metadata"]["namespace"]},
+        "subsets": [{"addresses": addresses, "ports": slice["ports"]}],
+    }));
+    v.to_string()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_service_with_only_a_v1_endpoints_object_answers_and_follows_its_edits() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let dir = temp_dir("endpoints");
+    let cluster = dir.0.join("cluster.json");
+    write_atomically(&cluster, &web_as_endpoints(&[]));
+    let _proxy = start_proxy(&lab, &dir.0);
+    assert_eq!(web_backends(&lab, 30), ["pod-1", "pod-2", "pod-3"]);
+
+    // Editing the Endpoints moves traffic, as editing a slice does.
+    write_atomically(&cluster, &web_as_endpoints(&["10.244.1.13"]));
+    eventually(
+        "pod-3 to leave the web Service",
+        Duration::from_secs(3),
+        || web_backends(&lab, 12) == ["pod-1", "pod-2"],
+    );
+}
