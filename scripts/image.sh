@@ -12,7 +12,7 @@
 #   2. unless podman already holds it, makes the base image $BASE: a minimal bookworm
 #      (mmdebstrap --variant=minbase, from deb.debian.org or $DEBIAN_MIRROR) imported into
 #      podman, with no documentation;
-#   3. builds the Dockerfile with RUNTIME_IMAGE=$BASE and BINARY=prebuilt around PATH (default:
+#   3. builds the Dockerfile's target `prebuilt` with RUNTIME_IMAGE=$BASE around PATH (default:
 #      the release build in $CARGO_TARGET_DIR or target/, built first if it is missing), and
 #      tags it TAG (default kube-proxy-rs:latest, the image deploy/daemonset.yaml runs).
 # Its RUN step runs chrooted (--isolation chroot: no OCI runtime, no cgroups) and its apt-get uses
@@ -96,18 +96,14 @@ else
 fi
 
 # --- 3. the image -----------------------------------------------------------------------------
-# A context holding only the binary (the `prebuilt` stage copies `kube-proxy` from it).
+# A context holding only the binary, where the `prebuilt` target copies it from.
 CONTEXT=$(mktemp -d /tmp/kp-image.XXXXXX)
 trap 'rm -rf "$CONTEXT"' EXIT
-cp "$BINARY" "$CONTEXT/kube-proxy"
+mkdir "$CONTEXT/bin"
+cp "$BINARY" "$CONTEXT/bin/kube-proxy"
 say "building $TAG around $BINARY (runtime base $BASE)"
-dangling() { podman images --quiet --no-trunc --filter dangling=true | sort; }
-before=$(dangling)
 podman build --quiet --isolation chroot --network host --pull=never \
-    --build-arg RUNTIME_IMAGE="$BASE" --build-arg BINARY=prebuilt \
+    --build-arg RUNTIME_IMAGE="$BASE" --target prebuilt \
     --file "$ROOT/Dockerfile" --tag "$TAG" "$CONTEXT" >/dev/null
 podman image exists "$TAG" || die "podman build did not tag $TAG"
-# The `prebuilt` stage's image (the binary alone) is left untagged: remove the untagged images
-# this build made, and only those.
-comm -13 <(echo "$before") <(dangling) | xargs -r podman rmi >/dev/null 2>&1 || true
 echo "$TAG"

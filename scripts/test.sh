@@ -19,6 +19,12 @@ need=()
 for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack iptables:iptables cc:build-essential clang:clang etcd:etcd-server socat:socat openssl:openssl xz:xz-utils; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
+# The container image's smoke test (kube-proxy/tests/image_smoke.rs, through scripts/image.sh):
+# podman builds the Dockerfile on a base mmdebstrap makes from Debian's packages; containers run
+# with runc.
+for pair in podman:podman mmdebstrap:mmdebstrap runc:runc; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+done
 # The eBPF programs (crates/kp-ebpf/bpf) include libbpf's bpf_helpers.h.
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 # The benchmark harness's plots (checked by its smoke test) use this font.
