@@ -8,8 +8,11 @@
 //!   loop each, as client-go's reflector runs it, with the label and field selectors upstream
 //!   uses, reading lists item by item and decoding only what the proxy reads, all on a thread of
 //!   their own);
-//! - [`run_manifests`] reads Service, EndpointSlice, Node and ServiceCIDR manifests from a
-//!   directory and follows changes to it with inotify (standalone mode, no API server).
+//! - [`run_manifests`] reads Service, EndpointSlice, Endpoints, Node and ServiceCIDR manifests
+//!   from a directory and follows changes to it with inotify (standalone mode, no API server).
+//!   v1 Endpoints are passed on as they are, for kp-core to mirror into EndpointSlices as a
+//!   cluster's EndpointSliceMirroring controller would (`kp_core::mirror`); the API source
+//!   never watches them, since in a cluster that controller writes the slices itself.
 //!
 //! Both keep the contract documented on `SourceEvent`: `Upsert` for an added or changed object,
 //! `Delete` for a removed one, `Synced(kind)` once the initial list of a kind is complete. A
