@@ -18,6 +18,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use kp_core::dataplane::{Dataplane, DataplaneError};
 use kp_core::model::IpFamily;
+use kp_core::node::InterfaceName;
 use kp_iptables::{IptablesCommand, IptablesConfig, IptablesDataplane};
 use kp_metrics::Metrics;
 use kp_nftables::{DetectLocal, NftCommand, NftablesConfig, NftablesDataplane, NodePortAddresses};
@@ -260,10 +261,20 @@ fn detect_local(cfg: &Config) -> Result<DetectLocal, Fatal> {
         LocalMode::ClusterCIDR if cfg.cluster_cidrs.is_empty() => Ok(DetectLocal::None),
         LocalMode::ClusterCIDR => Ok(DetectLocal::ClusterCidr(cfg.cluster_cidrs.clone())),
         LocalMode::NodeCIDR => Ok(DetectLocal::NodeCidr),
-        other => Err(Fatal::Config(format!(
-            "detectLocalMode {other:?} is not supported by kube-proxy-rs yet; use ClusterCIDR or NodeCIDR"
-        ))),
+        LocalMode::BridgeInterface(name) => Ok(DetectLocal::BridgeInterface(interface_name(
+            "detectLocal.bridgeInterface",
+            name,
+        )?)),
+        LocalMode::InterfaceNamePrefix(prefix) => Ok(DetectLocal::InterfaceNamePrefix(
+            interface_name("detectLocal.interfaceNamePrefix", prefix)?,
+        )),
     }
+}
+
+/// The configuration validated the name already; a name that still fails is refused here
+/// rather than written into rules.
+fn interface_name(field: &str, name: &str) -> Result<InterfaceName, Fatal> {
+    InterfaceName::new(name).map_err(|e| Fatal::Config(format!("{field} {name:?}: {e}")))
 }
 
 /// `nodePortAddresses`, as the kernel modes interpret it.
@@ -492,6 +503,40 @@ mod tests {
             assert!(is_short_circuit_mark(m));
             assert_eq!(m & (masquerade | drop | userspace), 0, "{m:#x}");
         }
+    }
+
+    /// `BridgeInterface` and `InterfaceNamePrefix` reach every mode's settings (they were
+    /// refused at start before).
+    #[test]
+    fn interface_detect_local_reaches_the_modes() {
+        let load = |args: &[&str]| {
+            crate::config::load(std::iter::once("kube-proxy").chain(args.iter().copied()))
+                .expect("config")
+                .config
+        };
+        let bridge = load(&[
+            "--detect-local-mode=BridgeInterface",
+            "--pod-bridge-interface=cbr0",
+        ]);
+        let want = DetectLocal::BridgeInterface(InterfaceName::new("cbr0").unwrap());
+        assert_eq!(nftables_config(&bridge).unwrap().detect_local, want);
+        assert_eq!(iptables_config(&bridge, None).unwrap().detect_local, want);
+        assert_eq!(
+            userspace_config(&bridge).unwrap().balancer.detect_local,
+            want
+        );
+        let prefix = load(&[
+            "--detect-local-mode=InterfaceNamePrefix",
+            "--pod-interface-name-prefix=veth",
+        ]);
+        assert_eq!(
+            nftables_config(&prefix).unwrap().detect_local,
+            DetectLocal::InterfaceNamePrefix(InterfaceName::new("veth").unwrap())
+        );
+        // A name that bypassed the configuration's checks is still refused, not rendered.
+        let mut forged = prefix.clone();
+        forged.detect_local_mode = LocalMode::InterfaceNamePrefix("veth\" accept".into());
+        assert!(matches!(nftables_config(&forged), Err(Fatal::Config(_))));
     }
 
     #[test]

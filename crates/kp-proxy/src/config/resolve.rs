@@ -853,6 +853,12 @@ fn build_detect_local_mode(doc: &KubeProxyConfiguration, check: &mut Check) -> L
                     "",
                     "must not be empty when detectLocalMode is BridgeInterface",
                 );
+            } else {
+                check_interface_name(
+                    "detectLocal.bridgeInterface",
+                    &local.bridge_interface,
+                    check,
+                );
             }
             LocalMode::BridgeInterface(local.bridge_interface.clone())
         }
@@ -862,6 +868,12 @@ fn build_detect_local_mode(doc: &KubeProxyConfiguration, check: &mut Check) -> L
                     "detectLocal.interfaceNamePrefix",
                     "",
                     "must not be empty when detectLocalMode is InterfaceNamePrefix",
+                );
+            } else {
+                check_interface_name(
+                    "detectLocal.interfaceNamePrefix",
+                    &local.interface_name_prefix,
+                    check,
                 );
             }
             LocalMode::InterfaceNamePrefix(local.interface_name_prefix.clone())
@@ -874,6 +886,14 @@ fn build_detect_local_mode(doc: &KubeProxyConfiguration, check: &mut Check) -> L
             );
             LocalMode::ClusterCIDR
         }
+    }
+}
+
+/// An interface name (or prefix) for detect-local: the kernel's rules for names, and nothing
+/// that could reach the rules as anything but a name (see [`kp_core::node::InterfaceName`]).
+fn check_interface_name(field: &'static str, name: &str, check: &mut Check) {
+    if let Err(e) = kp_core::node::InterfaceName::new(name) {
+        check.fail(field, name, e.to_string());
     }
 }
 

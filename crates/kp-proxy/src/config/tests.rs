@@ -627,6 +627,46 @@ fn an_ipv6_bind_address_moves_the_default_listeners_to_ipv6() {
     assert_eq!(loaded.config.metrics_bind_address, addr("[::1]:10249"));
 }
 
+/// Interface names for detect-local follow the kernel's rules and cannot carry rule text.
+#[test]
+fn detect_local_interface_names_are_validated() {
+    for bad in [
+        "cbr 0",
+        "a/b",
+        "eth0:1",
+        "veth+",
+        "veth*",
+        "x\"y",
+        "abcdefghijklmnop",
+        "..",
+        "a;b",
+    ] {
+        assert_eq!(
+            invalid_fields(flags_only(&[
+                "--detect-local-mode=BridgeInterface",
+                &format!("--pod-bridge-interface={bad}"),
+            ])),
+            ["detectLocal.bridgeInterface"],
+            "{bad:?}"
+        );
+        let yaml = format!(
+            "detectLocalMode: InterfaceNamePrefix\ndetectLocal:\n  interfaceNamePrefix: '{}'\n",
+            bad.replace('\'', "''")
+        );
+        assert_eq!(
+            invalid_fields(with_file(&file(&yaml), &[])),
+            ["detectLocal.interfaceNamePrefix"],
+            "{bad:?}"
+        );
+    }
+    // The longest name the kernel takes.
+    assert!(flags_only(&[
+        "--detect-local-mode=InterfaceNamePrefix",
+        "--pod-interface-name-prefix=abcdefghijklmno",
+    ])
+    .is_ok());
+}
+
 #[test]
 fn detect_local_modes_need_their_settings() {
     assert_eq!(
