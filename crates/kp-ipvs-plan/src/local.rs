@@ -156,15 +156,22 @@ impl LocalPolicy {
     }
 
     /// The mangle table's input for `family`: [`KUBE_IPVS_LOCAL`] declared (so flushed) and
-    /// refilled. Pod traffic is what detect-local (`node.local_cidrs`) recognises; without it,
+    /// refilled. Pod traffic is what detect-local recognises (`node.local_cidrs`, or
+    /// `node.local_interface`: the interface it arrives on); without it,
     /// only the node's own traffic is short-circuited.
     pub fn render(&self, family: IpFamily, node: &NodeContext) -> String {
         let mut out = format!("*mangle\n:{KUBE_IPVS_LOCAL} - [0:0]\n");
-        let pods: Vec<_> = node
-            .local_cidrs
-            .iter()
-            .filter(|n| IpFamily::of_net(n) == family && n.prefix_len() > 0)
-            .collect();
+        // What matches pod traffic: its source network(s), or with detect-local by interface
+        // the interface it arrives on (`-i cbr0`, `-i veth+`).
+        let pods: Vec<String> = match &node.local_interface {
+            Some(i) => vec![i.iptables(false)],
+            None => node
+                .local_cidrs
+                .iter()
+                .filter(|n| IpFamily::of_net(n) == family && n.prefix_len() > 0)
+                .map(|n| format!("-s {n}"))
+                .collect(),
+        };
         for r in self.rules(family) {
             let proto = match r.protocol {
                 Protocol::Tcp => "tcp",
@@ -173,10 +180,10 @@ impl LocalPolicy {
             };
             let m = format!("-d {} -p {proto} --dport {}", r.address, r.port);
             if let Some(mark) = r.mark {
-                for net in &pods {
+                for from in &pods {
                     let _ = writeln!(
                         out,
-                        "-A {KUBE_IPVS_LOCAL} -s {net} {m} -m comment --comment \"short-circuit pod traffic\" -j MARK --set-xmark {mark:#x}/0xffffffff"
+                        "-A {KUBE_IPVS_LOCAL} {from} {m} -m comment --comment \"short-circuit pod traffic\" -j MARK --set-xmark {mark:#x}/0xffffffff"
                     );
                 }
                 let _ = writeln!(

@@ -285,6 +285,14 @@ pub fn render_with(
             .collect();
         if config.masquerade_all {
             nat.push(format!("{head} dst,dst -j {KUBE_MARK_MASQ}"));
+        } else if let Some(i) = &node.local_interface {
+            // Detect-local by interface: what did not arrive on the pods' interface(s) (the
+            // node's own traffic arrives on none) is masqueraded, as upstream's ipvs proxier
+            // writes `IfNotLocal()`.
+            nat.push(format!(
+                "{head} dst,dst {} -j {KUBE_MARK_MASQ}",
+                i.iptables(true)
+            ));
         } else if !local.is_empty() {
             // Traffic to a ClusterIP from outside the pod network is masqueraded (it may have
             // been routed here by a static route and go to another node).

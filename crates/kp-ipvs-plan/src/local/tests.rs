@@ -103,4 +103,33 @@ fn pods_and_the_node_are_marked_and_the_rest_dropped_without_local_endpoints() {
     let bare = p.render(IpFamily::V4, &NodeContext::default());
     assert!(!bare.contains("short-circuit pod traffic"), "{bare}");
     assert!(bare.contains("short-circuit local traffic"), "{bare}");
+    // Detect-local by interface: pod traffic is what arrives on the pods' interface(s), in
+    // both families, and the pod CIDRs play no part.
+    for (local, from_pods) in [
+        (
+            kp_core::node::LocalInterface::Bridge(
+                kp_core::node::InterfaceName::new("cbr0").unwrap(),
+            ),
+            "-i cbr0",
+        ),
+        (
+            kp_core::node::LocalInterface::Prefix(
+                kp_core::node::InterfaceName::new("veth").unwrap(),
+            ),
+            "-i veth+",
+        ),
+    ] {
+        let by_iface = NodeContext {
+            local_interface: Some(local),
+            ..node.clone()
+        };
+        let v4 = p.render(IpFamily::V4, &by_iface);
+        assert!(v4.contains(&format!("-A KUBE-IPVS-LOCAL {from_pods} -d 192.0.2.10 -p tcp --dport 30071 -m comment --comment \"short-circuit pod traffic\" -j MARK --set-xmark {m}/0xffffffff\n")), "{v4}");
+        assert!(!v4.contains("-s 10.244.0.0/16"), "{v4}");
+        let v6 = p.render(IpFamily::V6, &by_iface);
+        assert!(
+            v6.contains(&format!("-A KUBE-IPVS-LOCAL {from_pods} -d fd00::10 ")),
+            "{v6}"
+        );
+    }
 }

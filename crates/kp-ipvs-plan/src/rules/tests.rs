@@ -114,6 +114,41 @@ fn cluster_ip_masquerade_follows_masquerade_all_then_detect_local_then_the_node_
     }
 }
 
+/// Detect-local by interface: what did not arrive on the pods' interface(s) is masqueraded
+/// (`! -i cbr0`, `! -i veth+`), whatever the pod CIDRs, and `masqueradeAll` still wins.
+#[test]
+fn cluster_ip_masquerade_by_interface_matches_what_did_not_arrive_on_the_pods_interfaces() {
+    use kp_core::node::{InterfaceName, LocalInterface};
+    let sets = with_cluster_ip();
+    let head = "-A KUBE-SERVICES -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP";
+    for (local, not_from_pods) in [
+        (
+            LocalInterface::Bridge(InterfaceName::new("cbr0").unwrap()),
+            "! -i cbr0",
+        ),
+        (
+            LocalInterface::Prefix(InterfaceName::new("veth").unwrap()),
+            "! -i veth+",
+        ),
+    ] {
+        let node = NodeContext {
+            local_interface: Some(local),
+            ..NodeContext::default()
+        };
+        let nat = rules_of(&render(&sets, &PlanConfig::new(IpFamily::V4), &node), "nat");
+        let got: Vec<_> = nat.iter().filter(|r| r.starts_with(head)).collect();
+        assert_eq!(
+            got,
+            [&format!("{head} dst,dst {not_from_pods} -j KUBE-MARK-MASQ")]
+        );
+        let mut all = PlanConfig::new(IpFamily::V4);
+        all.masquerade_all = true;
+        let nat = rules_of(&render(&sets, &all, &node), "nat");
+        let got: Vec<_> = nat.iter().filter(|r| r.starts_with(head)).collect();
+        assert_eq!(got, [&format!("{head} dst,dst -j KUBE-MARK-MASQ")]);
+    }
+}
+
 #[test]
 fn postrouting_masquerades_marked_packets_and_hairpin_loopback_before_the_mark_check() {
     let mut sets = with_cluster_ip();
