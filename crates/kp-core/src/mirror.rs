@@ -21,6 +21,7 @@
 //! Mirrors upstream `pkg/controller/endpointslicemirroring` (`reconciler.go`, `utils.go`).
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset, Endpoints};
 use k8s_openapi::api::discovery::v1::{
@@ -132,7 +133,8 @@ pub fn mirror(endpoints: &Endpoints) -> Result<Mirrored, InvalidObject> {
             if added == MAX_ENDPOINTS_PER_SUBSET {
                 break;
             }
-            let (endpoint, family) = address_endpoint(address, ready)?;
+            let (ip, endpoint) = address_endpoint(address, ready)?;
+            let family = IpFamily::of(&ip);
             let group = *slot[family as usize].get_or_insert_with(|| {
                 *index
                     .entry((family as usize, key.clone()))
@@ -145,7 +147,7 @@ pub fn mirror(endpoints: &Endpoints) -> Result<Mirrored, InvalidObject> {
                         groups.len() - 1
                     })
             });
-            groups[group].endpoints.push(endpoint);
+            groups[group].endpoints.push((ip, endpoint));
             added += 1;
         }
         truncated += total - added;
@@ -153,7 +155,15 @@ pub fn mirror(endpoints: &Endpoints) -> Result<Mirrored, InvalidObject> {
     let slices = groups
         .into_iter()
         .enumerate()
-        .map(|(i, g)| slice(endpoints, &service, i, g.ports, g.family, g.endpoints))
+        .map(|(i, mut g)| {
+            // By address, each endpoint once (the controller keeps a set): the order the
+            // addresses were written in, or a repeated one, changes nothing programmed, so it
+            // must not change the slices either.
+            g.endpoints.sort_by_key(|(ip, _)| *ip);
+            g.endpoints.dedup();
+            let eps = g.endpoints.into_iter().map(|(_, e)| e).collect();
+            slice(endpoints, &service, i, g.ports, g.family, eps)
+        })
         .collect();
     Ok(Mirrored { slices, truncated })
 }
@@ -180,7 +190,8 @@ pub fn mirrored_endpoints(
 struct Group {
     ports: Vec<EndpointPort>,
     family: IpFamily,
-    endpoints: Vec<SliceEndpoint>,
+    /// Each endpoint with its address.
+    endpoints: Vec<(IpAddr, SliceEndpoint)>,
 }
 
 /// A port as compared between subsets: name, number, protocol, appProtocol.
@@ -226,11 +237,11 @@ fn subset_ports(subset: &EndpointSubset) -> Result<Vec<EndpointPort>, InvalidObj
     Ok(out)
 }
 
-/// One address as a slice endpoint, validated, and its family.
+/// One address as a slice endpoint, validated, with the address parsed.
 fn address_endpoint(
     address: &EndpointAddress,
     ready: bool,
-) -> Result<(SliceEndpoint, IpFamily), InvalidObject> {
+) -> Result<(IpAddr, SliceEndpoint), InvalidObject> {
     let field = if ready {
         "subsets.addresses.ip"
     } else {
@@ -252,7 +263,7 @@ fn address_endpoint(
         target_ref: address.target_ref.clone(),
         ..SliceEndpoint::default()
     };
-    Ok((endpoint, IpFamily::of(&ip)))
+    Ok((ip, endpoint))
 }
 
 /// The mirrored slice number `index` of `endpoints`: its labels (with the Service's name and

@@ -482,3 +482,141 @@ fn a_skip_mirror_update_withdraws_the_mirrored_endpoints() {
     assert_eq!(touched(&mut state), ["web/api"]);
     assert!(ips(&state, "api").is_empty());
 }
+
+// A model of the precedence: each Service sees its own slice if it has one (even an empty
+// one), else its Endpoints; a change is recorded for exactly the Services whose view changed
+// (and, for a change of a slice, its Service: a slice change is always replanned).
+
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Sets (or with `None`, deletes) Service `svc`'s slice to these pod numbers.
+    Slice(usize, Option<Vec<u8>>),
+    /// The same for its Endpoints.
+    Endpoints(usize, Option<Vec<u8>>),
+}
+
+fn arb_op() -> impl Strategy<Value = Op> {
+    let pods = prop::option::of(prop::collection::vec(1u8..6, 0..4));
+    prop_oneof![
+        (0usize..2, pods.clone()).prop_map(|(s, p)| Op::Slice(s, p)),
+        (0usize..2, pods).prop_map(|(s, p)| Op::Endpoints(s, p)),
+    ]
+}
+
+const SERVICES: [&str; 2] = ["api", "db"];
+
+fn pod_ips(pods: &[u8]) -> Vec<String> {
+    pods.iter().map(|p| format!("10.244.1.{p}")).collect()
+}
+
+fn model_view(slice: &Option<Vec<u8>>, eps: &Option<Vec<u8>>) -> Vec<String> {
+    let pods: BTreeSet<u8> = slice
+        .as_ref()
+        .or(eps.as_ref())
+        .into_iter()
+        .flatten()
+        .copied()
+        .collect();
+    pods.iter().map(|p| format!("10.244.1.{p}:8080")).collect()
+}
+
+fn service_named(name: &str) -> Object {
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"namespace": "web", "name": name},
+        "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "http", "port": 80}]},
+    }))
+    .expect("Service");
+    Object::Service(Box::new(svc))
+}
+
+fn slice_for(name: &str, pods: &[u8]) -> Object {
+    let eps: Vec<Value> = pod_ips(pods)
+        .into_iter()
+        .map(|ip| json!({"addresses": [ip]}))
+        .collect();
+    Object::EndpointSlice(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "web", "name": format!("{name}-own"),
+                         "labels": {LABEL_SERVICE_NAME: name}},
+            "addressType": "IPv4",
+            "endpoints": eps,
+            "ports": [{"name": "http", "port": 8080}],
+        }))
+        .expect("EndpointSlice"),
+    ))
+}
+
+proptest! {
+    #[test]
+    fn precedence_follows_the_model_and_changes_touch_only_their_service(
+        ops in prop::collection::vec(arb_op(), 1..40)
+    ) {
+        let mut state = ProxyState::new(NODE);
+        for name in SERVICES {
+            apply(&mut state, service_named(name));
+        }
+        state.take_changes();
+        let mut slices: [Option<Vec<u8>>; 2] = [None, None];
+        let mut eps: [Option<Vec<u8>>; 2] = [None, None];
+        for op in ops {
+            let before: Vec<Vec<String>> =
+                (0..2).map(|s| model_view(&slices[s], &eps[s])).collect();
+            let (svc, is_slice) = match &op {
+                Op::Slice(s, p) => {
+                    let name = SERVICES[*s];
+                    match p {
+                        Some(p) => { apply(&mut state, slice_for(name, p)); }
+                        None => {
+                            state.apply(SourceEvent::Delete(Kind::EndpointSlice, ObjectKey {
+                                namespace: "web".into(),
+                                name: format!("{name}-own"),
+                            })).expect("deleted");
+                        }
+                    }
+                    slices[*s] = p.clone();
+                    (*s, true)
+                }
+                Op::Endpoints(s, p) => {
+                    let name = SERVICES[*s];
+                    match p {
+                        Some(p) => {
+                            let ips = pod_ips(p);
+                            let refs: Vec<&str> = ips.iter().map(String::as_str).collect();
+                            apply(&mut state, endpoints_object(name, &refs));
+                        }
+                        None => {
+                            state.apply(SourceEvent::Delete(Kind::Endpoints, ObjectKey {
+                                namespace: "web".into(),
+                                name: name.into(),
+                            })).expect("deleted");
+                        }
+                    }
+                    eps[*s] = p.clone();
+                    (*s, false)
+                }
+            };
+            let changed: BTreeSet<String> = state
+                .take_changes()
+                .services
+                .iter()
+                .map(|k| k.name.clone())
+                .collect();
+            for s in 0..2 {
+                let want = model_view(&slices[s], &eps[s]);
+                prop_assert_eq!(ips(&state, SERVICES[s]), want.clone(), "{}", SERVICES[s]);
+                if want != before[s] {
+                    prop_assert!(changed.contains(SERVICES[s]), "{:?} unrecorded", op);
+                }
+                if s != svc {
+                    prop_assert!(!changed.contains(SERVICES[s]), "{:?} touched {}", op, SERVICES[s]);
+                }
+            }
+            // An Endpoints change that changes no view (shadowed, or the same) records nothing.
+            if !is_slice && model_view(&slices[svc], &eps[svc]) == before[svc] {
+                prop_assert!(changed.is_empty(), "{:?} recorded {:?}", op, changed);
+            }
+        }
+    }
+}
