@@ -31,6 +31,16 @@ pub struct BalancerConfig {
     /// Detect-local: with [`DetectLocal::None`] ClusterIP traffic keeps its source; otherwise
     /// sources outside [`NodeContext::local_cidrs`] (as resolved at each sync) are masqueraded,
     /// and sources inside count as pods for the `Local` policy's short-circuit.
+    ///
+    /// With detect-local by interface (`BridgeInterface`, `InterfaceNamePrefix`) no source
+    /// counts as a pod here: the balancer decides per connection from the accepted socket,
+    /// which gives the client's address but not the interface its packets arrived on, and a
+    /// source address says nothing about that interface (the reason to configure an interface
+    /// at all). So every ClusterIP connection is masqueraded (the endpoint sees the node, as
+    /// every connection did in upstream's userspace proxier, which had no detect-local), and
+    /// only the node's own connections are short-circuited for the `Local` policy: a pod
+    /// reaching a `Local` external frontend gets this node's endpoints, or is dropped without
+    /// one. The redirect table does match the interface (`iifname`) where it decides.
     pub detect_local: DetectLocal,
     /// How long an endpoint that refused or timed out is tried last (passive health).
     pub quarantine: Duration,
@@ -501,6 +511,8 @@ impl Balancer {
         Some(slot)
     }
 
+    /// Whether `ip` is a pod's address by detect-local's networks; always false with
+    /// detect-local by interface (see [`BalancerConfig::detect_local`]).
     fn is_pod(&self, ip: IpAddr) -> bool {
         self.local_cidrs.iter().any(|n| n.contains(&ip))
     }

@@ -12,6 +12,7 @@
 //! | forward (-110), output (-90) | `filter-forward`, `filter-output-post-dnat` | unknown ClusterIP ports reject, unallocated ClusterIPs drop |
 
 use kp_core::model::IpFamily;
+use kp_core::node::LocalInterface;
 pub use kp_nftables_plan::layout::{ChainDef, RuleDef};
 
 use crate::names::*;
@@ -266,8 +267,10 @@ impl Expr {
 const NODEPORT_KEY: &str = "meta l4proto . th dport";
 
 /// The fixed rules of the table, in order (chain by chain, in the order each chain holds
-/// them). Each rule's id is its comment.
-pub fn rules(cfg: &RedirectConfig) -> Vec<RuleDef> {
+/// them). Each rule's id is its comment. `local`: detect-local by interface, which decides
+/// what the `Local` policy's check lets through as pod traffic (`iifname "veth*"`) instead of
+/// the `pod-cidrs` sets.
+pub fn rules(cfg: &RedirectConfig, local: Option<&LocalInterface>) -> Vec<RuleDef> {
     let mut rules = Vec::new();
     let mut add =
         |chain: &'static str, id: String, text: String| rules.push(RuleDef { chain, id, text });
@@ -327,6 +330,12 @@ pub fn rules(cfg: &RedirectConfig) -> Vec<RuleDef> {
         format!("ct state new jump {CLUSTER_IPS_CHECK}"),
     );
     add(REJECT_PACKET, "reject".into(), "reject".into());
+    // Not pod traffic, for the `Local` policy's check: outside `pod-cidrs`, or not arrived on
+    // the pods' interface(s).
+    let not_pod = |ip: &str, s: &str| match local {
+        Some(i) => i.nft(true),
+        None => format!("{ip} saddr != @{POD_CIDRS}-{s}"),
+    };
     for family in IpFamily::ALL {
         let e = Expr::of(family);
         let (ip, s) = (e.ip, e.suffix);
@@ -352,13 +361,14 @@ pub fn rules(cfg: &RedirectConfig) -> Vec<RuleDef> {
         add(
             NO_LOCAL_CHECK,
             format!("no-local-vips-{s}"),
-            format!("{vip} @{NO_LOCAL_VIPS}-{s} {ip} saddr != @{POD_CIDRS}-{s} drop"),
+            format!("{vip} @{NO_LOCAL_VIPS}-{s} {} drop", not_pod(ip, s)),
         );
         add(
             NO_LOCAL_CHECK,
             format!("no-local-nodeports-{s}"),
             format!(
-                "{np} {NODEPORT_KEY} @{NO_LOCAL_NODEPORTS}-{s} {ip} saddr != @{POD_CIDRS}-{s} drop"
+                "{np} {NODEPORT_KEY} @{NO_LOCAL_NODEPORTS}-{s} {} drop",
+                not_pod(ip, s)
             ),
         );
         add(

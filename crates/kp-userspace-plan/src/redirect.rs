@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use ipnet::IpNet;
 use kp_core::frontend::{Frontend, FrontendKind, Frontends, NoEndpoints};
 use kp_core::model::{IpFamily, Protocol, ServiceKey};
-use kp_core::node::NodeContext;
+use kp_core::node::{LocalInterface, NodeContext};
 use kp_core::track::{Changes, ProxyState};
 use kp_nftables_plan::element::render_elements;
 pub use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
@@ -61,6 +61,9 @@ type Wants = Vec<(SetId, Tuple, Option<Tuple>)>;
 #[derive(Debug)]
 pub struct RedirectPlanner {
     cfg: RedirectConfig,
+    /// Detect-local by interface, as the last full sync's node context had it (a setting of
+    /// the process: it changes with no sync).
+    local_interface: Option<LocalInterface>,
     programmed: bool,
     elements: BTreeMap<SetId, BTreeMap<Tuple, Owned>>,
     /// Each owner's elements.
@@ -74,6 +77,7 @@ impl RedirectPlanner {
     pub fn new(cfg: RedirectConfig) -> RedirectPlanner {
         RedirectPlanner {
             cfg,
+            local_interface: None,
             programmed: false,
             elements: BTreeMap::new(),
             owned: HashMap::new(),
@@ -116,6 +120,7 @@ impl RedirectPlanner {
     /// A transaction that replaces the table with one built from `state`.
     pub fn full(&mut self, state: &ProxyState, node: &NodeContext) -> Transaction {
         self.invalidate();
+        self.local_interface = node.local_interface.clone();
         let node_wants = node_elements(&self.cfg, node);
         self.claim(NODE_OWNER, node_wants);
         for key in state.service_keys() {
@@ -157,7 +162,7 @@ impl RedirectPlanner {
                 .collect();
             w.elements("add", *set, &values);
         }
-        for rule in layout::rules(&self.cfg) {
+        for rule in layout::rules(&self.cfg, self.local_interface.as_ref()) {
             w.object(format!(
                 "add rule {FAMILY} {TABLE} {} {} comment \"{}\"",
                 rule.chain, rule.text, rule.id
@@ -276,7 +281,7 @@ impl RedirectPlanner {
             .iter()
             .map(|c| (c.name.to_string(), Vec::new()))
             .collect();
-        for rule in layout::rules(&self.cfg) {
+        for rule in layout::rules(&self.cfg, self.local_interface.as_ref()) {
             out.entry(rule.chain.to_string()).or_default().push(rule.id);
         }
         out

@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use kp_core::flow::{Origin, Packet, Tracer, Verdict};
+use kp_core::flow::{Ingress, Origin, Packet, Tracer, Verdict};
 use kp_core::model::{IpFamily, Protocol};
 use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
 use kp_nftables_test::elements::{lookup, Elements};
@@ -52,6 +52,12 @@ enum Match {
     NotInNet {
         key: Sel,
         net: IpNet,
+    },
+    /// `iifname "NAME"`, `iifname "PREFIX*"` (`prefix`), or with `!=` (`negate`).
+    Iifname {
+        name: String,
+        prefix: bool,
+        negate: bool,
     },
 }
 
@@ -119,6 +125,9 @@ struct Walk {
     mark: u32,
     /// The proxy port it was redirected to.
     redirected: Option<u16>,
+    /// The interface it arrived on: `None` for the node's own packets, `Some(None)` when the
+    /// tracer has no links to tell.
+    iif: Option<Option<String>>,
 }
 
 enum Flow {
@@ -134,6 +143,8 @@ enum Flow {
 pub struct UserspaceTracer {
     table: Option<Table>,
     local: Vec<IpAddr>,
+    /// The node's links, for `iifname` ([`UserspaceTracer::with_ingress`]).
+    ingress: Option<Ingress>,
     balancer: RefCell<Balancer>,
     now: Instant,
 }
@@ -146,9 +157,18 @@ impl UserspaceTracer {
         UserspaceTracer {
             table: None,
             local,
+            ingress: None,
             balancer: RefCell::new(balancer),
             now: Instant::now(),
         }
+    }
+
+    /// The tracer with the node's links, which tell the interface a packet arrives on (what
+    /// `iifname` matches). Without them, a packet from outside or from a pod that meets an
+    /// `iifname` match panics: the tracer does not guess.
+    pub fn with_ingress(mut self, ingress: Ingress) -> Self {
+        self.ingress = Some(ingress);
+        self
     }
 
     /// The balancer, to sync it along with the table.
@@ -300,6 +320,23 @@ impl UserspaceTracer {
                 Atom::Ip(ip) => !net.contains(&ip),
                 _ => false,
             },
+            Match::Iifname {
+                name,
+                prefix,
+                negate,
+            } => {
+                let on = match &w.iif {
+                    None => false,
+                    Some(Some(i)) if *prefix => i.starts_with(name.as_str()),
+                    Some(Some(i)) => i == name,
+                    Some(None) => panic!(
+                        "a rule matches iifname {name:?}, and the tracer has no links to tell \
+                         the interface a packet from outside or from a pod arrives on: build \
+                         it with UserspaceTracer::with_ingress"
+                    ),
+                };
+                on != *negate
+            }
         }
     }
 
@@ -344,6 +381,11 @@ impl Tracer for UserspaceTracer {
             dport: p.dport,
             mark: 0,
             redirected: None,
+            iif: match (&self.ingress, p.origin) {
+                (_, Origin::Node) => None,
+                (Some(links), _) => Some(links.interface(p).map(str::to_string)),
+                (None, _) => Some(None),
+            },
         };
         let hooks: &[Hook] = match p.origin {
             Origin::External | Origin::Pod => &[Hook::Prerouting],
@@ -445,6 +487,24 @@ fn parse_rule(body: &str) -> Option<Rule> {
             ("ct", "state", "new") => {
                 matches.push(Match::CtStateNew);
                 i += 3;
+            }
+            ("iifname", op, quoted) => {
+                let (negate, quoted, n) = match op {
+                    "!=" => (true, quoted, 3),
+                    _ => (false, op, 2),
+                };
+                let inner = quoted.strip_prefix('"')?.strip_suffix('"')?;
+                let (name, prefix) = match inner.strip_suffix('*') {
+                    Some(p) => (p, true),
+                    None => (inner, false),
+                };
+                kp_core::node::InterfaceName::new(name).ok()?;
+                matches.push(Match::Iifname {
+                    name: name.to_string(),
+                    prefix,
+                    negate,
+                });
+                i += n;
             }
             ("meta", "nfproto", f) => {
                 matches.push(Match::Family(match f {

@@ -267,3 +267,39 @@ fn the_record_names_every_chain_and_rule_for_the_read_back() {
     assert_eq!(sets.len(), 24);
     assert!(sets.values().all(Option::is_some));
 }
+
+/// Detect-local by interface: the `Local` policy's check lets through what arrived on the
+/// pods' interface(s) (`iifname != "veth*" drop`) instead of what comes from `pod-cidrs`, in
+/// both families, and the `pod-cidrs` sets stay empty.
+#[test]
+fn detect_local_by_interface_checks_iifname() {
+    use kp_core::node::{DetectLocal, InterfaceName};
+    let state = kp_flows::state();
+    for (detect, not_pod) in [
+        (
+            DetectLocal::InterfaceNamePrefix(InterfaceName::new("veth").unwrap()),
+            "iifname != \"veth*\"",
+        ),
+        (
+            DetectLocal::BridgeInterface(InterfaceName::new("cbr0").unwrap()),
+            "iifname != \"cbr0\"",
+        ),
+    ] {
+        let mut p = RedirectPlanner::new(config());
+        let text = p.full(&state, &kp_flows::node_context_with(&detect)).text;
+        let checks: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("comment \"no-local-"))
+            .collect();
+        assert_eq!(checks.len(), 4, "{text}");
+        for l in checks {
+            assert!(l.contains(&format!(" {not_pod} drop comment")), "{l}");
+        }
+        assert!(!text.contains("saddr != @pod-cidrs"), "{text}");
+        for family in IpFamily::ALL {
+            assert!(p
+                .expected_elements(set(SetKind::PodCidrs, family))
+                .is_empty());
+        }
+    }
+}

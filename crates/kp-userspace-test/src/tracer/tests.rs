@@ -170,3 +170,49 @@ fn the_proxy_refusing_a_connection_the_kernel_redirected_reads_as_a_reject() {
     };
     assert_eq!(tracer.trace(&p), Verdict::Reject);
 }
+
+/// Detect-local by interface: the table's `Local`-policy check matches `iifname`, and the
+/// balancer, which sees a connection's source address but not the interface it came in on,
+/// counts no source as a pod (see `BalancerConfig::detect_local`). So every row from outside or
+/// from the node passes as with the cluster CIDRs, and only rows from pods differ: their
+/// ClusterIP connections are masqueraded.
+#[test]
+fn with_detect_local_by_interface_only_rows_from_pods_differ() {
+    let state = kp_flows::state();
+    for (detect, links) in kp_flows::interface_detect_locals() {
+        let node = kp_flows::node_context_with(&detect);
+        let mut planner = RedirectPlanner::new(redirect_config(true));
+        let text = planner.full(&state, &node).text;
+        assert!(
+            text.contains(&node.local_interface.clone().unwrap().nft(true)),
+            "{text}"
+        );
+        assert!(!text.contains("saddr != @pod-cidrs"), "{text}");
+        let mut balancer = Balancer::new(BalancerConfig {
+            detect_local: detect.clone(),
+            ..balancer_config()
+        });
+        balancer.sync(&state, &node, &Changes::default(), true);
+        let mut tracer =
+            UserspaceTracer::new(kp_flows::node_addresses(), balancer).with_ingress(links);
+        tracer
+            .apply(&text)
+            .expect("the tracer replays the full table");
+        let failures = kp_flows::check_tracer_for(&tracer, kp_flows::Support::NO_SCTP);
+        assert!(!failures.is_empty(), "{detect:?}");
+        for f in &failures {
+            assert!(
+                f.contains("Pod "),
+                "{detect:?}: only rows from pods differ: {f}"
+            );
+        }
+        let to_web = kp_flows::cases()
+            .into_iter()
+            .find(|c| c.from == "pod-4" && c.packet.dst.to_string() == "10.96.0.10")
+            .expect("a row from pod-4 to the web ClusterIP");
+        match tracer.trace(&to_web.packet) {
+            Verdict::Dnat { masquerade, .. } => assert!(masquerade, "{}", to_web.name),
+            other => panic!("{}: {other:?}", to_web.name),
+        }
+    }
+}
