@@ -122,6 +122,58 @@ fn the_flow_table_passes_with_real_packets_and_the_kernel_matches_the_plan_after
     );
 }
 
+/// Detect-local by interface with real packets: `InterfaceNamePrefix` `veth` (the lab's pods
+/// sit behind `vethI`) passes every row as the cluster CIDRs do, and the kernel reads back as
+/// planned. With a prefix no pod interface has, a pod's ClusterIP connection is masqueraded:
+/// the kernel's `iifname` match decides.
+#[test]
+#[ignore = "needs root"]
+fn the_flow_table_passes_with_real_packets_and_detect_local_by_interface_prefix() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let by_prefix = |prefix: &str| {
+        let cfg = NftablesConfig {
+            detect_local: kp_nftables::DetectLocal::InterfaceNamePrefix(
+                kp_core::node::InterfaceName::new(prefix).unwrap(),
+            ),
+            ..NftablesConfig::default()
+        };
+        let mut dp = NftablesDataplane::new(
+            cfg,
+            NftCommand::in_netns(lab.node().name()),
+            Arc::new(Metrics::new()),
+        );
+        dp.sync(&kp_flows::state(), &Changes::default(), true)
+            .expect("first sync");
+        assert_in_sync(&mut dp);
+        dp
+    };
+    let veth = by_prefix(kp_flows::POD_VETH_PREFIX);
+    assert!(veth.last_transaction().contains("iifname != \"veth*\""));
+    let failures = kp_test::flows::check_all(&lab);
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    drop(veth);
+    let _elsewhere = by_prefix("cali");
+    let pod_to_cluster_ip = kp_flows::cases()
+        .into_iter()
+        .find(|c| c.from == "pod-4" && c.packet.dst.to_string() == "10.96.0.10")
+        .expect("the row from pod-4 to the web ClusterIP");
+    assert!(kp_test::flows::check(&lab, &pod_to_cluster_ip).is_err());
+    let mut masqueraded = pod_to_cluster_ip.clone();
+    if let kp_flows::Expect::Pods { masquerade, .. } = &mut masqueraded.expect {
+        *masquerade = true;
+    }
+    kp_test::flows::check(&lab, &masqueraded).unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 #[ignore = "needs root"]
 fn cleanup_removes_both_tables() {
