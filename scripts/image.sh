@@ -80,8 +80,9 @@ if podman image exists "$BASE"; then
 else
     say "making the base image $BASE (mmdebstrap --variant=minbase bookworm from $MIRROR)"
     # Streamed from mmdebstrap into podman: no tarball on disk. The mirrors are given on the
-    # command line (mmdebstrap would otherwise read them from a non-terminal stdin).
-    mmdebstrap --quiet --variant=minbase --mode=root \
+    # command line (mmdebstrap would otherwise read them from a non-terminal stdin). Tagged only
+    # once the whole stream was imported, so a failed run leaves no half base behind its name.
+    if ! id=$(mmdebstrap --quiet --variant=minbase --mode=root \
         --aptopt='Acquire::Languages "none"' \
         --dpkgopt='path-exclude=/usr/share/doc/*' \
         --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -91,8 +92,11 @@ else
         "deb $MIRROR bookworm main" \
         "deb $MIRROR bookworm-updates main" \
         "deb http://deb.debian.org/debian-security bookworm-security main" </dev/null |
-        podman import --quiet --change 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
-    podman image exists "$BASE" || die "the base image $BASE was not created"
+        podman import --quiet --change 'CMD ["/bin/bash"]' -); then
+        [ -z "${id:-}" ] || podman rmi "$id" >/dev/null 2>&1 || true
+        die "making the base image failed (mmdebstrap's or podman import's error is above)"
+    fi
+    podman tag "$id" "$BASE"
 fi
 
 # --- 3. the image -----------------------------------------------------------------------------
