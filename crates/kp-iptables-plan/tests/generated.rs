@@ -43,7 +43,9 @@ proptest! {
     ) {
         let mut state = kp_flows::load(kp_flows::NODE, common::objects(&services, false));
         let node = setup.node(&state);
-        let mut tracer = IptablesTracer::new(kp_flows::node_addresses());
+        // The lab's links: some setups detect local traffic by interface (`-i`).
+        let mut tracer =
+            IptablesTracer::new(kp_flows::node_addresses()).with_ingress(kp_flows::ingress());
         let mut planners: Vec<Planner> = IpFamily::ALL
             .into_iter()
             .map(|f| Planner::new(setup.config(f)))

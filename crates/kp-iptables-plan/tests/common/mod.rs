@@ -146,7 +146,8 @@ pub fn service() -> impl Strategy<Value = GenService> {
 /// `masqueradeAll`, localhost NodePorts, the mark bit.
 #[derive(Clone, Debug)]
 pub struct GenSetup {
-    /// 0 none, 1 the cluster CIDRs, 2 the node's pod CIDRs, 3 every address.
+    /// 0 none, 1 the cluster CIDRs, 2 the node's pod CIDRs, 3 every address, 4 the bridge
+    /// `cbr0`, 5 the interface prefix `veth`, 6 a prefix as long as a name (15 bytes).
     detect_local: u8,
     /// 0 every local address, 1 the primary addresses, 2 CIDRs (with loopback), 3 zero CIDRs.
     node_ports: u8,
@@ -157,7 +158,7 @@ pub struct GenSetup {
 
 /// Random node settings and planner configuration.
 pub fn setup() -> impl Strategy<Value = GenSetup> {
-    (0u8..4, 0u8..4, any::<bool>(), any::<bool>(), 0u32..32).prop_map(
+    (0u8..7, 0u8..4, any::<bool>(), any::<bool>(), 0u32..32).prop_map(
         |(detect_local, node_ports, masquerade_all, localhost_node_ports, masquerade_bit)| {
             GenSetup {
                 detect_local,
@@ -190,7 +191,20 @@ impl GenSetup {
                 cidr(kp_flows::CLUSTER_CIDR6),
             ]),
             2 => DetectLocal::NodeCidr,
-            _ => DetectLocal::ClusterCidr(vec![cidr("0.0.0.0/0"), cidr("::/0")]),
+            3 => DetectLocal::ClusterCidr(vec![cidr("0.0.0.0/0"), cidr("::/0")]),
+            n => {
+                let name = match n {
+                    4 => "cbr0",
+                    5 => "veth",
+                    _ => "abcdefghijklmno",
+                };
+                let name = kp_core::node::InterfaceName::new(name).unwrap();
+                if n == 4 {
+                    DetectLocal::BridgeInterface(name)
+                } else {
+                    DetectLocal::InterfaceNamePrefix(name)
+                }
+            }
         };
         let ports = match self.node_ports {
             0 => NodePortAddresses::AllLocal,
