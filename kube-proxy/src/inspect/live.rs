@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
+use kp_core::flow::Ingress;
 use kp_core::model::IpFamily;
 use kp_iptables::{Backend, IptablesCommand};
 use kp_iptables_test::IptablesTracer;
@@ -54,7 +55,7 @@ pub fn unsupported_reason(mode: ProxyMode) -> Option<&'static str> {
 pub fn read(mode: ProxyMode, local: Vec<IpAddr>) -> Result<Live, String> {
     match mode {
         ProxyMode::Nftables => {
-            let mut tracer = NftTracer::new(local);
+            let mut tracer = NftTracer::new(local).with_ingress(node_links());
             for f in IpFamily::ALL {
                 let text = nft_listing(f)?;
                 tracer
@@ -66,7 +67,7 @@ pub fn read(mode: ProxyMode, local: Vec<IpAddr>) -> Result<Live, String> {
         ProxyMode::Iptables => {
             let backend = kp_iptables::detect_backend(None);
             let cmd = IptablesCommand::new();
-            let mut tracer = IptablesTracer::new(local);
+            let mut tracer = IptablesTracer::new(local).with_ingress(node_links());
             let mut foreign_rules = 0;
             for f in IpFamily::ALL {
                 let save = match cmd.save(backend, f, None) {
@@ -186,6 +187,55 @@ pub fn route_source(dst: IpAddr) -> Option<IpAddr> {
         .and_then(|w| w[1].parse().ok())
 }
 
+/// The interface a traced packet arrives on, for rules of detect-local by interface: the link
+/// this node's main routing table routes its source through (what reverse-path filtering
+/// holds a real packet to), from `ip route`. A source no route covers arrives on no named
+/// link (an empty name, which no detect-local interface matches).
+pub fn node_links() -> Ingress {
+    let routes = |family: &str| {
+        Command::new("ip")
+            .args([family, "-o", "route", "show", "table", "main"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    links_of_routes(&routes("-4"), &routes("-6"))
+}
+
+/// [`node_links`] from what `ip -4 -o route show` and `ip -6 -o route show` print: each route
+/// with a `dev` whose destination is `default`, a network or an address; other lines (route
+/// types such as `unreachable`) are left out.
+pub fn links_of_routes(v4: &str, v6: &str) -> Ingress {
+    let net = |s: &str| {
+        s.parse::<ipnet::IpNet>()
+            .ok()
+            .or_else(|| s.parse::<IpAddr>().ok().map(ipnet::IpNet::from))
+    };
+    let any4 = ipnet::IpNet::V4(ipnet::Ipv4Net::default());
+    let any6 = ipnet::IpNet::V6(ipnet::Ipv6Net::default());
+    // First, so that a real default route (added later) wins the tie.
+    let mut links = Ingress::new().route(any4, "").route(any6, "");
+    for (text, any) in [(v4, any4), (v6, any6)] {
+        for line in text.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let Some(dev) = words.windows(2).find(|w| w[0] == "dev").map(|w| w[1]) else {
+                continue;
+            };
+            let dst = match words.first() {
+                Some(&"default") => Some(any),
+                Some(w) => net(w),
+                None => None,
+            };
+            if let Some(dst) = dst {
+                links = links.route(dst, dev);
+            }
+        }
+    }
+    links
+}
+
 /// The address a client on this node reaches a server bound to `addr` at.
 pub fn reachable(addr: SocketAddr) -> SocketAddr {
     let ip = match addr.ip() {
@@ -246,4 +296,43 @@ fn dechunk(mut s: &str) -> String {
         s = rest[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use kp_core::flow::{Origin, Packet};
+    use kp_core::model::Protocol;
+
+    use super::*;
+
+    fn from(src: &str) -> Packet {
+        let src: IpAddr = src.parse().unwrap();
+        Packet {
+            origin: Origin::Pod,
+            src,
+            protocol: Protocol::Tcp,
+            dst: if src.is_ipv6() {
+                "fd00:10:96::1".parse().unwrap()
+            } else {
+                "10.96.0.10".parse().unwrap()
+            },
+            dport: 80,
+        }
+    }
+
+    #[test]
+    fn links_follow_the_most_specific_route_and_unrouted_sources_arrive_on_none_named() {
+        let v4 = "default via 192.0.2.2 dev eth0 proto static \n\
+                  10.244.1.11 dev veth1 scope link \n\
+                  10.244.2.0/24 via 198.18.0.2 dev eth1 \n\
+                  unreachable 203.0.113.0/24 \n";
+        let v6 = "fd00:10:244:1::11 dev veth1 metric 1024 pref medium\n";
+        let links = links_of_routes(v4, v6);
+        assert_eq!(links.interface(&from("10.244.1.11")), Some("veth1"));
+        assert_eq!(links.interface(&from("10.244.2.21")), Some("eth1"));
+        assert_eq!(links.interface(&from("203.0.113.9")), Some("eth0"));
+        assert_eq!(links.interface(&from("fd00:10:244:1::11")), Some("veth1"));
+        // No IPv6 default route: an IPv6 source elsewhere arrives on no named link.
+        assert_eq!(links.interface(&from("2001:db8::2")), Some(""));
+    }
 }

@@ -120,7 +120,8 @@ pub fn plan_nftables(
 ) -> Result<NftTracer, String> {
     let nc = kp_proxy::modes::nftables_config(cfg).map_err(|e| e.to_string())?;
     let node = NodeContext::resolve(&nc.detect_local, &nc.node_ports, state);
-    let mut tracer = NftTracer::new(local);
+    // The links as this machine routes sources, for detect-local by interface.
+    let mut tracer = NftTracer::new(local).with_ingress(super::live::node_links());
     for f in &nc.families {
         let mut p = kp_nftables_plan::Planner::new(kp_nftables_plan::PlanConfig {
             family: *f,
