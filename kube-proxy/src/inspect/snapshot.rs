@@ -149,7 +149,8 @@ pub fn plan_iptables(
     let ic = kp_proxy::modes::iptables_config(cfg, None).map_err(|e| e.to_string())?;
     let localhost = ic.localhost_node_ports_effective();
     let node = NodeContext::resolve(&ic.detect_local, &ic.node_ports, state);
-    let mut tracer = IptablesTracer::new(local);
+    // The links as this machine routes sources, for detect-local by interface.
+    let mut tracer = IptablesTracer::new(local).with_ingress(super::live::node_links());
     for f in &ic.families {
         let mut pc = kp_iptables_plan::PlanConfig::new(*f);
         pc.masquerade_bit = ic.masquerade_bit;
