@@ -146,7 +146,8 @@ pub fn section(r: &VmResults) -> String {
          the binary's own flags, an untimed warm-up ({} Services synced, changed, synced in full and read back in a \
          scratch namespace, so the kernel modules are loaded: a fresh guest loads each on first use through the \
          host's `modprobe` over 9p), the first full sync into the empty namespace, then {} one-endpoint changes, each \
-         one partial sync, timed alone. Peak RSS is that process's `VmHWM` after the changes: the proxy's state and the \
+         one partial sync, timed alone, then one periodic full sync (everything in place: the kernel read back and \
+         compared, nothing to change). Peak RSS is that process's `VmHWM` after it: the proxy's state and the \
          dataplane, not the `kube-proxy` binary (whose source and caches add to it); \"state alone\" is the same \
          process before the dataplane existed.\n",
         crate::vm::WARM_UP_SERVICES,

@@ -126,6 +126,10 @@ pub struct VmRun {
     pub change_ms: Summary,
     /// The most operations one of those syncs reported.
     pub change_operations_max: usize,
+    /// One periodic full sync after the changes (everything in place: read back and compared,
+    /// nothing to change), seconds; before it the peak misses what a running proxy's periodic
+    /// syncs hold. `None` in results from before it was measured.
+    pub periodic_sync_s: Option<f64>,
     /// The same kind of change applied as upstream applies every change, by a full sync that
     /// re-lists and rewrites everything (ipvs only), milliseconds.
     pub relist_change_ms: Option<Summary>,
@@ -135,7 +139,8 @@ pub struct VmRun {
     pub differences: usize,
     /// `VmHWM` once the state was loaded, before the dataplane existed, MiB.
     pub state_hwm_mib: f64,
-    /// `VmHWM` after the full sync and the partial changes (before the re-list baseline), MiB:
+    /// `VmHWM` after the full sync, the partial changes and one periodic full sync (before the
+    /// re-list baseline), MiB:
     /// the state and the dataplane, in one process.
     pub peak_rss_mib: f64,
     /// `VmRSS` at that point, MiB.
@@ -324,6 +329,11 @@ pub fn measure(m: &Measure) -> anyhow::Result<VmRun> {
         "  one-endpoint change: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms over {} (at most {} operations)",
         out.change_ms.p50, out.change_ms.p99, out.change_ms.max, out.change_ms.n, out.change_operations_max
     ));
+    let t = Instant::now();
+    dp.sync(&state, &Default::default(), true)?;
+    let periodic = t.elapsed().as_secs_f64();
+    out.periodic_sync_s = Some(periodic);
+    p.say(format!("  a periodic full sync {periodic:.2} s"));
     let (hwm, rss) = crate::proxy::memory_mib(std::process::id())?;
     out.peak_rss_mib = hwm;
     out.rss_mib = rss;

@@ -28,6 +28,7 @@ use kp_core::node::{NodeContext, NodePortAddresses};
 use kp_core::track::{Changes, ProxyState};
 use kp_ebpf_plan as ebpf;
 use kp_ipvs_plan as ipvs;
+use kp_ipvs_plan::Planned as _;
 use kp_netlink::ipvs as nl;
 use kp_userspace_plan as us;
 
@@ -304,7 +305,7 @@ impl ModePlanners {
         let mut ok = self.ipvs_incremental(state, node, &node_addresses, changes, i, report);
         // The plan in one go, with the running planner's marks (which depend on the order
         // ports came in, not on the state).
-        let mut marks = self.ipvs_planner.desired().local().clone();
+        let mut marks = self.ipvs_planner.local().clone();
         let mut desired = ipvs::Desired::new();
         let mut sets: Vec<ipvs::ipset::Sets> = IpFamily::ALL.map(ipvs::ipset::Sets::new).into();
         for key in state.service_keys() {
@@ -317,11 +318,11 @@ impl ModePlanners {
             }
         }
         report.ipvs_plans += 1;
-        let whole = self.ipvs_planner.desired();
+        let whole = &self.ipvs_planner;
         let same_rules = IpFamily::ALL
             .iter()
             .all(|f| whole.local().rules(*f).eq(desired.local().rules(*f)));
-        if whole.services() != desired.services()
+        if !whole.virtual_servers().eq(desired.services().iter())
             || whole.bind_addresses() != desired.bind_addresses()
             || !same_rules
             || self.ipvs_planner.sets() != sets.as_slice()
@@ -329,7 +330,7 @@ impl ModePlanners {
             let differing = desired
                 .services()
                 .iter()
-                .find(|(k, v)| whole.services().get(*k) != Some(*v))
+                .find(|(k, v)| whole.virtual_server(k) != Some(*v))
                 .map(|(k, _)| k.to_string())
                 .unwrap_or_default();
             report.violation(
@@ -468,9 +469,9 @@ impl ModePlanners {
             .filter(|(s, _)| keys.contains(&s.key))
             .cloned()
             .collect();
-        let plan = ipvs::diff_keys(planner.desired(), &subset, &keys, &self.ipvs_config);
+        let plan = ipvs::diff_keys(planner, &subset, &keys, &self.ipvs_config);
         self.ipvs_incremental = apply_ipvs(&self.ipvs_incremental, &plan.changes);
-        let left = ipvs::diff(planner.desired(), &self.ipvs_incremental, &self.ipvs_config);
+        let left = ipvs::diff(planner, &self.ipvs_incremental, &self.ipvs_config);
         if !left.changes.is_empty() {
             report.violation(
                 Check::Diverged,

@@ -295,6 +295,14 @@ impl Sets {
         self.get(set).is_empty()
     }
 
+    /// Every entry of every set, sorted by set and entry.
+    pub fn into_entries(self) -> Vec<(SetName, Entry)> {
+        self.sets
+            .into_iter()
+            .flat_map(|(s, entries)| entries.into_iter().map(move |e| (s, e)))
+            .collect()
+    }
+
     /// Adds `entry` to `set`.
     pub fn insert(&mut self, set: SetName, entry: Entry) {
         self.sets.entry(set).or_default().insert(entry);
@@ -436,13 +444,102 @@ pub enum SetChange {
 /// The element changes that bring `current` to `desired` (both of one family): entries
 /// added, then entries removed, set by set.
 pub fn diff(desired: &Sets, current: &Sets) -> Vec<SetChange> {
-    let mut out = Vec::new();
-    for set in SetName::ALL {
+    changes(desired, current).collect()
+}
+
+/// [`diff`] as it goes, for a full sync that writes each change out as it comes instead of
+/// holding every one.
+pub fn changes<'a>(desired: &'a Sets, current: &'a Sets) -> impl Iterator<Item = SetChange> + 'a {
+    SetName::ALL.into_iter().flat_map(move |set| {
         let (want, have) = (desired.get(set), current.get(set));
-        out.extend(want.difference(have).map(|e| SetChange::Add(set, *e)));
-        out.extend(have.difference(want).map(|e| SetChange::Del(set, *e)));
+        let adds = want.difference(have).map(move |e| SetChange::Add(set, *e));
+        let dels = have.difference(want).map(move |e| SetChange::Del(set, *e));
+        adds.chain(dels)
+    })
+}
+
+/// What `ipset save` showed of the sets, read line by line as the tool writes it (at 10,000
+/// Services its text is 8 MiB and a tree of its entries more): the `create` lines as text
+/// (for [`misfits`]) and each family's entries as a sorted vector.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Saved {
+    creates: String,
+    /// Per family of `families` (in that order), sorted.
+    entries: Vec<Vec<(SetName, Entry)>>,
+}
+
+impl Saved {
+    /// Reads `ipset save` output from `input`, keeping the sets of `families`.
+    pub fn read(families: &[IpFamily], input: impl std::io::BufRead) -> std::io::Result<Saved> {
+        let mut saved = Saved {
+            creates: String::new(),
+            entries: vec![Vec::new(); families.len()],
+        };
+        for line in input.lines() {
+            let line = line?;
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("create") => {
+                    saved.creates.push_str(&line);
+                    saved.creates.push('\n');
+                }
+                Some("add") => {
+                    let (Some(name), Some(entry)) = (words.next(), words.next()) else {
+                        continue;
+                    };
+                    for (i, family) in families.iter().enumerate() {
+                        let Some(set) = SetName::parse(name, *family) else {
+                            continue;
+                        };
+                        if let Some(e) = Entry::parse(set.set_type(), entry) {
+                            saved.entries[i].push((set, e));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for entries in &mut saved.entries {
+            entries.sort_unstable();
+            entries.dedup();
+        }
+        Ok(saved)
     }
-    out
+
+    /// The `create` lines, for [`misfits`].
+    pub fn creates(&self) -> &str {
+        &self.creates
+    }
+
+    /// The changes that bring family number `family`'s sets to `desired`, the sets `cleared`
+    /// taken as empty (they are replaced): as [`changes`].
+    pub fn changes<'a>(
+        &'a self,
+        family: usize,
+        desired: &'a Sets,
+        cleared: &'a [SetName],
+    ) -> impl Iterator<Item = SetChange> + 'a {
+        let entries: &[(SetName, Entry)] = self.entries.get(family).map_or(&[], Vec::as_slice);
+        SetName::ALL.into_iter().flat_map(move |set| {
+            let start = entries.partition_point(|(s, _)| *s < set);
+            let end = entries.partition_point(|(s, _)| *s <= set);
+            let have = if cleared.contains(&set) {
+                &entries[start..start]
+            } else {
+                &entries[start..end]
+            };
+            let want = desired.get(set);
+            let adds = want
+                .iter()
+                .filter(move |e| have.binary_search(&(set, **e)).is_err())
+                .map(move |e| SetChange::Add(set, *e));
+            let dels = have
+                .iter()
+                .filter(move |(_, e)| !want.contains(e))
+                .map(move |(_, e)| SetChange::Del(set, *e));
+            adds.chain(dels)
+        })
+    }
 }
 
 /// The most elements a hash set takes (`maxelem`). Upstream's 65,536 is too few at scale:
@@ -474,22 +571,36 @@ fn create_options(set: SetName, family: IpFamily) -> String {
 /// The `ipset restore` text for `changes` in `family`, led by a `create ... -exist` of every
 /// set (creating one that exists is a no-op, so the rules that name every set always load).
 pub fn restore_text(family: IpFamily, changes: &[SetChange]) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
+    // Writing to a vector cannot fail.
+    let _ = write_restore(&mut out, family, changes.iter().copied());
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Writes [`restore_text`]'s text to `out` as the changes come; returns how many there were.
+pub fn write_restore(
+    out: &mut dyn std::io::Write,
+    family: IpFamily,
+    changes: impl IntoIterator<Item = SetChange>,
+) -> std::io::Result<usize> {
     for set in SetName::ALL {
-        out.push_str(&format!(
-            "create {} {} -exist\n",
+        writeln!(
+            out,
+            "create {} {} -exist",
             set.name(family),
             create_options(set, family)
-        ));
+        )?;
     }
+    let mut n = 0;
     for c in changes {
         let (verb, set, entry) = match c {
             SetChange::Add(s, e) => ("add", s, e),
             SetChange::Del(s, e) => ("del", s, e),
         };
-        out.push_str(&format!("{verb} {} {entry} -exist\n", set.name(family)));
+        writeln!(out, "{verb} {} {entry} -exist", set.name(family))?;
+        n += 1;
     }
-    out
+    Ok(n)
 }
 
 /// The sets of `family` that `ipset save` output shows created with other options than

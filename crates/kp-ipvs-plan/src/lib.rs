@@ -111,6 +111,25 @@ pub struct VirtualServer {
     pub destinations: BTreeMap<(IpAddr, u16), Destination>,
 }
 
+/// Where [`diff`] finds the planned virtual servers: a plan made in one go ([`Desired`]) or
+/// the running [`planner::Planner`]'s whole state.
+pub trait Planned {
+    /// The virtual server planned for `key`.
+    fn virtual_server(&self, key: &ServiceKey) -> Option<&VirtualServer>;
+    /// Every planned virtual server, in key order.
+    fn virtual_servers(&self) -> Box<dyn Iterator<Item = (&ServiceKey, &VirtualServer)> + '_>;
+}
+
+impl Planned for Desired {
+    fn virtual_server(&self, key: &ServiceKey) -> Option<&VirtualServer> {
+        self.services.get(key)
+    }
+
+    fn virtual_servers(&self) -> Box<dyn Iterator<Item = (&ServiceKey, &VirtualServer)> + '_> {
+        Box::new(self.services.iter())
+    }
+}
+
 /// The IPVS state the frontends ask for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
@@ -320,77 +339,114 @@ pub struct Plan {
 /// `desired`. Virtual servers in `config`'s excluded CIDRs, and fwmark ones, are not
 /// touched.
 pub fn diff(
-    desired: &Desired,
+    desired: &dyn Planned,
     kernel: &[(Service, Vec<DestinationState>)],
     config: &Config,
 ) -> Plan {
-    let keys: BTreeSet<ServiceKey> = desired
-        .services
-        .keys()
-        .chain(kernel.iter().map(|(s, _)| &s.key))
-        .copied()
-        .collect();
-    diff_keys(desired, kernel, &keys, config)
+    let current = Dump::index(kernel);
+    let mut plan = Plan::default();
+    current.diff_into(desired, current.all_keys(desired).iter(), config, &mut plan);
+    plan
 }
 
 /// [`diff`] for the virtual servers `keys` only (a sync's changed ones): `kernel` holds what
 /// the kernel has of those (a virtual server of `keys` missing from it is added), and nothing
 /// else is looked at or changed.
 pub fn diff_keys(
-    desired: &Desired,
+    desired: &dyn Planned,
     kernel: &[(Service, Vec<DestinationState>)],
     keys: &BTreeSet<ServiceKey>,
     config: &Config,
 ) -> Plan {
+    let current = Dump::index(kernel);
     let mut plan = Plan::default();
-    let current: BTreeMap<ServiceKey, (&Service, &[DestinationState])> = kernel
-        .iter()
-        .map(|(s, d)| (s.key, (s, d.as_slice())))
-        .collect();
-    for key in keys {
-        let Some(want) = desired.services.get(key) else {
-            continue;
-        };
-        let have_dests: &[DestinationState] = match current.get(key) {
-            None => {
-                plan.changes.push(Change::AddService(want.service.clone()));
-                &[]
-            }
-            Some((have, dests)) => {
-                if **have != want.service {
-                    plan.changes
-                        .push(Change::UpdateService(want.service.clone()));
-                }
-                dests
-            }
-        };
-        let have: BTreeMap<(IpAddr, u16), &DestinationState> = have_dests
-            .iter()
-            .map(|d| ((d.destination.addr, d.destination.port), d))
-            .collect();
-        for (at, dest) in &want.destinations {
-            match have.get(at) {
-                None => plan.changes.push(Change::AddDestination(*key, *dest)),
-                Some(d) if d.destination != *dest => {
-                    plan.changes.push(Change::UpdateDestination(*key, *dest))
-                }
-                Some(_) => {}
-            }
-        }
-        for (at, d) in &have {
-            if want.destinations.contains_key(at) {
-                continue;
-            }
-            drain(&mut plan, key, d);
-        }
-    }
-    for key in keys {
-        if current.contains_key(key) && !desired.services.contains_key(key) && !config.excluded(key)
-        {
-            plan.changes.push(Change::DeleteService(*key));
-        }
-    }
+    current.diff_into(desired, keys.iter(), config, &mut plan);
     plan
+}
+
+/// A dump of the kernel's virtual servers indexed by key, for diffs made a part at a time
+/// ([`Dump::diff_into`]): a full sync programs the changes of a few hundred virtual servers
+/// at once instead of holding the changes of all of them.
+pub struct Dump<'a> {
+    current: BTreeMap<ServiceKey, (&'a Service, &'a [DestinationState])>,
+}
+
+impl<'a> Dump<'a> {
+    /// Indexes `kernel`.
+    pub fn index(kernel: &'a [(Service, Vec<DestinationState>)]) -> Dump<'a> {
+        Dump {
+            current: kernel
+                .iter()
+                .map(|(s, d)| (s.key, (s, d.as_slice())))
+                .collect(),
+        }
+    }
+
+    /// Every key planned or dumped, in order: what a full diff covers.
+    pub fn all_keys(&self, desired: &dyn Planned) -> BTreeSet<ServiceKey> {
+        desired
+            .virtual_servers()
+            .map(|(k, _)| *k)
+            .chain(self.current.keys().copied())
+            .collect()
+    }
+
+    /// Adds to `plan` the changes for the virtual servers `keys` (what the dump holds of
+    /// them is what the kernel has): as [`diff_keys`], services and real servers first, then
+    /// the deletions of these keys' services.
+    pub fn diff_into<'k>(
+        &self,
+        desired: &dyn Planned,
+        keys: impl Iterator<Item = &'k ServiceKey> + Clone,
+        config: &Config,
+        plan: &mut Plan,
+    ) {
+        for key in keys.clone() {
+            let Some(want) = desired.virtual_server(key) else {
+                continue;
+            };
+            let have_dests: &[DestinationState] = match self.current.get(key) {
+                None => {
+                    plan.changes.push(Change::AddService(want.service.clone()));
+                    &[]
+                }
+                Some((have, dests)) => {
+                    if **have != want.service {
+                        plan.changes
+                            .push(Change::UpdateService(want.service.clone()));
+                    }
+                    dests
+                }
+            };
+            let have: BTreeMap<(IpAddr, u16), &DestinationState> = have_dests
+                .iter()
+                .map(|d| ((d.destination.addr, d.destination.port), d))
+                .collect();
+            for (at, dest) in &want.destinations {
+                match have.get(at) {
+                    None => plan.changes.push(Change::AddDestination(*key, *dest)),
+                    Some(d) if d.destination != *dest => {
+                        plan.changes.push(Change::UpdateDestination(*key, *dest))
+                    }
+                    Some(_) => {}
+                }
+            }
+            for (at, d) in &have {
+                if want.destinations.contains_key(at) {
+                    continue;
+                }
+                drain(plan, key, d);
+            }
+        }
+        for key in keys {
+            if self.current.contains_key(key)
+                && desired.virtual_server(key).is_none()
+                && !config.excluded(key)
+            {
+                plan.changes.push(Change::DeleteService(*key));
+            }
+        }
+    }
 }
 
 /// A real server no longer wanted: deleted if its virtual server is UDP or it has no

@@ -16,9 +16,17 @@
 //!   until its Service no longer does (so it does not move when another port's Service goes).
 //!
 //! [`Planner::set_service`] replaces one Service's share and returns what changed in the
-//! whole ([`Delta`]); the caller programs exactly that. The whole ([`Planner::desired`],
-//! [`Planner::sets`]) equals a plan of every Service made in one go (the tests check it over
-//! random change sequences), and is what the periodic check compares the kernel with.
+//! whole ([`Delta`]); the caller programs exactly that. The whole ([`Planner`] as
+//! [`crate::Planned`], [`Planner::sets`], [`Planner::bind_addresses`], [`Planner::local`])
+//! equals a plan of every Service made in one go (the tests check it over random change
+//! sequences), and is what the periodic check compares the kernel with.
+//!
+//! Memory: the shares are the only copy of the virtual servers (the whole finds each in its
+//! owner's share), a share is held as sorted vectors (a map per Service would allocate a
+//! node per set and per map however few entries it holds), and the whole counts holders only
+//! where there are two or more (an address, set entry or rule held once is counted by being
+//! in the whole). At 10,000 Services × 10 endpoints this keeps the planner near a fifth of
+//! what a map-per-share layout with a copied whole held.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -30,15 +38,29 @@ use kp_core::track::ServicePortState;
 use kp_netlink::ipvs::{Service, ServiceKey};
 
 use crate::ipset::{Entry, SetChange, SetName, Sets};
-use crate::local::LocalRule;
-use crate::{Config, Desired};
+use crate::local::{LocalPolicy, LocalRule};
+use crate::{Config, Desired, Planned, VirtualServer};
 
-/// One Service's part of the state.
-#[derive(Debug, Clone)]
+/// One Service's part of the state, as sorted vectors.
+#[derive(Debug, Clone, Default)]
 struct Share {
-    desired: Desired,
-    /// Per family, in the planner's family order.
-    sets: Vec<Sets>,
+    /// Its virtual servers, sorted by key.
+    services: Vec<(ServiceKey, VirtualServer)>,
+    /// The addresses its frontends bind, sorted.
+    bind: Vec<IpAddr>,
+    /// Its `Local` rules and the marks it uses.
+    local: LocalPolicy,
+    /// Its set entries, per family (in the planner's family order), sorted.
+    sets: Vec<Vec<(SetName, Entry)>>,
+}
+
+impl Share {
+    fn virtual_server(&self, key: &ServiceKey) -> Option<&VirtualServer> {
+        self.services
+            .binary_search_by(|(k, _)| k.cmp(key))
+            .ok()
+            .map(|i| &self.services[i].1)
+    }
 }
 
 /// What one or more [`Planner::set_service`] calls changed in the whole state.
@@ -55,6 +77,9 @@ pub struct Delta {
     pub unbind: BTreeSet<IpAddr>,
     /// Whether the `Local` policy rules changed.
     pub local: bool,
+    /// Whether changes are recorded at all ([`Planner::untracked`]: a full sync compares the
+    /// whole with the kernel, so recording every entry would only add to its peak memory).
+    tracked: bool,
 }
 
 impl Delta {
@@ -84,12 +109,17 @@ impl Delta {
     }
 
     fn note_virtual_server(&mut self, key: ServiceKey, before: Option<&Service>) {
-        self.virtual_servers
-            .entry(key)
-            .or_insert_with(|| before.cloned());
+        if self.tracked {
+            self.virtual_servers
+                .entry(key)
+                .or_insert_with(|| before.cloned());
+        }
     }
 
     fn note_address(&mut self, ip: IpAddr, bound: bool) {
+        if !self.tracked {
+            return;
+        }
         // Bound then unbound within one delta (or the reverse) is no change.
         let (to, from) = if bound {
             (&mut self.bind, &mut self.unbind)
@@ -102,6 +132,9 @@ impl Delta {
     }
 
     fn note_entry(&mut self, family: usize, set: SetName, entry: Entry, added: bool) {
+        if !self.tracked {
+            return;
+        }
         let changes = &mut self.sets[family];
         // Added then removed within one delta (or the reverse) is no change.
         if changes.get(&(set, entry)) == Some(&!added) {
@@ -110,6 +143,10 @@ impl Delta {
             changes.insert((set, entry), added);
         }
     }
+
+    fn note_local(&mut self) {
+        self.local = self.tracked;
+    }
 }
 
 /// The whole planned state, kept per Service.
@@ -117,37 +154,47 @@ impl Delta {
 pub struct Planner {
     families: Vec<IpFamily>,
     shares: BTreeMap<ServiceName, Share>,
-    /// The whole state; its `Local` policy gives out the marks.
-    whole: Desired,
+    /// The Services whose shares plan each virtual server, sorted (the last wins).
+    owners: BTreeMap<ServiceKey, Vec<ServiceName>>,
+    /// The whole state's addresses.
+    bind: BTreeSet<IpAddr>,
+    /// The whole state's `Local` policy; it gives out the marks.
+    local: LocalPolicy,
     /// The whole sets, per family.
     sets: Vec<Sets>,
-    /// The Services whose shares plan each virtual server (the last in order wins).
-    owners: BTreeMap<ServiceKey, BTreeSet<ServiceName>>,
-    /// How many shares hold each address, rule and set entry.
+    /// How many shares hold an address, rule or set entry, where two or more do (one holder
+    /// is counted by the item being in the whole).
     bound: BTreeMap<IpAddr, u32>,
     rules: BTreeMap<LocalRule, u32>,
     entries: Vec<BTreeMap<(SetName, Entry), u32>>,
 }
 
-/// Adds `n` (±1) to `key`'s count; whether the count went from or to zero.
-fn count<K: Ord>(counts: &mut BTreeMap<K, u32>, key: K, up: bool) -> bool {
+/// One more holder (`up`) or one fewer of an item the whole has if `present`, the counts of
+/// two or more in `extra`; whether the item enters (up) or leaves (down) the whole.
+fn count<K: Ord>(extra: &mut BTreeMap<K, u32>, key: K, present: bool, up: bool) -> bool {
     if up {
-        let c = counts.entry(key).or_insert(0);
-        *c += 1;
-        *c == 1
+        if !present {
+            return true;
+        }
+        *extra.entry(key).or_insert(1) += 1;
+        false
     } else {
-        match counts.get_mut(&key) {
-            Some(c) if *c > 1 => {
+        match extra.get_mut(&key) {
+            Some(c) => {
                 *c -= 1;
+                if *c == 1 {
+                    extra.remove(&key);
+                }
                 false
             }
-            Some(_) => {
-                counts.remove(&key);
-                true
-            }
-            None => false,
+            None => present,
         }
     }
+}
+
+/// The items of sorted `a` not in sorted `b`.
+fn missing_from<'a, T: Ord>(a: &'a [T], b: &'a [T]) -> impl Iterator<Item = &'a T> + 'a {
+    a.iter().filter(move |x| b.binary_search(x).is_err())
 }
 
 impl Planner {
@@ -156,18 +203,24 @@ impl Planner {
         Planner {
             families: families.to_vec(),
             shares: BTreeMap::new(),
-            whole: Desired::new(),
-            sets: families.iter().map(|f| Sets::new(*f)).collect(),
             owners: BTreeMap::new(),
+            bind: BTreeSet::new(),
+            local: LocalPolicy::default(),
+            sets: families.iter().map(|f| Sets::new(*f)).collect(),
             bound: BTreeMap::new(),
             rules: BTreeMap::new(),
             entries: families.iter().map(|_| BTreeMap::new()).collect(),
         }
     }
 
-    /// The whole state's virtual servers, addresses and `Local` policy.
-    pub fn desired(&self) -> &Desired {
-        &self.whole
+    /// The whole state's `kube-ipvs0` addresses.
+    pub fn bind_addresses(&self) -> &BTreeSet<IpAddr> {
+        &self.bind
+    }
+
+    /// The whole state's `Local` policy: marks and rules.
+    pub fn local(&self) -> &LocalPolicy {
+        &self.local
     }
 
     /// The whole state's sets, per family.
@@ -184,8 +237,35 @@ impl Planner {
     pub fn delta(&self) -> Delta {
         Delta {
             sets: vec![BTreeMap::new(); self.families.len()],
+            tracked: true,
             ..Delta::default()
         }
+    }
+
+    /// A delta that records nothing, for a sync that compares the whole with the kernel.
+    pub fn untracked(&self) -> Delta {
+        Delta {
+            sets: vec![BTreeMap::new(); self.families.len()],
+            ..Delta::default()
+        }
+    }
+
+    /// The virtual server `name`'s share plans for `key`, with `name`'s share taken to be
+    /// `own` (a share being replaced is out of the map).
+    fn planned_by<'a>(
+        &'a self,
+        owner: Option<&ServiceName>,
+        name: &ServiceName,
+        own: Option<&'a Share>,
+        key: &ServiceKey,
+    ) -> Option<&'a VirtualServer> {
+        let owner = owner?;
+        let share = if owner == name {
+            own?
+        } else {
+            self.shares.get(owner)?
+        };
+        share.virtual_server(key)
     }
 
     /// Plans Service `name` anew from its ports (none: it is gone), NodePorts on
@@ -200,33 +280,31 @@ impl Planner {
         delta: &mut Delta,
     ) {
         let new = (!ports.is_empty()).then(|| {
-            let mut share = Share {
-                desired: Desired::new(),
-                sets: self.families.iter().map(|f| Sets::new(*f)).collect(),
-            };
+            let mut desired = Desired::new();
+            let mut sets: Vec<Sets> = self.families.iter().map(|f| Sets::new(*f)).collect();
             for sps in ports {
-                for (family, sets) in self.families.iter().zip(share.sets.iter_mut()) {
+                for (family, sets) in self.families.iter().zip(sets.iter_mut()) {
                     let frontends = Frontends::of(sps, *family);
-                    share.desired.add_with(
-                        &frontends,
-                        node_addresses,
-                        config,
-                        Some(&mut self.whole.local),
-                    );
+                    desired.add_with(&frontends, node_addresses, config, Some(&mut self.local));
                     sets.add(&frontends, node_addresses, node);
                 }
             }
-            share
+            Share {
+                services: desired.services.into_iter().collect(),
+                bind: desired.bind.into_iter().collect(),
+                local: desired.local,
+                sets: sets.into_iter().map(Sets::into_entries).collect(),
+            }
         });
         let old = self.shares.remove(name);
         // Marks the old share held and the new one does not go back.
         if let Some(old) = &old {
-            for port in old.desired.local.marked() {
+            for port in old.local.marked() {
                 let kept = new
                     .as_ref()
-                    .is_some_and(|n| n.desired.local.marked().any(|p| p == port));
+                    .is_some_and(|n| n.local.marked().any(|p| p == port));
                 if !kept {
-                    self.whole.local.release(port);
+                    self.local.release(port);
                 }
             }
         }
@@ -245,88 +323,84 @@ impl Planner {
         new: Option<&Share>,
         delta: &mut Delta,
     ) {
-        let empty = Desired::new();
-        let (was, will) = (
-            old.map_or(&empty, |s| &s.desired),
-            new.map_or(&empty, |s| &s.desired),
-        );
-        // Virtual servers: each one either share plans is decided again below.
+        let none = Share::default();
+        let (was, will) = (old.unwrap_or(&none), new.unwrap_or(&none));
+        // Virtual servers: each one either share plans is decided again.
         let keys: BTreeSet<ServiceKey> = was
             .services
-            .keys()
-            .chain(will.services.keys())
-            .copied()
+            .iter()
+            .chain(will.services.iter())
+            .map(|(k, _)| *k)
             .collect();
-        for key in &keys {
-            let owners = self.owners.entry(*key).or_default();
-            if will.services.contains_key(key) {
-                owners.insert(name.clone());
-            } else {
-                owners.remove(name);
-            }
-        }
         for key in keys {
-            let owner = self.owners.get(&key).and_then(|o| o.last()).cloned();
-            let planned = match &owner {
-                None => None,
-                Some(o) if o == name => will.services.get(&key).cloned(),
-                Some(o) => self
-                    .shares
-                    .get(o)
-                    .and_then(|s| s.desired.services.get(&key))
-                    .cloned(),
+            let current = self.owners.get(&key);
+            let wants = will.virtual_server(&key).is_some();
+            // The last owner before, and once `name` is in (it plans the key) or out.
+            let before_owner = current.and_then(|o| o.last());
+            let others_last = current.and_then(|o| o.iter().rev().find(|n| *n != name));
+            let after_owner = match (wants, others_last) {
+                (true, Some(other)) => Some(other.max(name)),
+                (true, None) => Some(name),
+                (false, other) => other,
             };
-            if owner.is_none() {
+            let before = self.planned_by(before_owner, name, old, &key);
+            let after = self.planned_by(after_owner, name, new, &key);
+            if before != after {
+                delta.note_virtual_server(key, before.map(|v| &v.service));
+            }
+            let owners = self.owners.entry(key).or_default();
+            match (wants, owners.binary_search(name)) {
+                (true, Err(i)) => owners.insert(i, name.clone()),
+                (false, Ok(i)) => {
+                    owners.remove(i);
+                }
+                _ => {}
+            }
+            if owners.is_empty() {
                 self.owners.remove(&key);
             }
-            let before = self.whole.services.get(&key);
-            if before == planned.as_ref() {
-                continue;
-            }
-            delta.note_virtual_server(key, before.map(|v| &v.service));
-            match planned {
-                Some(vs) => self.whole.services.insert(key, vs),
-                None => self.whole.services.remove(&key),
-            };
         }
         // Addresses and rules: counted.
-        for ip in was.bind.difference(&will.bind) {
-            if count(&mut self.bound, *ip, false) {
-                self.whole.bind.remove(ip);
+        for ip in missing_from(&was.bind, &will.bind) {
+            let present = self.bind.contains(ip);
+            if count(&mut self.bound, *ip, present, false) {
+                self.bind.remove(ip);
                 delta.note_address(*ip, false);
             }
         }
-        for ip in will.bind.difference(&was.bind) {
-            if count(&mut self.bound, *ip, true) {
-                self.whole.bind.insert(*ip);
+        for ip in missing_from(&will.bind, &was.bind) {
+            let present = self.bind.contains(ip);
+            if count(&mut self.bound, *ip, present, true) {
+                self.bind.insert(*ip);
                 delta.note_address(*ip, true);
             }
         }
         let (was_rules, will_rules) = (was.local.all_rules(), will.local.all_rules());
         for r in was_rules.difference(will_rules) {
-            if count(&mut self.rules, *r, false) {
-                self.whole.local.remove(r);
-                delta.local = true;
+            let present = self.local.all_rules().contains(r);
+            if count(&mut self.rules, *r, present, false) {
+                self.local.remove(r);
+                delta.note_local();
             }
         }
         for r in will_rules.difference(was_rules) {
-            if count(&mut self.rules, *r, true) {
-                self.whole.local.add(*r);
-                delta.local = true;
+            let present = self.local.all_rules().contains(r);
+            if count(&mut self.rules, *r, present, true) {
+                self.local.add(*r);
+                delta.note_local();
             }
         }
         // Set entries: counted per family.
         for i in 0..self.families.len() {
-            let family = self.families[i];
-            let none = Sets::new(family);
-            let was = old.map_or(&none, |s| &s.sets[i]);
-            let will = new.map_or(&none, |s| &s.sets[i]);
-            for change in crate::ipset::diff(will, was) {
-                let (set, entry, up) = match change {
-                    SetChange::Add(s, e) => (s, e, true),
-                    SetChange::Del(s, e) => (s, e, false),
-                };
-                if count(&mut self.entries[i], (set, entry), up) {
+            let empty = Vec::new();
+            let was = was.sets.get(i).unwrap_or(&empty);
+            let will = will.sets.get(i).unwrap_or(&empty);
+            let changes = missing_from(will, was)
+                .map(|e| (e, true))
+                .chain(missing_from(was, will).map(|e| (e, false)));
+            for (&(set, entry), up) in changes {
+                let present = self.sets[i].get(set).contains(&entry);
+                if count(&mut self.entries[i], (set, entry), present, up) {
                     if up {
                         self.sets[i].insert(set, entry);
                     } else {
@@ -362,6 +436,21 @@ impl Planner {
         for name in gone {
             self.set_service(&name, &[], node_addresses, node, config, delta);
         }
+    }
+}
+
+impl Planned for Planner {
+    fn virtual_server(&self, key: &ServiceKey) -> Option<&VirtualServer> {
+        let owner = self.owners.get(key)?.last()?;
+        self.shares.get(owner)?.virtual_server(key)
+    }
+
+    fn virtual_servers(&self) -> Box<dyn Iterator<Item = (&ServiceKey, &VirtualServer)> + '_> {
+        Box::new(
+            self.owners
+                .keys()
+                .filter_map(|k| self.virtual_server(k).map(|v| (k, v))),
+        )
     }
 }
 

@@ -15,7 +15,7 @@
 //! proxier re-lists IPVS and the sets on every sync.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
+use std::io::Write;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,11 +29,14 @@ use kp_iptables_plan::PlanConfig;
 use kp_ipvs_plan::addresses::{self, DUMMY_INTERFACE};
 use kp_ipvs_plan::ipset::{self, Sets};
 use kp_ipvs_plan::planner::Planner;
-use kp_ipvs_plan::{diff, diff_keys, rules, Config, Desired, Draining};
+use kp_ipvs_plan::{diff, diff_keys, rules, Config, Draining, Dump, Plan, Planned as _};
 use kp_netlink::ipvs::{Service, ServiceKey};
 
 use crate::link::Dummy;
 use crate::{Client, Error};
+
+/// How many virtual servers a full sync diffs and programs at a time.
+const FULL_SYNC_PART: usize = 256;
 
 /// How often draining real servers are checked again.
 pub const DRAIN_CHECK: Duration = Duration::from_secs(1);
@@ -204,11 +207,16 @@ impl IpvsDataplane {
     }
 
     /// What the last sync planned.
-    pub fn desired(&self) -> &Desired {
-        self.planner.desired()
+    pub fn planned(&self) -> &Planner {
+        &self.planner
     }
 
-    fn ipset_restore(&self, text: &str) -> Result<(), DataplaneError> {
+    /// Runs `ipset restore` on what `write` writes (a full sync streams its changes: at 10,000
+    /// Services the text alone is 8 MiB).
+    fn ipset_restore(
+        &self,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), DataplaneError> {
         let mut cmd = match &self.settings.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -236,7 +244,10 @@ impl IpvsDataplane {
         // A write that fails (ipset stopped reading at a refused line: a broken pipe) is
         // reported with what ipset said, not as the pipe's error.
         let written = match child.stdin.take() {
-            Some(mut stdin) => stdin.write_all(text.as_bytes()),
+            Some(stdin) => {
+                let mut w = std::io::BufWriter::with_capacity(1 << 16, stdin);
+                write(&mut w).and_then(|()| w.flush())
+            }
             None => Ok(()),
         };
         let out = child.wait_with_output().map_err(|e| tool(e.to_string()))?;
@@ -297,6 +308,52 @@ impl IpvsDataplane {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `ipset save` read as it comes ([`ipset::Saved`]): a full sync's view of the sets.
+    fn ipset_saved(&self) -> Result<ipset::Saved, DataplaneError> {
+        let mut cmd = match &self.settings.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "ipset", "save"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("ipset");
+                c.arg("save");
+                c
+            }
+        };
+        let tool = |detail: String| {
+            DataplaneError::transient(Error::Tool {
+                op: "ipset save".into(),
+                detail,
+            })
+        };
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| tool(e.to_string()))?;
+        let read = match child.stdout.take() {
+            Some(out) => ipset::Saved::read(
+                &self.settings.families,
+                std::io::BufReader::with_capacity(1 << 16, out),
+            ),
+            None => Ok(ipset::Saved::default()),
+        };
+        let out = child.wait_with_output().map_err(|e| tool(e.to_string()))?;
+        // A failed save is not "no sets": the full sync would re-add every element and never
+        // delete a stale one.
+        if !out.status.success() {
+            return Err(tool(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        read.map_err(|e| tool(e.to_string()))
+    }
+
     fn ensure_jumps(&self, family: IpFamily) -> Result<(), DataplaneError> {
         for j in rules::jump_rules() {
             let args: Vec<String> = kp_iptables::split_args(&j.args);
@@ -328,12 +385,48 @@ impl IpvsDataplane {
     /// Applies an IPVS diff of the planned state against a fresh dump, and schedules the
     /// next drain check.
     fn reconcile_ipvs(&mut self, now: Instant) -> Result<usize, DataplaneError> {
-        let kernel = self.ipvs.dump().map_err(dp)?;
-        let plan = diff(self.planner.desired(), &kernel, &self.settings.ipvs);
-        self.ipvs.apply(&plan.changes).map_err(dp)?;
-        self.draining = plan.draining;
+        let held: BTreeMap<ServiceKey, Service> = self
+            .ipvs
+            .services()
+            .map_err(dp)?
+            .into_iter()
+            .map(|s| (s.key, s))
+            .collect();
+        let keys: Vec<ServiceKey> = self
+            .planner
+            .virtual_servers()
+            .map(|(k, _)| *k)
+            .chain(held.keys().copied())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut draining = Vec::new();
+        let mut operations = 0;
+        // A few hundred virtual servers at a time, their real servers read from the kernel
+        // then: the whole dump and the changes of every virtual server (146,300 at 10,000
+        // Services) would be held at once for nothing.
+        for part in keys.chunks(FULL_SYNC_PART) {
+            let mut kernel = Vec::new();
+            for key in part {
+                if let Some(service) = held.get(key) {
+                    let dests = self.ipvs.destinations(key).map_err(dp)?;
+                    kernel.push((service.clone(), dests));
+                }
+            }
+            let mut plan = Plan::default();
+            Dump::index(&kernel).diff_into(
+                &self.planner,
+                part.iter(),
+                &self.settings.ipvs,
+                &mut plan,
+            );
+            self.ipvs.apply(&plan.changes).map_err(dp)?;
+            operations += plan.changes.len();
+            draining.extend(plan.draining);
+        }
+        self.draining = draining;
         self.schedule_drain_check(now);
-        Ok(plan.changes.len())
+        Ok(operations)
     }
 
     /// Applies an IPVS diff of the planned state for the virtual servers `keys` only, each
@@ -355,7 +448,7 @@ impl IpvsDataplane {
             }
         }
         let only: BTreeSet<ServiceKey> = keys.keys().copied().collect();
-        let plan = diff_keys(self.planner.desired(), &kernel, &only, &self.settings.ipvs);
+        let plan = diff_keys(&self.planner, &kernel, &only, &self.settings.ipvs);
         self.ipvs.apply(&plan.changes).map_err(dp)?;
         self.draining.retain(|d| !only.contains(&d.service));
         self.draining.extend(plan.draining);
@@ -413,7 +506,12 @@ impl Dataplane for IpvsDataplane {
         let full = full || changes.node_changed || self.resolved.is_none();
         let (node, node_port_addresses) = self.resolve(state, full)?;
         let config = self.settings.ipvs.clone();
-        let mut delta = self.planner.delta();
+        // A full sync compares the whole with the kernel: its delta records nothing.
+        let mut delta = if full {
+            self.planner.untracked()
+        } else {
+            self.planner.delta()
+        };
         if full {
             self.planner.set_all(
                 state.service_keys().map(|k| (k, state.service_state(k))),
@@ -438,7 +536,7 @@ impl Dataplane for IpvsDataplane {
         // Addresses first: IPVS answers on them only once they are local.
         let (bind, unbind): (Vec<IpAddr>, Vec<IpAddr>) = if full {
             let current = self.dummy.addresses().map_err(dp)?;
-            let a = addresses::diff(self.planner.desired().bind_addresses(), &current);
+            let a = addresses::diff(self.planner.bind_addresses(), &current);
             (a.bind, a.unbind)
         } else {
             (
@@ -448,35 +546,40 @@ impl Dataplane for IpvsDataplane {
         };
         self.dummy.bind_all(&bind).map_err(dp)?;
         // Sets before the rules that match them.
-        let saved = if full { Some(self.ipset_save()?) } else { None };
+        let saved = if full {
+            Some(self.ipset_saved()?)
+        } else {
+            None
+        };
         for i in 0..self.settings.families.len() {
             let family = self.settings.families[i];
-            let (replace, set_changes) = match &saved {
-                Some(saved) => {
-                    // Sets made with other options (upstream's maxelem, an older version's)
-                    // refuse `create -exist`: replaced under their name, then filled again.
-                    let misfits = ipset::misfits(family, saved);
-                    let mut had = Sets::parse_save(family, saved);
-                    for set in &misfits {
-                        tracing::warn!(
-                            set = set.name(family),
-                            "replacing an ipset created with other options than this mode's"
-                        );
-                        had.clear(*set);
-                    }
-                    let changes = ipset::diff(&self.planner.sets()[i], &had);
-                    (ipset::replace_text(family, &misfits), changes)
+            let mut set_changes = 0;
+            if let Some(saved) = &saved {
+                // Sets made with other options (upstream's maxelem, an older version's)
+                // refuse `create -exist`: replaced under their name, then filled again.
+                let misfits = ipset::misfits(family, saved.creates());
+                for set in &misfits {
+                    tracing::warn!(
+                        set = set.name(family),
+                        "replacing an ipset created with other options than this mode's"
+                    );
                 }
-                None => (String::new(), delta.set_changes(i)),
-            };
-            if full {
-                let text = ipset::restore_text(family, &set_changes);
-                self.ipset_restore(&(replace + &text))?;
-            } else if !set_changes.is_empty() {
-                self.ipset_elements(family, &set_changes)?;
+                let want = &self.planner.sets()[i];
+                self.ipset_restore(|w| {
+                    w.write_all(ipset::replace_text(family, &misfits).as_bytes())?;
+                    let changes = saved.changes(i, want, &misfits);
+                    set_changes = ipset::write_restore(w, family, changes)?;
+                    Ok(())
+                })?;
+            } else {
+                let changes = delta.set_changes(i);
+                if !changes.is_empty() {
+                    self.ipset_elements(family, &changes)?;
+                }
+                set_changes = changes.len();
             }
-            operations += set_changes.len();
-            if !full && set_changes.is_empty() && !delta.local {
+            operations += set_changes;
+            if !full && set_changes == 0 && !delta.local {
                 continue;
             }
             let mut cfg = PlanConfig::new(family);
@@ -486,7 +589,7 @@ impl Dataplane for IpvsDataplane {
                 &self.planner.sets()[i],
                 &cfg,
                 &node,
-                Some(self.planner.desired().local()),
+                Some(self.planner.local()),
             );
             if full || text != self.rules[i] {
                 self.iptables
@@ -515,11 +618,11 @@ impl Dataplane for IpvsDataplane {
     fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
         let mut out = Vec::new();
         let kernel = self.ipvs.dump().map_err(dp)?;
-        for c in diff(self.planner.desired(), &kernel, &self.settings.ipvs).changes {
+        for c in diff(&self.planner, &kernel, &self.settings.ipvs).changes {
             out.push(format!("ipvs: {c:?}"));
         }
         let current = self.dummy.addresses().map_err(dp)?;
-        let a = addresses::diff(self.planner.desired().bind_addresses(), &current);
+        let a = addresses::diff(self.planner.bind_addresses(), &current);
         out.extend(
             a.bind
                 .iter()
@@ -545,7 +648,7 @@ impl Dataplane for IpvsDataplane {
         // Every virtual server but the excluded ones and others' firewall-mark ones (the diff
         // against nothing), not a flush of the whole namespace.
         let kernel = self.ipvs.dump().map_err(dp)?;
-        let plan = diff(self.planner.desired(), &kernel, &self.settings.ipvs);
+        let plan = diff(&self.planner, &kernel, &self.settings.ipvs);
         self.ipvs.apply(&plan.changes).map_err(dp)?;
         let bound: Vec<IpAddr> = self.dummy.addresses().map_err(dp)?.into_iter().collect();
         self.dummy.unbind_all(&bound).map_err(dp)?;
@@ -565,7 +668,7 @@ impl Dataplane for IpvsDataplane {
                 .draining
                 .iter()
                 .map(|d| {
-                    let planned = self.planner.desired().services().get(&d.service);
+                    let planned = self.planner.virtual_server(&d.service);
                     (d.service, planned.map(|v| v.service.clone()))
                 })
                 .collect();

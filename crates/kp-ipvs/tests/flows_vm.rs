@@ -1,6 +1,7 @@
 //! The ipvs dataplane against a real IPVS kernel: the shared flow table with real packets in
 //! kp-test's lab, built inside the kp-vm guest by this same test binary (`KP_VM_GUEST` set).
 
+use kp_ipvs_plan::Planned as _;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -45,9 +46,8 @@ fn ipvsadm_blocks(text: &str) -> BTreeSet<String> {
 /// The same blocks for what the dataplane planned: every virtual server with its real servers,
 /// and the draining ones with weight 0.
 fn planned_blocks(dp: &IpvsDataplane) -> BTreeSet<String> {
-    dp.desired()
-        .services()
-        .iter()
+    dp.planned()
+        .virtual_servers()
         .map(|(key, vs)| {
             let svc = &vs.service;
             let mut line = format!("{key} {}", svc.scheduler);

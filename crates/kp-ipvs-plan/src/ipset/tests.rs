@@ -273,3 +273,52 @@ add KUBE-LOOP-BACK 10.244.1.5,tcp:8080,10.244.1.5
         .collect();
     assert!(misfits(IpFamily::V4, &ours).is_empty(), "{ours}");
 }
+
+#[test]
+fn saved_output_read_as_it_comes_gives_the_same_changes_as_the_parsed_text() {
+    let mut p = port(Protocol::Tcp);
+    p.load_balancer_source_ranges = vec!["192.0.2.0/24".parse().unwrap()];
+    let want = sets_of(&p, &NodeContext::default());
+    let mut other = port(Protocol::Udp);
+    other.cluster_ips = vec![ip("10.96.0.99")];
+    other.external_ips = vec![ip("203.0.113.99")];
+    let stale = sets_of(&other, &NodeContext::default());
+    // The kernel holds half of what is wanted and all of a stale Service's entries, in the
+    // order `ipset save` prints (not sorted), with another program's set and a set of the
+    // other family among them.
+    let mut lines: Vec<String> = diff(&want, &Sets::new(IpFamily::V4))
+        .into_iter()
+        .step_by(2)
+        .chain(diff(&stale, &Sets::new(IpFamily::V4)))
+        .map(|c| match c {
+            SetChange::Add(s, e) | SetChange::Del(s, e) => {
+                format!("add {} {e}", s.name(IpFamily::V4))
+            }
+        })
+        .collect();
+    lines.reverse();
+    lines
+        .push("create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536".into());
+    lines.push("add OTHER-SET 1.2.3.4".into());
+    lines.push("add KUBE-6-CLUSTER-IP fd00::1,tcp:80".into());
+    let text = lines.join("\n") + "\n";
+
+    let saved = Saved::read(&[IpFamily::V4, IpFamily::V6], text.as_bytes()).unwrap();
+    let parsed = Sets::parse_save(IpFamily::V4, &text);
+    let streamed: Vec<SetChange> = saved.changes(0, &want, &[]).collect();
+    assert_eq!(streamed, diff(&want, &parsed));
+    assert!(streamed.iter().any(|c| matches!(c, SetChange::Del(..))));
+    assert!(streamed.iter().any(|c| matches!(c, SetChange::Add(..))));
+    // The other family's entry is read into its own list.
+    let v6: Vec<SetChange> = saved.changes(1, &Sets::new(IpFamily::V6), &[]).collect();
+    assert_eq!(v6.len(), 1);
+    // A set being replaced counts as empty: all of it is added again, nothing deleted.
+    assert_eq!(
+        misfits(IpFamily::V4, saved.creates()),
+        vec![SetName::ClusterIp]
+    );
+    let mut cleared = parsed.clone();
+    cleared.clear(SetName::ClusterIp);
+    let replaced: Vec<SetChange> = saved.changes(0, &want, &[SetName::ClusterIp]).collect();
+    assert_eq!(replaced, diff(&want, &cleared));
+}

@@ -162,7 +162,7 @@ impl Kernel {
                 before.as_ref(),
                 "{key}: the delta's record of what the kernel had"
             );
-            match planner.desired().services().get(key) {
+            match planner.virtual_server(key) {
                 Some(vs) => self.virtual_servers.insert(*key, vs.clone()),
                 None => self.virtual_servers.remove(key),
             };
@@ -183,6 +183,14 @@ impl Kernel {
             }
         }
     }
+}
+
+/// The planner's whole virtual servers, as a map.
+fn whole_of(planner: &Planner) -> BTreeMap<ServiceKey, VirtualServer> {
+    planner
+        .virtual_servers()
+        .map(|(k, v)| (*k, v.clone()))
+        .collect()
 }
 
 fn entries(sets: &Sets) -> BTreeSet<(SetName, Entry)> {
@@ -210,7 +218,7 @@ fn changes_one_service_at_a_time_end_where_a_plan_in_one_go_does_and_deltas_say_
             } else {
                 ports(n, &mut rng)
             };
-            let rules_before = planner.desired().local().all_rules().clone();
+            let rules_before = planner.local().all_rules().clone();
             let mut delta = planner.delta();
             planner.set_service(
                 &name,
@@ -228,19 +236,19 @@ fn changes_one_service_at_a_time_end_where_a_plan_in_one_go_does_and_deltas_say_
             kernel.apply(&delta, &planner);
             assert_eq!(
                 delta.local,
-                rules_before != *planner.desired().local().all_rules(),
+                rules_before != *planner.local().all_rules(),
                 "the delta says whether the Local rules changed"
             );
 
             let (whole, sets) = in_one_go(&services);
-            let ours = planner.desired();
-            assert_eq!(ours.services(), whole.services(), "seed {seed}");
-            assert_eq!(ours.bind_addresses(), whole.bind_addresses());
-            assert_eq!(ours.local().all_rules(), whole.local().all_rules());
+            let ours = whole_of(&planner);
+            assert_eq!(&ours, whole.services(), "seed {seed}");
+            assert_eq!(planner.bind_addresses(), whole.bind_addresses());
+            assert_eq!(planner.local().all_rules(), whole.local().all_rules());
             assert_eq!(planner.sets(), sets.as_slice());
             // The kernel, changed only by the deltas, holds the whole.
-            assert_eq!(&kernel.virtual_servers, ours.services());
-            assert_eq!(&kernel.bound, ours.bind_addresses());
+            assert_eq!(kernel.virtual_servers, ours);
+            assert_eq!(&kernel.bound, planner.bind_addresses());
             for (i, s) in planner.sets().iter().enumerate() {
                 assert_eq!(kernel.sets[i], entries(s));
             }
@@ -306,7 +314,7 @@ fn a_one_endpoint_change_names_only_that_services_virtual_servers() {
                     || (node_addresses().contains(addr) && Some(*port) == sps.port.node_port)
             }
             ServiceKey::Fwmark { mark, .. } => {
-                planner.desired().local().mark_of(&sps.port.name) == Some(*mark)
+                planner.local().mark_of(&sps.port.name) == Some(*mark)
             }
         };
         assert!(ours, "{key} is not svc7's first port's");
@@ -343,7 +351,7 @@ fn a_mark_stays_with_its_port_while_another_services_port_comes_and_goes() {
     let pa = local(1, &mut rng);
     planner.set_service(&a, &pa, &node_addresses(), &node, &config(), &mut delta);
     let name_a = pa[0].port.name.clone();
-    let mark_of = |planner: &Planner| planner.desired().local().mark_of(&name_a);
+    let mark_of = |planner: &Planner| planner.local().mark_of(&name_a);
     let before = mark_of(&planner);
     assert!(before.is_some());
     for _ in 0..5 {
@@ -354,6 +362,6 @@ fn a_mark_stays_with_its_port_while_another_services_port_comes_and_goes() {
     }
     // Gone with its Service: the whole state no longer holds the port's mark.
     planner.set_service(&a, &[], &node_addresses(), &node, &config(), &mut delta);
-    assert_eq!(planner.desired().local().marked().count(), 0);
-    assert!(planner.desired().services().is_empty());
+    assert_eq!(planner.local().marked().count(), 0);
+    assert_eq!(planner.virtual_servers().count(), 0);
 }
