@@ -85,9 +85,10 @@ const TYPES: &[(&str, &str)] = &[
     ("discovery.k8s.io/v1", "EndpointSlice"),
     ("v1", "Node"),
     ("networking.k8s.io/v1", "ServiceCIDR"),
+    ("v1", "Endpoints"),
     ("v1", "List"),
     ("v1", "ServiceList"),
-    ("v1", "Endpoints"),
+    ("v1", "EndpointsList"),
     ("v1", "Pod"),
     ("discovery.k8s.io/v1beta1", "EndpointSlice"),
     ("networking.k8s.io/v1beta1", "ServiceCIDR"),
@@ -120,15 +121,17 @@ impl Generator {
         self.trouble = *self.rng.pick(&[0, 0, 5, 20, 60, 150, 400]);
         match self.rng.below(100) {
             0..=24 => self.service(),
-            25..=49 => self.slice(),
-            50..=54 => self.node(),
-            55..=58 => self.service_cidr(),
-            59..=83 => self.mutated_fixture(),
+            25..=44 => self.slice(),
+            45..=52 => self.endpoints(),
+            53..=57 => self.node(),
+            58..=61 => self.service_cidr(),
+            62..=83 => self.mutated_fixture(),
             84..=93 => {
-                let mut v = match self.rng.below(4) {
+                let mut v = match self.rng.below(5) {
                     0 => self.service(),
                     1 => self.slice(),
                     2 => self.node(),
+                    3 => self.endpoints(),
                     _ => self.service_cidr(),
                 };
                 for _ in 0..1 + self.rng.below(4) {
@@ -392,10 +395,15 @@ impl Generator {
         })
     }
 
-    /// An EndpointSlice joined (usually) to a Service of the pool.
+    /// An EndpointSlice joined (usually) to a Service of the pool. Services of the pool that
+    /// [`endpoints_only`] picks get a slice of their own only now and then, so they are mostly
+    /// served by their Endpoints, and a slice arriving or going flips them.
     pub fn slice(&mut self) -> Value {
         let v6 = self.rng.chance(1, 4);
-        let service = self.name();
+        let mut service = self.name();
+        if endpoints_only(&service) && !self.rng.chance(1, 10) {
+            service = self.name();
+        }
         let slice_name = self.field(
             |r| json!(format!("svc-{}-{}", r.below(POOL), r.below(3))),
             |r| json!(*r.pick(&["", "a..b", ".a", "A", "a_b"])),
@@ -464,6 +472,155 @@ impl Generator {
         })
     }
 
+    /// A v1 Endpoints object named after a Service of the pool (it belongs to the Service of
+    /// its own name): up to three subsets of ready and not-ready addresses (one family, or both
+    /// mixed) and ports, the skip-mirror label or the leader-election annotation now and then,
+    /// labels and annotations the mirrored slices copy, and rarely a subset past the
+    /// mirroring limit of 1000 addresses.
+    pub fn endpoints(&mut self) -> Value {
+        let name = self.name();
+        let mut meta = self.metadata(true, name);
+        if let Value::Object(m) = &mut meta {
+            let mut labels = match m.remove("labels") {
+                Some(Value::Object(l)) => l,
+                _ => Map::new(),
+            };
+            if self.rng.chance(1, 8) {
+                let skip = self.field(
+                    |_| json!("true"),
+                    |r| json!(*r.pick(&["True", "false", "", "1", "yes"])),
+                );
+                labels.insert(kp_core::mirror::LABEL_SKIP_MIRROR.into(), skip);
+            }
+            if self.rng.chance(1, 10) {
+                // Copied onto the mirrored slices: the service-name label is overwritten there,
+                // any other rides along.
+                let key = if self.rng.chance(1, 2) {
+                    kp_core::convert::LABEL_SERVICE_NAME.to_string()
+                } else {
+                    hostile::string(&mut self.rng)
+                };
+                labels.insert(key, json!(hostile::string(&mut self.rng)));
+            }
+            if !labels.is_empty() {
+                m.insert("labels".into(), Value::Object(labels));
+            }
+            let mut annotations = Map::new();
+            if self.rng.chance(1, 4) {
+                let t = self.timestamp();
+                annotations.insert(kp_core::convert::ANNOTATION_TRIGGER_TIME.into(), t);
+            }
+            if self.rng.chance(1, 25) {
+                annotations.insert(kp_core::mirror::ANNOTATION_LEADER.into(), json!("{}"));
+            }
+            if self.rng.chance(1, 10) {
+                annotations.insert(
+                    hostile::string(&mut self.rng),
+                    json!(hostile::string(&mut self.rng)),
+                );
+            }
+            if !annotations.is_empty() {
+                m.insert("annotations".into(), Value::Object(annotations));
+            }
+        }
+        let v6 = self.rng.chance(1, 4);
+        let mixed = self.rng.chance(1, 4);
+        let subsets = self.list(3, |g| g.subset(v6, mixed));
+        let mut m = Map::new();
+        m.insert("apiVersion".into(), json!("v1"));
+        m.insert("kind".into(), json!("Endpoints"));
+        m.insert("metadata".into(), meta);
+        self.put(&mut m, "subsets", subsets);
+        Value::Object(m)
+    }
+
+    /// One subset of an Endpoints object.
+    fn subset(&mut self, v6: bool, mixed: bool) -> Value {
+        let mut s = Map::new();
+        let addresses = if self.rng.chance(1, 2500) {
+            self.many_addresses(v6)
+        } else {
+            self.list(5, |g| g.endpoint_address(v6, mixed))
+        };
+        self.put(&mut s, "addresses", addresses);
+        if self.rng.chance(1, 2) {
+            let not_ready = self.list(3, |g| g.endpoint_address(v6, mixed));
+            self.put(&mut s, "notReadyAddresses", not_ready);
+        }
+        let ports = self.list(3, |g| {
+            let mut p = Map::new();
+            let name = g.field(
+                |r| json!(*r.pick(PORT_NAMES)),
+                |r| json!(*r.pick(&["HTTP", "a_b", "-"])),
+            );
+            g.put(&mut p, "name", name);
+            let proto = g.protocol();
+            g.put(&mut p, "protocol", proto);
+            let port = g.port_number();
+            g.put(&mut p, "port", port);
+            if g.rng.chance(1, 8) {
+                let app = g.field(|_| json!("http"), |r| json!(hostile::string(r)));
+                p.insert("appProtocol".into(), app);
+            }
+            Value::Object(p)
+        });
+        self.put(&mut s, "ports", ports);
+        Value::Object(s)
+    }
+
+    /// One address of a subset, of the family `v6` or, in a dual-stack subset, either.
+    fn endpoint_address(&mut self, v6: bool, mixed: bool) -> Value {
+        let v6 = if mixed { self.rng.chance(1, 2) } else { v6 };
+        let mut a = Map::new();
+        let ip = self.address(v6, pod_ip);
+        self.put(&mut a, "ip", ip);
+        if self.rng.chance(2, 3) {
+            let node = self.field(
+                |r| json!(*r.pick(NODES)),
+                |r| json!(*r.pick(&["Node-A", "node_a", ""])),
+            );
+            self.put(&mut a, "nodeName", node);
+        }
+        if self.rng.chance(1, 4) {
+            let host = self.field(
+                |r| json!(format!("pod-{}", r.below(8))),
+                |r| json!(hostile::string(r)),
+            );
+            a.insert("hostname".into(), host);
+        }
+        if self.rng.chance(1, 4) {
+            let pod = self.field(
+                |r| json!(format!("pod-{}", r.below(8))),
+                |r| json!(hostile::string(r)),
+            );
+            a.insert(
+                "targetRef".into(),
+                json!({"kind": "Pod", "name": pod, "namespace": "default"}),
+            );
+        }
+        Value::Object(a)
+    }
+
+    /// Past the mirroring limit: 1000 to 1039 valid addresses of this node's pod range (cheap
+    /// to make and to check), and now and then a hostile one at the end, past the limit.
+    fn many_addresses(&mut self, v6: bool) -> Value {
+        let n = 1000 + self.rng.below(40);
+        let mut items: Vec<Value> = (0..n as u32)
+            .map(|k| {
+                let ip = if v6 {
+                    ipv6(0xfd00_0010_0244_0001_0000_0000_0000_0000 | u128::from(k))
+                } else {
+                    ipv4(0x0af4_0000 | k)
+                };
+                json!({ "ip": ip, "nodeName": kp_flows::NODE })
+            })
+            .collect();
+        if self.bad() {
+            items.push(json!({ "ip": hostile::string(&mut self.rng) }));
+        }
+        Value::Array(items)
+    }
+
     /// A Node, usually this one.
     pub fn node(&mut self) -> Value {
         let name = self.field(
@@ -530,6 +687,15 @@ impl Generator {
         }
         v
     }
+}
+
+/// Whether `name` is one of the pool's Services mostly left to their Endpoints (a quarter of
+/// the `svc-N` names).
+pub fn endpoints_only(name: &Value) -> bool {
+    name.as_str()
+        .and_then(|n| n.strip_prefix("svc-"))
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| n % 4 == 0)
 }
 
 /// Port-like odd values: range edges as numbers, and numbers as strings and floats.
@@ -840,14 +1006,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn generated_objects_are_deterministic_and_mostly_of_the_four_kinds() {
+    fn generated_objects_are_deterministic_and_mostly_of_the_five_kinds() {
         let (mut a, mut b) = (Generator::new(3), Generator::new(3));
         let mut typed = 0;
         for _ in 0..2000 {
             let (x, y) = (a.object(), b.object());
             assert_eq!(x, y);
             let kind = x.get("kind").and_then(Value::as_str).unwrap_or("");
-            if ["Service", "EndpointSlice", "Node", "ServiceCIDR"].contains(&kind) {
+            if [
+                "Service",
+                "EndpointSlice",
+                "Node",
+                "ServiceCIDR",
+                "Endpoints",
+            ]
+            .contains(&kind)
+            {
                 typed += 1;
             }
         }

@@ -19,10 +19,10 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kp_core::model::{IpFamily, Protocol};
+use kp_core::model::{IpFamily, Protocol, ServiceKey};
 use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::{Changes, Kind, Object, ObjectKey, ProxyState, SourceEvent};
 use kp_iptables_plan as ipt;
@@ -32,6 +32,7 @@ use serde_json::{json, Value};
 use crate::generate::{self, Generator, NAMESPACES};
 use crate::hostile::{self, smuggled, smuggled_bytes};
 use crate::modes;
+use crate::precedence;
 use crate::report::{short, Check, Report};
 use crate::rng::Rng;
 
@@ -201,6 +202,8 @@ struct Harness {
     recent_json: Vec<Value>,
     /// Objects left before the next plan.
     until_plan: u64,
+    /// Which endpoints each Service should have (own slices, else mirrored Endpoints).
+    model: precedence::Model,
     report: Report,
 }
 
@@ -227,6 +230,7 @@ impl Harness {
             recent: Vec::new(),
             recent_json: Vec::new(),
             until_plan: 1,
+            model: precedence::Model::new(kp_flows::NODE),
             report: Report {
                 seed: opts.seed,
                 ..Report::default()
@@ -247,10 +251,14 @@ impl Harness {
         // A kind the proxy does not read is decoded as one it does, picked at random: type
         // confusion is one more way in.
         let as_kind = match kind.as_str() {
-            "Service" | "EndpointSlice" | "Node" | "ServiceCIDR" => kind.clone(),
-            _ => (*self
-                .rng
-                .pick(&["Service", "EndpointSlice", "Node", "ServiceCIDR"]))
+            "Service" | "EndpointSlice" | "Node" | "ServiceCIDR" | "Endpoints" => kind.clone(),
+            _ => (*self.rng.pick(&[
+                "Service",
+                "EndpointSlice",
+                "Node",
+                "ServiceCIDR",
+                "Endpoints",
+            ]))
             .into(),
         };
         let typed = match guard(|| decode(&as_kind, &value)) {
@@ -361,6 +369,7 @@ impl Harness {
             ("discovery.k8s.io/v1", "EndpointSliceList"),
             ("v1", "NodeList"),
             ("networking.k8s.io/v1", "ServiceCIDRList"),
+            ("v1", "EndpointsList"),
         ]);
         let typed = json!({"apiVersion": api, "kind": kind, "items": items});
         self.parse(i, "typed.json", &typed.to_string());
@@ -417,10 +426,23 @@ impl Harness {
 
     /// Applies an object; whether it was accepted.
     fn apply(&mut self, i: u64, obj: Object) -> bool {
+        let pending = self.model.prepare(&obj);
+        let kind = obj.kind();
         let state = &mut self.state;
         match guard(AssertUnwindSafe(|| state.apply(SourceEvent::Upsert(obj)))) {
             Ok(Ok(_)) => {
                 self.report.accepted += 1;
+                if kind == Kind::Endpoints {
+                    self.report.endpoints_accepted += 1;
+                }
+                match self.model.accepted(pending) {
+                    Ok(touched) => self.check_precedence(i, &touched),
+                    Err(why) => self.report.violation(
+                        Check::InvalidEndpointsAccepted,
+                        i,
+                        &format!("an Endpoints with {why} was accepted"),
+                    ),
+                }
                 return true;
             }
             Ok(Err(rejected)) => {
@@ -445,6 +467,7 @@ impl Harness {
             Kind::EndpointSlice,
             Kind::Node,
             Kind::ServiceCidr,
+            Kind::Endpoints,
         ]);
         let name = if r.chance(1, 10) {
             hostile::string(r)
@@ -463,13 +486,28 @@ impl Harness {
         };
         let key = ObjectKey { namespace, name };
         let state = &mut self.state;
+        let k = key.clone();
         match guard(AssertUnwindSafe(|| {
-            state.apply(SourceEvent::Delete(kind, key))
+            state.apply(SourceEvent::Delete(kind, k))
         })) {
-            Ok(_) => self.report.deletes += 1,
+            Ok(_) => {
+                self.report.deletes += 1;
+                let touched = self.model.deleted(kind, &key);
+                self.check_precedence(i, &touched);
+            }
             Err(p) => {
                 self.report
                     .violation(Check::Panic, i, &format!("ProxyState::apply(Delete): {p}"))
+            }
+        }
+    }
+
+    /// Whether the endpoints of `services` are what the precedence model says.
+    fn check_precedence(&mut self, i: u64, services: &[ServiceKey]) {
+        for s in services {
+            self.report.precedence_checks += 1;
+            if let Err(e) = self.model.check(&self.state, s) {
+                self.report.violation(Check::Precedence, i, &e);
             }
         }
     }
@@ -479,6 +517,20 @@ impl Harness {
         let avg = self.opts.plan_every.max(1);
         self.until_plan = 1 + self.rng.below(2 * avg as usize) as u64;
         let changes = self.state.take_changes();
+        // Every Service against the precedence model, and every one whose endpoints changed
+        // since the last plan among the changes the planners are given.
+        self.report.mirrored_served += self.model.mirrored_served(&self.state);
+        self.report.precedence_flips = self.model.flips;
+        for e in self.model.check_all(&self.state) {
+            self.report.violation(Check::Precedence, i, &e);
+        }
+        for s in self.model.unrecorded(&self.state, &changes.services) {
+            self.report.violation(
+                Check::Precedence,
+                i,
+                &format!("{s}: its endpoints changed since the last plan, but not in Changes"),
+            );
+        }
         let mut planners = match self.planners.take() {
             Some(p) if p.plans < EPOCH => p,
             _ => {
@@ -556,6 +608,7 @@ fn is_supported(v: &Value) -> bool {
             | (Some("discovery.k8s.io/v1"), Some("EndpointSlice"))
             | (Some("v1"), Some("Node"))
             | (Some("networking.k8s.io/v1"), Some("ServiceCIDR"))
+            | (Some("v1"), Some("Endpoints"))
     )
 }
 
@@ -568,6 +621,7 @@ fn decode(kind: &str, v: &Value) -> Option<Object> {
             Object::EndpointSlice(Box::new(serde_json::from_value::<EndpointSlice>(v).ok()?))
         }
         "Node" => Object::Node(Box::new(serde_json::from_value::<Node>(v).ok()?)),
+        "Endpoints" => Object::Endpoints(Box::new(serde_json::from_value::<Endpoints>(v).ok()?)),
         _ => Object::ServiceCidr(Box::new(serde_json::from_value::<ServiceCIDR>(v).ok()?)),
     })
 }

@@ -28,6 +28,7 @@ pub mod generate;
 pub mod harness;
 pub mod hostile;
 pub mod modes;
+pub mod precedence;
 pub mod report;
 pub mod rng;
 

@@ -33,6 +33,13 @@ pub enum Check {
     /// or real server, an ipset entry, a map entry) holds an address, port or network that is
     /// not one validation accepted for it.
     KeyNotValidated,
+    /// A Service's endpoints are not what the precedence model says (its own EndpointSlices
+    /// if it has any, else those mirrored from its Endpoints), or they changed since the last
+    /// plan without the Service being in the recorded changes.
+    Precedence,
+    /// `ProxyState` accepted an Endpoints object the model finds invalid (an address that does
+    /// not parse, a port out of range, an unknown protocol, a name that is not a DNS label).
+    InvalidEndpointsAccepted,
 }
 
 impl fmt::Display for Check {
@@ -48,6 +55,8 @@ impl fmt::Display for Check {
             Check::Diverged => "partial plans diverge from a full plan",
             Check::SharedRuleRefused => "iptables shared rule refused",
             Check::KeyNotValidated => "key from an unvalidated address, port or network",
+            Check::Precedence => "endpoints differ from own slices else mirrored Endpoints",
+            Check::InvalidEndpointsAccepted => "invalid Endpoints accepted",
         })
     }
 }
@@ -98,6 +107,14 @@ pub struct Report {
     /// Of those, objects carrying the marker: it sat in a field validation does not read
     /// (an annotation, a hostname, a zone hint), and the renderers had their chance to leak it.
     pub hostile_accepted: u64,
+    /// Of those, Endpoints objects.
+    pub endpoints_accepted: u64,
+    /// Services whose endpoints were checked against the precedence model after an event.
+    pub precedence_checks: u64,
+    /// Over every plan, Services served by endpoints mirrored from their Endpoints.
+    pub mirrored_served: u64,
+    /// Times a Service with an Endpoints got its first own EndpointSlice or lost its last.
+    pub precedence_flips: u64,
     /// Objects `ProxyState::apply` rejected.
     pub rejected: u64,
     /// Deletions applied.
@@ -200,7 +217,8 @@ impl Report {
     pub fn summary(&self) -> String {
         format!(
             "seed={} objects={} hostile={} decoded={} accepted={} hostile_accepted={} \
-             rejected={} deletes={} manifests={} \
+             endpoints_accepted={} precedence_checks={} mirrored_served={} \
+             precedence_flips={} rejected={} deletes={} manifests={} \
              manifest_errors={} plans={} bytes={} batch_elements={} iptables_left_out={} \
              userspace_plans={} userspace_elements={} userspace_picks={} \
              ipvs_plans={} ipvs_virtual_servers={} ipset_entries={} \
@@ -212,6 +230,10 @@ impl Report {
             self.decoded,
             self.accepted,
             self.hostile_accepted,
+            self.endpoints_accepted,
+            self.precedence_checks,
+            self.mirrored_served,
+            self.precedence_flips,
             self.rejected,
             self.deletes,
             self.manifests,

@@ -23,6 +23,10 @@ fn fuzz_short_run() {
     assert!(report.ipvs_virtual_servers > 0, "{}", report.summary());
     assert!(report.ipset_entries > 0, "{}", report.summary());
     assert!(report.ebpf_ops > 0, "{}", report.summary());
+    // Endpoints objects were accepted, served Services, and the precedence flipped.
+    assert!(report.endpoints_accepted > 0, "{}", report.summary());
+    assert!(report.mirrored_served > 0, "{}", report.summary());
+    assert!(report.precedence_flips > 0, "{}", report.summary());
     assert_eq!(report.violation_count(), 0, "{report}");
 }
 
