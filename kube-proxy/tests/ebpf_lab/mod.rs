@@ -128,6 +128,78 @@ if libc.syscall(SYS_BPF, DELETE, attr, 32) != 0:
     }
 }
 
+impl Sandbox {
+    /// What ebpf mode has in the kernel for this sandbox, one line each: the entries of the
+    /// pin directory (maps and links), the programs attached to the cgroup (its eight socket
+    /// address hooks) and the tcx programs on the interfaces of the lab's node (`BPF_PROG_QUERY`
+    /// through Python's ctypes, as [`Sandbox::delete_map_entry`]). Empty: nothing is left.
+    pub fn state(&self, lab: &kp_test::lab::Lab) -> Vec<String> {
+        assert_eq!(
+            std::env::consts::ARCH,
+            "x86_64",
+            "the bpf syscall number is x86_64's"
+        );
+        let mut out: Vec<String> = match std::fs::read_dir(&self.pins) {
+            Ok(entries) => entries
+                .map(|e| format!("pinned {:?}", e.expect("a pin").file_name()))
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => panic!("reading {}: {e}", self.pins.display()),
+        };
+        // The cgroup from the test's process (the second mount is visible here); the
+        // interfaces from inside the node's namespace.
+        let cgroup = Command::new("python3")
+            .args(["-c", PROG_QUERY, "cgroup"])
+            .arg(&self.real)
+            .output()
+            .expect("running python3");
+        assert!(
+            cgroup.status.success(),
+            "querying the cgroup's programs: {}",
+            String::from_utf8_lossy(&cgroup.stderr)
+        );
+        out.extend(
+            String::from_utf8_lossy(&cgroup.stdout)
+                .lines()
+                .map(String::from),
+        );
+        let tc = lab
+            .node()
+            .run(&["python3", "-c", PROG_QUERY, "tcx"])
+            .expect("querying the node's tcx programs");
+        out.extend(tc.lines().map(String::from));
+        out
+    }
+}
+
+/// `cgroup DIR`: the programs attached to DIR at each socket address hook ebpf mode uses
+/// (connect, sendmsg, recvmsg, getpeername; IPv4 and IPv6); `tcx`: the programs attached with
+/// tcx to each interface of the namespace, ingress and egress. One line per attach point that
+/// holds any.
+const PROG_QUERY: &str = r#"
+import ctypes, os, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_BPF, PROG_QUERY = 321, 16
+def count(target, attach_type):
+    attr = ctypes.create_string_buffer(struct.pack("IIIIQI", target, attach_type, 0, 0, 0, 0), 64)
+    if libc.syscall(SYS_BPF, PROG_QUERY, attr, 64) != 0:
+        sys.exit("BPF_PROG_QUERY %d on %d: errno %d" % (attach_type, target, ctypes.get_errno()))
+    return struct.unpack_from("I", attr.raw, 24)[0]
+if sys.argv[1] == "cgroup":
+    fd = os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECTORY)
+    for name, t in [("connect4", 10), ("connect6", 11), ("sendmsg4", 14), ("sendmsg6", 15),
+                    ("recvmsg4", 19), ("recvmsg6", 20), ("getpeername4", 29), ("getpeername6", 30)]:
+        n = count(fd, t)
+        if n:
+            print("cgroup %s: %d program(s)" % (name, n))
+else:
+    for dev in sorted(os.listdir("/sys/class/net")):
+        for name, t in [("ingress", 46), ("egress", 47)]:
+            n = count(socket.if_nametoindex(dev), t)
+            if n:
+                print("tcx %s %s: %d program(s)" % (dev, name, n))
+"#;
+
 /// A services map key (kp-ebpf-plan's layout): the IPv4 frontend `ip:port`, TCP, the socket
 /// scope, slot 0 (the frontend's head: its backend count).
 pub fn tcp_frontend_head(ip: std::net::Ipv4Addr, port: u16) -> Vec<u8> {

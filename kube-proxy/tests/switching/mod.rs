@@ -137,10 +137,35 @@ impl Seen {
         out
     }
 
+    /// What went wrong, if anything, apart from the long-lived connections named in `streams`,
+    /// the failures of the new connections named in `fresh` (there must still be 50 of them)
+    /// and, without `slow_connects`, a new ClusterIP connection answered only after a lost SYN
+    /// (a pair that cannot keep them: what they saw is printed instead).
+    pub fn problems_besides(
+        &self,
+        streams: &[&str],
+        fresh: &[&str],
+        slow_connects: bool,
+    ) -> Vec<String> {
+        let mut out = self.stream_problems_of(|what| !streams.contains(&what));
+        let mut not_held = self.stream_problems_of(|what| streams.contains(&what));
+        out.extend(self.fresh_problems_of(fresh, slow_connects, &mut not_held));
+        if !not_held.is_empty() {
+            eprintln!("  not held in {}: {}", self.pair, not_held.join("; "));
+        }
+        out.extend(self.old.clone());
+        out
+    }
+
     /// What went wrong with the long-lived connections.
     pub fn stream_problems(&self) -> Vec<String> {
+        self.stream_problems_of(|_| true)
+    }
+
+    /// What went wrong with the long-lived connections `which` picks.
+    fn stream_problems_of(&self, which: impl Fn(&str) -> bool) -> Vec<String> {
         let mut out = Vec::new();
-        for (what, s) in &self.streams {
+        for (what, s) in self.streams.iter().filter(|(w, _)| which(w)) {
             if let Some(f) = &s.failed {
                 out.push(format!("{what} long-lived connection broke ({f}): {s:?}"));
             } else if s.sent != s.echoed || s.sent < 100 {
@@ -163,6 +188,17 @@ impl Seen {
 
     /// What went wrong with the new connections.
     pub fn fresh_problems(&self) -> Vec<String> {
+        self.fresh_problems_of(&[], true, &mut Vec::new())
+    }
+
+    /// What went wrong with the new connections; the failures of the kinds in `fresh`, and a
+    /// slow ClusterIP connection without `slow_connects`, go to `not_held` instead.
+    fn fresh_problems_of(
+        &self,
+        fresh: &[&str],
+        slow_connects: bool,
+        not_held: &mut Vec<String>,
+    ) -> Vec<String> {
         let mut out = Vec::new();
         for (what, f) in &self.fresh {
             let failed: Vec<&Outcome> = f
@@ -178,12 +214,17 @@ impl Seen {
                     failed
                 );
             } else if f.outcomes.len() < 50 || !failed.is_empty() {
-                out.push(format!(
+                let problem = format!(
                     "{what}: {} of {} new connections failed: {:?}",
                     failed.len(),
                     f.outcomes.len(),
                     &failed[..failed.len().min(5)]
-                ));
+                );
+                if f.outcomes.len() >= 50 && fresh.contains(what) {
+                    not_held.push(problem);
+                } else {
+                    out.push(problem);
+                }
             }
             // Through the NodePort the client's connections are masqueraded to the node's
             // address; at thousands a second, one now and then (at most one per run, at a
@@ -191,10 +232,12 @@ impl Seen {
             // yet explained (port reuse against a TIME_WAIT is suspected); the summary shows
             // it, and the bar is for the ClusterIP's new connections.
             if *what == "ClusterIP" && f.slowest >= SLOW_CONNECT {
-                out.push(format!(
-                    "{what}: a new connection took {:?} (a lost SYN)",
-                    f.slowest
-                ));
+                let slow = format!("{what}: a new connection took {:?} (a lost SYN)", f.slowest);
+                if slow_connects {
+                    out.push(slow);
+                } else {
+                    not_held.push(slow);
+                }
             }
         }
         out
@@ -368,9 +411,54 @@ pub fn every_pair(modes: &[&'static str]) -> Vec<&'static str> {
     circuit.into_iter().map(|i| modes[i]).collect()
 }
 
+/// [`every_pair`] of `modes` but `hub`, then every pair with `hub` (`hub` between each two of
+/// the others, starting and ending where the first circuit ended): the hub's pairs come last,
+/// so what they leave behind (conntrack entries) meets no other pair.
+pub fn every_pair_hub_last(modes: &[&'static str], hub: &'static str) -> Vec<&'static str> {
+    let rest: Vec<&'static str> = modes.iter().copied().filter(|m| *m != hub).collect();
+    if !modes.contains(&hub) {
+        return every_pair(&rest);
+    }
+    if rest.is_empty() {
+        return vec![hub];
+    }
+    let mut order = every_pair(&rest);
+    for m in rest.iter().skip(1).chain(rest.first()) {
+        order.extend([hub, *m]);
+    }
+    order
+}
+
 #[cfg(test)]
 mod tests {
-    use super::every_pair;
+    use super::{every_pair, every_pair_hub_last};
+
+    #[test]
+    fn every_ordered_pair_once_with_the_hubs_last() {
+        for modes in [
+            &["a", "h"][..],
+            &["a", "b", "h"][..],
+            &["h", "a", "b", "c"][..],
+        ] {
+            let order = every_pair_hub_last(modes, "h");
+            let n = modes.len();
+            assert_eq!(order.len(), n * (n - 1) + 1, "{order:?}");
+            assert_eq!(order.first(), order.last());
+            let mut pairs: Vec<(&str, &str)> = order.windows(2).map(|w| (w[0], w[1])).collect();
+            let first_hub = pairs.iter().position(|(a, b)| *a == "h" || *b == "h");
+            assert!(
+                pairs[first_hub.unwrap()..]
+                    .iter()
+                    .all(|(a, b)| *a == "h" || *b == "h"),
+                "{order:?}"
+            );
+            pairs.sort();
+            let before = pairs.len();
+            pairs.dedup();
+            assert_eq!(pairs.len(), before, "{order:?}");
+            assert!(pairs.iter().all(|(a, b)| a != b));
+        }
+    }
 
     #[test]
     fn every_ordered_pair_once() {
