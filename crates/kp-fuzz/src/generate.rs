@@ -486,10 +486,15 @@ impl Generator {
                 _ => Map::new(),
             };
             if self.rng.chance(1, 8) {
-                let skip = self.field(
-                    |_| json!("true"),
-                    |r| json!(*r.pick(&["True", "false", "", "1", "yes"])),
-                );
+                // Only "true" skips: near misses as often, which must not.
+                let skip = if self.rng.chance(1, 2) {
+                    json!("true")
+                } else {
+                    self.field(
+                        |r| json!(*r.pick(&["True", "TRUE", "false", "", "1", "yes", "true "])),
+                        wrong_type,
+                    )
+                };
                 labels.insert(kp_core::mirror::LABEL_SKIP_MIRROR.into(), skip);
             }
             if self.rng.chance(1, 10) {

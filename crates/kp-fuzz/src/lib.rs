@@ -4,14 +4,16 @@
 //! input), checking after each stage that nothing panicked and that no rendered rule, set
 //! element or log line carries text an object field smuggled in.
 //!
-//! - [`generate`]: the objects (Services, EndpointSlices, Nodes, ServiceCIDRs as JSON), built
-//!   from pools of valid values with fields swapped for odd and hostile ones, the flow
-//!   fixture's objects mutated, random trees, and garbled manifest text.
+//! - [`generate`]: the objects (Services, EndpointSlices, v1 Endpoints, Nodes, ServiceCIDRs as
+//!   JSON), built from pools of valid values with fields swapped for odd and hostile ones, the
+//!   flow fixture's objects mutated, random trees, and garbled manifest text.
 //! - [`hostile`]: the hostile values, and the [marker](hostile::MARKER) whose appearance in
 //!   rendered text proves smuggling (why it cannot appear legitimately is explained there).
 //! - [`harness`]: the pipeline and its checks ([`Check`] lists them).
 //! - [`modes`]: the userspace, ipvs and ebpf planners, and their checks (keys only from
 //!   validated addresses and ports).
+//! - [`precedence`]: the model of which endpoints a Service gets (its own EndpointSlices, else
+//!   those mirrored from its Endpoints) that `ProxyState` is held to.
 //! - [`report`]: the counts and violations of a run.
 //!
 //! [`run`] is the whole thing: `run(seed, objects)` is reproducible from its arguments alone

@@ -346,3 +346,148 @@ pub fn mirrored_view(e: &Endpoints, node: &str) -> Result<(ServiceKey, View), St
     }
     Ok((service, view))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use serde_json::json;
+
+    fn endpoints(v: serde_json::Value) -> Object {
+        Object::Endpoints(Box::new(serde_json::from_value(v).unwrap()))
+    }
+
+    fn service() -> Object {
+        Object::Service(Box::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"clusterIP": "10.96.0.5", "ports": [{"port": 80, "name": "http"}]},
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn slice(addresses: &[&str]) -> Object {
+        let eps: Vec<_> = addresses
+            .iter()
+            .map(|a| json!({"addresses": [a]}))
+            .collect();
+        Object::EndpointSlice(Box::new(
+            serde_json::from_value::<EndpointSlice>(json!({
+                "metadata": {"name": "web-1", "namespace": "default",
+                             "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": "IPv4",
+                "ports": [{"port": 8080, "name": "http"}],
+                "endpoints": eps,
+            }))
+            .unwrap(),
+        ))
+    }
+
+    /// Applies `obj` to both; the Services to check.
+    fn apply(state: &mut ProxyState, model: &mut Model, obj: Object) -> Vec<ServiceKey> {
+        let pending = model.prepare(&obj);
+        state
+            .apply(kp_core::track::SourceEvent::Upsert(obj))
+            .unwrap();
+        model.accepted(pending).unwrap()
+    }
+
+    #[test]
+    fn own_slices_win_even_empty_and_the_mirrored_ones_come_back() {
+        let mut state = ProxyState::new("node-a");
+        let mut model = Model::new("node-a");
+        let web = ServiceKey::new("default", "web");
+        apply(&mut state, &mut model, service());
+        let mirrored = endpoints(json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "subsets": [{"addresses": [{"ip": "10.244.0.9"}, {"ip": "fd00::9"}],
+                         "notReadyAddresses": [{"ip": "10.244.0.10"}],
+                         "ports": [{"port": 8080, "name": "http"}]}],
+        }));
+        apply(&mut state, &mut model, mirrored);
+        model.check(&state, &web).unwrap();
+        let view = model.view(&web);
+        assert_eq!(view[&("http".to_string(), Protocol::Tcp)].len(), 3);
+        state.take_changes();
+        model.unrecorded(&state, &BTreeSet::new());
+
+        // An empty slice of its own: nothing mirrored may remain.
+        apply(&mut state, &mut model, slice(&[]));
+        model.check(&state, &web).unwrap();
+        assert!(model.view(&web).values().all(BTreeMap::is_empty));
+        assert_eq!(model.flips, 1);
+        // The change is recorded; a model that forgot it would name the Service.
+        let changes = state.take_changes();
+        assert!(model.unrecorded(&state, &changes.services).is_empty());
+
+        let touched = model.deleted(
+            Kind::EndpointSlice,
+            &ObjectKey {
+                namespace: "default".into(),
+                name: "web-1".into(),
+            },
+        );
+        state
+            .apply(kp_core::track::SourceEvent::Delete(
+                Kind::EndpointSlice,
+                ObjectKey {
+                    namespace: "default".into(),
+                    name: "web-1".into(),
+                },
+            ))
+            .unwrap();
+        assert_eq!(touched, vec![web.clone()]);
+        model.check(&state, &web).unwrap();
+        assert_eq!(model.flips, 2);
+        // Not recorded: reported.
+        assert_eq!(
+            model.unrecorded(&state, &BTreeSet::new()),
+            vec![web.clone()]
+        );
+
+        // A state that leaked the mirrored endpoints would differ from the model.
+        let other = Model::new("node-a");
+        assert!(other.check(&state, &web).is_err());
+    }
+
+    #[test]
+    fn the_mirrored_view_skips_truncates_and_refuses() {
+        let many: Vec<_> = (0..1005u32)
+            .map(|k| json!({"ip": std::net::Ipv4Addr::from(0x0af4_0000 | k).to_string()}))
+            .collect();
+        let e: Endpoints = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "subsets": [{"addresses": many, "notReadyAddresses": [{"ip": "not an ip"}],
+                         "ports": [{"port": 80, "protocol": "UDP"}]}],
+        }))
+        .unwrap();
+        // The bad address is past the limit: never read.
+        let (service, view) = mirrored_view(&e, "n").unwrap();
+        assert_eq!(service, ServiceKey::new("default", "web"));
+        assert_eq!(view[&(String::new(), Protocol::Udp)].len(), 1000);
+
+        let bad = |subset: serde_json::Value, labels: serde_json::Value| {
+            let e: Endpoints = serde_json::from_value(json!({
+                "metadata": {"name": "web", "labels": labels}, "subsets": [subset],
+            }))
+            .unwrap();
+            mirrored_view(&e, "n")
+        };
+        let ok = json!({"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 80}]});
+        assert!(bad(ok.clone(), json!({})).is_ok());
+        for subset in [
+            json!({"addresses": [{"ip": "10.0.0.1 "}], "ports": [{"port": 80}]}),
+            json!({"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 65536}]}),
+            json!({"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 80, "protocol": "tcp"}]}),
+            json!({"ports": [{"port": 80, "name": "HTTP"}]}),
+        ] {
+            assert!(bad(subset.clone(), json!({})).is_err(), "{subset}");
+            // Skipped: nothing read, nothing mirrored.
+            let skip = json!({ LABEL_SKIP_MIRROR: "true" });
+            assert!(bad(subset.clone(), skip).unwrap().1.is_empty());
+            // Only "true" skips.
+            assert!(bad(subset, json!({ LABEL_SKIP_MIRROR: "True" })).is_err());
+        }
+    }
+}
