@@ -27,13 +27,23 @@ use kp_core::track::{Changes, ProxyState};
 use kp_iptables::{Backend, IptablesRunner};
 use kp_iptables_plan::PlanConfig;
 use kp_ipvs_plan::addresses::{self, DUMMY_INTERFACE};
-use kp_ipvs_plan::ipset::{self, Sets};
+use kp_ipvs_plan::ipset;
 use kp_ipvs_plan::planner::Planner;
 use kp_ipvs_plan::{diff, diff_keys, rules, Config, Draining, Dump, Plan, Planned as _};
 use kp_netlink::ipvs::{Service, ServiceKey};
 
 use crate::link::Dummy;
 use crate::{Client, Error};
+
+/// A failed ipset run, as the dataplane reports it (retried at the next sync).
+fn tool_error(op: &'static str) -> impl Fn(String) -> DataplaneError {
+    move |detail| {
+        DataplaneError::transient(Error::Tool {
+            op: op.into(),
+            detail,
+        })
+    }
+}
 
 /// How many virtual servers a full sync diffs and programs at a time.
 const FULL_SYNC_PART: usize = 256;
@@ -211,30 +221,30 @@ impl IpvsDataplane {
         &self.planner
     }
 
+    /// `ipset VERB` in the mode's namespace.
+    fn ipset(&self, verb: &str) -> Command {
+        match &self.settings.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "ipset", verb]);
+                c
+            }
+            None => {
+                let mut c = Command::new("ipset");
+                c.arg(verb);
+                c
+            }
+        }
+    }
+
     /// Runs `ipset restore` on what `write` writes (a full sync streams its changes: at 10,000
     /// Services the text alone is 8 MiB).
     fn ipset_restore(
         &self,
         write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<(), DataplaneError> {
-        let mut cmd = match &self.settings.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "ipset", "restore"]);
-                c
-            }
-            None => {
-                let mut c = Command::new("ipset");
-                c.arg("restore");
-                c
-            }
-        };
-        let tool = |detail: String| {
-            DataplaneError::transient(Error::Tool {
-                op: "ipset restore".into(),
-                detail,
-            })
-        };
+        let mut cmd = self.ipset("restore");
+        let tool = tool_error("ipset restore");
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -276,58 +286,10 @@ impl IpvsDataplane {
         Ok(())
     }
 
-    fn ipset_save(&self) -> Result<String, DataplaneError> {
-        let mut cmd = match &self.settings.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "ipset", "save"]);
-                c
-            }
-            None => {
-                let mut c = Command::new("ipset");
-                c.arg("save");
-                c
-            }
-        };
-        let tool = |detail: String| {
-            DataplaneError::transient(Error::Tool {
-                op: "ipset save".into(),
-                detail,
-            })
-        };
-        let out = cmd.output().map_err(|e| tool(e.to_string()))?;
-        // A failed save is not "no sets": the full sync would re-add every element and never
-        // delete a stale one.
-        if !out.status.success() {
-            return Err(tool(format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
     /// `ipset save` read as it comes ([`ipset::Saved`]): a full sync's view of the sets.
     fn ipset_saved(&self) -> Result<ipset::Saved, DataplaneError> {
-        let mut cmd = match &self.settings.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "ipset", "save"]);
-                c
-            }
-            None => {
-                let mut c = Command::new("ipset");
-                c.arg("save");
-                c
-            }
-        };
-        let tool = |detail: String| {
-            DataplaneError::transient(Error::Tool {
-                op: "ipset save".into(),
-                detail,
-            })
-        };
+        let mut cmd = self.ipset("save");
+        let tool = tool_error("ipset save");
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -633,9 +595,9 @@ impl Dataplane for IpvsDataplane {
                 .iter()
                 .map(|ip| format!("{DUMMY_INTERFACE}: {ip} extra")),
         );
-        let saved = self.ipset_save()?;
-        for s in self.planner.sets() {
-            for c in ipset::diff(s, &Sets::parse_save(s.family(), &saved)) {
+        let saved = self.ipset_saved()?;
+        for (i, s) in self.planner.sets().iter().enumerate() {
+            for c in saved.changes(i, s, &[]) {
                 out.push(format!("ipset: {c:?}"));
             }
         }
