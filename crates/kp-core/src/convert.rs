@@ -341,19 +341,7 @@ pub fn service_ports(svc: &Service) -> Result<(ServiceKey, ServiceDisposition), 
         spec.load_balancer_source_ranges
             .iter()
             .flatten()
-            .map(|s| {
-                let net = parse_cidr("spec.loadBalancerSourceRanges", s)?;
-                // As for pod CIDRs: the tools print such a range in dotted form, and the ebpf
-                // mode's range keys cannot hold it (kp-fuzz found one that did not read back).
-                if ipv4_embedded(&net) {
-                    return Err(InvalidObject::SpecialAddress {
-                        field: "spec.loadBalancerSourceRanges",
-                        value: s.clone(),
-                        reason: "may not be an IPv4-mapped or IPv4-compatible IPv6 range",
-                    });
-                }
-                Ok(net)
-            })
+            .map(|s| parse_cidr("spec.loadBalancerSourceRanges", s))
             .collect::<Result<Vec<_>, _>>()?
     } else {
         Vec::new()

@@ -244,36 +244,6 @@ fn a_malformed_load_balancer_source_range_is_rejected() {
 }
 
 #[test]
-fn ipv4_mapped_and_compatible_source_ranges_are_refused() {
-    for bad in [
-        "::ffff:86.64.0.0/106",
-        "::ffff:192.0.2.0/120",
-        "::192.0.2.0/120",
-    ] {
-        let svc = load_balancer(
-            json!({
-                "type": "LoadBalancer",
-                "clusterIP": "10.96.0.1",
-                "ports": tcp_80(),
-                "loadBalancerSourceRanges": [bad],
-            }),
-            json!([]),
-        );
-        let err = rejected(&svc);
-        assert!(
-            matches!(
-                &err,
-                InvalidObject::SpecialAddress {
-                    field: "spec.loadBalancerSourceRanges",
-                    ..
-                }
-            ),
-            "{bad}: {err:?}"
-        );
-    }
-}
-
-#[test]
 fn headless_services_are_ignored() {
     let by_cluster_ip = service(json!({"clusterIP": "None", "ports": tcp_80()}));
     assert!(ignored_reason(&by_cluster_ip).contains("headless"));
