@@ -244,6 +244,43 @@ fn a_malformed_load_balancer_source_range_is_rejected() {
 }
 
 #[test]
+fn ipv4_mapped_source_ranges_are_refused_and_compatible_ones_left_to_the_modes() {
+    let with_range = |range: &str| {
+        load_balancer(
+            json!({
+                "type": "LoadBalancer",
+                "clusterIP": "10.96.0.1",
+                "ports": tcp_80(),
+                "loadBalancerSourceRanges": [range],
+            }),
+            json!([]),
+        )
+    };
+    for bad in [
+        "::ffff:86.64.0.0/106",
+        "::ffff:192.0.2.0/120",
+        "::ffff:0:0/96",
+    ] {
+        let err = rejected(&with_range(bad));
+        assert!(
+            matches!(
+                &err,
+                InvalidObject::SpecialAddress {
+                    field: "spec.loadBalancerSourceRanges",
+                    ..
+                }
+            ),
+            "{bad}: {err:?}"
+        );
+    }
+    // Wider ranges that cover the mapped addresses are ordinary IPv6 ranges.
+    for fine in ["::/0", "::ffff:0:0/95", "::102:300/120"] {
+        let svc = with_range(fine);
+        assert!(service_ports(&svc).is_ok(), "{fine}");
+    }
+}
+
+#[test]
 fn headless_services_are_ignored() {
     let by_cluster_ip = service(json!({"clusterIP": "None", "ports": tcp_80()}));
     assert!(ignored_reason(&by_cluster_ip).contains("headless"));
