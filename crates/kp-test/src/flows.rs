@@ -32,6 +32,13 @@ pub const TRIES: usize = 40;
 /// milliseconds; this only bounds how long a broken row takes to fail.
 const ANSWER_TIMEOUT: Duration = Duration::from_millis(1000);
 
+/// The same for SCTP: longer than SCTP's initial retransmission timeout (3 s), so a lost INIT
+/// is sent again within the attempt. IPVS drops the first packet of a connection that reuses
+/// a finished one's addresses and ports (`conn_reuse_mode` with conntrack on) and counts on the
+/// client's retransmission; TCP resends its SYN after 1 s, SCTP its INIT after 3 s, so in the
+/// ipvs guest one SCTP attempt in a row's 40 timed out now and then.
+const SCTP_ANSWER_TIMEOUT: Duration = Duration::from_millis(4500);
+
 /// How long to wait before calling silence a drop, for UDP.
 const SILENCE_TIMEOUT: Duration = Duration::from_millis(600);
 
@@ -201,6 +208,7 @@ pub fn check(lab: &Lab, case: &Case) -> Result<(), String> {
         case.packet.dport,
     )
     .timeout(match (answering, case.packet.protocol) {
+        (true, Protocol::Sctp) => SCTP_ANSWER_TIMEOUT,
         (true, _) => ANSWER_TIMEOUT,
         (false, Protocol::Udp) => SILENCE_TIMEOUT,
         (false, Protocol::Tcp | Protocol::Sctp) => STREAM_SILENCE_TIMEOUT,
