@@ -110,6 +110,32 @@ impl Ingress {
     }
 }
 
+/// Whether an nftables `iifname` match (`iifname "NAME"`, `"PREFIX*"` with `prefix`, `!=` with
+/// `negate`) holds for a packet that arrived on `iif`: `None` in the output hook (no input
+/// device: an empty name), `Some(None)` when the tracer was built without the node's links
+/// (`tracer` names the constructor that takes them), else the link.
+///
+/// # Panics
+/// With `Some(None)`: the tracer cannot tell the interface, and guessing would hide it.
+pub fn iifname_matches(
+    iif: Option<Option<&str>>,
+    name: &str,
+    prefix: bool,
+    negate: bool,
+    tracer: &str,
+) -> bool {
+    let on = match iif {
+        None => false,
+        Some(Some(i)) if prefix => i.starts_with(name),
+        Some(Some(i)) => i == name,
+        Some(None) => panic!(
+            "a rule matches iifname {name:?}, and the tracer has no links to tell the interface \
+             a packet from outside or from a pod arrives on: build it with {tracer}"
+        ),
+    };
+    on != negate
+}
+
 /// Follows a packet through a mode's rendered rules, without a kernel.
 pub trait Tracer {
     /// What happens to `packet`.

@@ -597,20 +597,13 @@ impl NftTracer {
                 name,
                 prefix,
                 negate,
-            } => {
-                let on = match &w.iif {
-                    // The output hook: no input device, an empty name (kernel 5.x and later).
-                    None => false,
-                    Some(Some(i)) if *prefix => i.starts_with(name.as_str()),
-                    Some(Some(i)) => i == name,
-                    Some(None) => panic!(
-                        "a rule matches iifname {name:?}, and the tracer has no links to tell \
-                         the interface a packet from outside or from a pod arrives on: build \
-                         it with NftTracer::with_ingress"
-                    ),
-                };
-                on != *negate
-            }
+            } => kp_core::flow::iifname_matches(
+                w.iif.as_ref().map(Option::as_deref),
+                name,
+                *prefix,
+                *negate,
+                "NftTracer::with_ingress",
+            ),
         }
     }
 }
