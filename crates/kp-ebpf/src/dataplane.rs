@@ -26,6 +26,7 @@ use kp_ebpf_plan::{
     diff, no_local_endpoints, node_port_addresses, service_cidrs, service_specs as specs, Planner,
 };
 
+use crate::nat_hooks::NatHooks;
 use crate::{Error, MapSizes, Resized, SocketLb};
 
 /// How the mode is set up.
@@ -38,6 +39,10 @@ pub struct Config {
     pub pin_dir: Option<PathBuf>,
     /// Map sizes.
     pub sizes: MapSizes,
+    /// The table that keeps netfilter's NAT hooks registered ([`NatHooks`]): made at start,
+    /// made again by each full sync if it went, checked by `verify`, removed by `cleanup`.
+    /// `None`: not kept (tests of the programs alone).
+    pub nat_hooks: Option<NatHooks>,
     /// Where NodePorts answer: of the node's addresses (its Node object's), those this leaves.
     pub node_ports: NodePortAddresses,
     /// The tc path for traffic from outside the node; `None`: socket load balancing only.
@@ -160,6 +165,17 @@ impl EbpfDataplane {
         }
     }
 
+    /// Makes the NAT hooks' table again unless it is there as it should be.
+    fn keep_nat_hooks(&self) -> Result<(), DataplaneError> {
+        match &self.config.nat_hooks {
+            Some(hooks) => hooks
+                .ensure()
+                .map(|_| ())
+                .map_err(kp_nftables::Error::into_dataplane),
+            None => Ok(()),
+        }
+    }
+
     fn lb(&mut self) -> Result<&mut SocketLb, DataplaneError> {
         self.lb
             .as_mut()
@@ -187,6 +203,7 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn start(&mut self) -> Result<(), DataplaneError> {
+        self.keep_nat_hooks()?;
         if let Some(dir) = &self.config.pin_dir {
             // On bpffs (a directory of bpffs is one too); a missing one is made here.
             std::fs::create_dir_all(dir).map_err(|source| {
@@ -228,6 +245,9 @@ impl Dataplane for EbpfDataplane {
             _ => crate::local::local_addresses().map_err(DataplaneError::transient)?,
         };
         let node_addresses = node_port_addresses(&self.config.node_ports, state, &local);
+        if full {
+            self.keep_nat_hooks()?;
+        }
         if let (true, Some(tc @ TcDevices::Discover { .. })) = (full, self.config.tc.clone()) {
             let (outside, replies) = tc.resolve().map_err(DataplaneError::transient)?;
             let pin_dir = self.config.pin_dir.clone();
@@ -311,10 +331,14 @@ impl Dataplane for EbpfDataplane {
     fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
         let want = self.planner.contents();
         let have = self.lb()?.read_back().map_err(dataplane_error)?;
-        Ok(diff(&have, &want)
+        let mut out: Vec<String> = diff(&have, &want)
             .into_iter()
             .map(|op| format!("maps differ from the plan: needs {op:?}"))
-            .collect())
+            .collect();
+        if let Some(hooks) = &self.config.nat_hooks {
+            out.extend(hooks.check().map_err(kp_nftables::Error::into_dataplane)?);
+        }
+        Ok(out)
     }
 
     fn cleanup(&mut self) -> Result<(), DataplaneError> {
@@ -325,6 +349,9 @@ impl Dataplane for EbpfDataplane {
         self.no_local.clear();
         if let Some(dir) = &self.config.pin_dir {
             crate::remove_pins(dir).map_err(DataplaneError::transient)?;
+        }
+        if let Some(hooks) = &self.config.nat_hooks {
+            hooks.remove().map_err(kp_nftables::Error::into_dataplane)?;
         }
         Ok(())
     }

@@ -11,7 +11,9 @@
 //! - [`SocketLb::apply`] writes [`kp_ebpf_plan::Op`]s, [`SocketLb::read_back`] reads the maps
 //!   into the planner's [`kp_ebpf_plan::Contents`] to compare.
 //!
-//! [`dataplane::EbpfDataplane`] puts these together as the mode's `Dataplane`.
+//! [`dataplane::EbpfDataplane`] puts these together as the mode's `Dataplane`, with
+//! [`nat_hooks::NatHooks`]: an empty nftables table that keeps netfilter's NAT hooks, so the
+//! connections another mode translated before a switch go on being translated.
 //!
 //! - [`SocketLb::attach_tc`] attaches the tc path for traffic from outside the node
 //!   (`bpf/tc.c`) to interfaces of the calling thread's network namespace;
@@ -25,6 +27,7 @@
 pub mod cgroup;
 pub mod dataplane;
 pub mod local;
+pub mod nat_hooks;
 
 use std::collections::BTreeMap;
 use std::fs::File;

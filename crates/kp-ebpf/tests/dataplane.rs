@@ -30,6 +30,7 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
         sizes: MapSizes::default(),
+        nat_hooks: None,
         node_ports: NodePortAddresses::Primary,
         tc: None,
         events: Default::default(),
@@ -139,6 +140,7 @@ fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_
         cgroup: cgroup.path.clone(),
         pin_dir: None,
         sizes: MapSizes::default(),
+        nat_hooks: None,
         node_ports: NodePortAddresses::Primary,
         tc: None,
         events: Default::default(),
@@ -205,6 +207,7 @@ fn a_too_small_map_reports_full_and_a_pinned_map_of_another_size_is_made_afresh(
             services: 8,
             ..MapSizes::default()
         },
+        nat_hooks: None,
         node_ports: NodePortAddresses::Primary,
         tc: None,
         events,
@@ -232,6 +235,7 @@ fn a_too_small_map_reports_full_and_a_pinned_map_of_another_size_is_made_afresh(
     seen.lock().unwrap().clear();
     let mut sized = EbpfDataplane::new(Config {
         sizes: MapSizes::default(),
+        nat_hooks: None,
         ..config
     });
     sized.start().expect("start at the configured size");

@@ -86,6 +86,7 @@ fn the_flow_table_with_real_packets_through_the_socket_hooks_and_the_tc_path() {
         cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
         sizes: MapSizes::default(),
+        nat_hooks: None,
         node_ports: NodePortAddresses::Primary,
         // Not in this process's namespace (the machine's own): in the lab node's, below.
         tc: None,

@@ -137,7 +137,7 @@ pub static MODES: &[Mode] = &[
         build: ebpf::build_ebpf,
         remove_leftovers: remove_ebpf,
         footprint: footprint::ebpf,
-        leftovers: "the ebpf mode's pinned programs and maps (--bpf-pin-dir)",
+        leftovers: "the ebpf mode's pinned programs and maps (--bpf-pin-dir) and its kube-proxy-ebpf nftables table",
         // Socket load balancing translates no packet: no conntrack entry is its.
         reconciles_conntrack: false,
     },

@@ -5,12 +5,15 @@
 //!
 //! Translation happens when a socket connects, before any packet exists: no NAT, so no
 //! conntrack entry of this mode's can go stale, and the registry entry says so
-//! (`reconciles_conntrack: false`).
+//! (`reconciles_conntrack: false`). The mode still keeps netfilter's NAT hooks registered
+//! (`kp_ebpf::nat_hooks`: an nftables table `inet kube-proxy-ebpf` of empty `nat` chains), so
+//! the connections the mode before it translated go on being translated after a switch.
 
 use std::path::PathBuf;
 
 use kp_core::dataplane::{Dataplane, DataplaneError};
 use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane, Event, Events, TcDevices};
+use kp_ebpf::nat_hooks::NatHooks;
 use kp_ebpf::MapSizes;
 use kp_metrics::Metrics;
 
@@ -54,6 +57,7 @@ pub fn ebpf_settings(ctx: &ModeContext<'_>) -> Result<EbpfConfig, Fatal> {
         cgroup: cgroup_root(ctx)?,
         pin_dir: Some(ctx.config.bpf_pin_dir.clone()),
         sizes: map_sizes(ctx.config),
+        nat_hooks: Some(NatHooks::new(ctx.netns)),
         node_ports: node_port_addresses(ctx.config),
         tc: tc_devices(ctx)?,
         events: events(ctx.metrics.clone()),
@@ -128,12 +132,15 @@ fn owns_pins(cfg: &Config, netns: Option<&str>) -> bool {
 }
 
 /// Removes the links (detaching the programs) and maps the mode pinned, and their directory
-/// once empty.
+/// once empty; then the table that kept the NAT hooks (the running mode, if any, has NAT
+/// chains of its own).
 pub fn remove_ebpf(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
-    if !owns_pins(ctx.config, ctx.netns) {
-        return Ok(());
+    if owns_pins(ctx.config, ctx.netns) {
+        kp_ebpf::remove_pins(&ctx.config.bpf_pin_dir).map_err(DataplaneError::transient)?;
     }
-    kp_ebpf::remove_pins(&ctx.config.bpf_pin_dir).map_err(DataplaneError::transient)
+    NatHooks::new(ctx.netns)
+        .remove()
+        .map_err(kp_nftables::Error::into_dataplane)
 }
 
 #[cfg(test)]

@@ -106,10 +106,13 @@ pub fn ipvs() -> Footprint {
     }
 }
 
-/// The ebpf mode: nothing in netfilter (its programs and maps are pinned under its own
-/// directory).
+/// The ebpf mode: its `kube-proxy-ebpf` table, which only keeps the NAT hooks registered (its
+/// programs and maps are pinned under its own directory).
 pub fn ebpf() -> Footprint {
-    Footprint::default()
+    Footprint {
+        nft_tables: tables(&[("inet", kp_ebpf::nat_hooks::TABLE)]),
+        ..Footprint::default()
+    }
 }
 
 /// The built-in chains of the tables a removal touches.
