@@ -815,7 +815,8 @@ fn partial(
 }
 
 /// What a divergence note says when every differing element's key is wanted by more than one
-/// Service port (see the known defect of the same name).
+/// Service port: how the nftables planner's shared-owner defect showed (fixed; a test in
+/// `tests/known_defects.rs`), kept to tell such a divergence at a glance.
 pub const CONTESTED: &str = "every differing key is claimed by several Service ports";
 
 /// A dispatch key: address (none for NodePorts), protocol, port.

@@ -73,12 +73,8 @@ pub struct KnownDefect {
     pub needle: &'static str,
 }
 
-/// The known defects.
-pub const KNOWN_DEFECTS: &[KnownDefect] = &[KnownDefect {
-    name: "nftables_partial_sync_keeps_the_old_owner_of_a_shared_external_ip",
-    check: Check::Diverged,
-    needle: crate::harness::CONTESTED,
-}];
+/// The known defects: none open (the fixed ones are tests in `tests/known_defects.rs`).
+pub const KNOWN_DEFECTS: &[KnownDefect] = &[];
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq)]

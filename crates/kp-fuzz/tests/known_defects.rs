@@ -32,6 +32,24 @@ fn state(objects: Vec<serde_json::Value>) -> ProxyState {
     s
 }
 
+/// A Service listing the external IP 198.51.100.70 on TCP port 80, as another may too.
+fn external(name: &str, cluster_ip: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"clusterIP": cluster_ip, "externalIPs": ["198.51.100.70"],
+                    "ports": [{"protocol": "TCP", "port": 80}]}})
+}
+
+/// Service `service`'s slice with one endpoint, `ip`, on port 8080.
+fn slice(service: &str, ip: &str) -> serde_json::Value {
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{service}-1"), "namespace": "default",
+                        "labels": {"kubernetes.io/service-name": service}},
+           "addressType": "IPv4",
+           "ports": [{"name": "", "protocol": "TCP", "port": 8080}],
+           "endpoints": [{"addresses": [ip]}]})
+}
+
 /// A valid IPv6 Service, so the IPv6 tables have something to lose.
 fn web6() -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "Service",
@@ -88,20 +106,6 @@ fn ebpf_planner_keeps_a_frontend_two_services_share_when_one_leaves() {
     use kp_core::model::ServiceKey;
     use kp_core::track::ObjectKey;
     use kp_ebpf_plan::{plan_state, service_specs, Contents, Planner};
-    let external = |name: &str, cluster_ip: &str| {
-        json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"clusterIP": cluster_ip, "externalIPs": ["198.51.100.70"],
-                "ports": [{"protocol": "TCP", "port": 80}]}})
-    };
-    let slice = |service: &str, ip: &str| {
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{service}-1"), "namespace": "default",
-                "labels": {"kubernetes.io/service-name": service}},
-            "addressType": "IPv4",
-            "ports": [{"name": "", "protocol": "TCP", "port": 8080}],
-            "endpoints": [{"addresses": [ip]}]})
-    };
     let mut s = state(vec![
         external("a", "10.96.1.1"),
         slice("a", "10.244.1.1"),
@@ -145,4 +149,47 @@ fn ebpf_planner_keeps_a_frontend_two_services_share_when_one_leaves() {
     );
     assert_eq!(shared(&planner.contents()), shared(&full.contents()));
     assert_eq!(kp_ebpf_plan::diff(&maps, &planner.contents()), vec![]);
+}
+
+/// Found by `kp-fuzz`. Two Services list the same external IP and port (nothing allocates
+/// externalIPs, so nothing stops that). The nftables planner gave the shared
+/// `198.51.100.70 . tcp . 80` entry to whichever Service claimed it first: a partial sync that
+/// added Service `a` while `b` held the entry left it with `b`'s endpoints, while a full sync of
+/// the same state gave it to `a`, so which Service received the traffic flipped at the next full
+/// sync (a restart, a failed transaction).
+///
+/// Fixed in kp-nftables-plan: several owners of one element are ranked (the node, then Services
+/// in name order, then ports), and the first holds it whatever order the claims came in.
+#[test]
+fn nftables_partial_sync_gives_a_shared_external_ip_to_the_service_a_full_sync_does() {
+    let mut s = state(vec![external("b", "10.96.1.2"), slice("b", "10.244.1.2")]);
+    let node = NodeContext::default();
+    let mut p = kp_nftables_plan::Planner::new(kp_nftables_plan::PlanConfig::new(IpFamily::V4));
+    p.full(&s, &node);
+    for o in [external("a", "10.96.1.1"), slice("a", "10.244.1.1")] {
+        s.apply(SourceEvent::Upsert(object(o))).unwrap();
+    }
+    let changes = s.take_changes();
+    p.partial(&s, &changes.services, &node, changes.node_changed);
+    let mut fresh = kp_nftables_plan::Planner::new(kp_nftables_plan::PlanConfig::new(IpFamily::V4));
+    fresh.full(&s, &node);
+    let set = kp_nftables_plan::SetId::ClassEndpoints(kp_nftables_plan::Route::Vips, 1);
+    let shared = |p: &kp_nftables_plan::Planner| {
+        p.expected_elements(set)
+            .into_iter()
+            .filter(|(k, _)| k.to_string().starts_with("198.51.100.70 "))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shared(&p).len(), 1, "{:?}", p.expected_elements(set));
+    assert_eq!(shared(&p), shared(&fresh));
+    assert!(
+        shared(&p)[0]
+            .1
+            .as_ref()
+            .unwrap()
+            .to_string()
+            .starts_with("10.244.1.1 "),
+        "a, first by name: {:?}",
+        shared(&p)
+    );
 }

@@ -11,6 +11,7 @@
 //! megabytes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use kp_core::model::{IpFamily, ServiceKey};
@@ -22,6 +23,14 @@ use crate::layout::{self, PlanConfig, Route, RuleDef, SetId};
 /// Who wants an element: a Service port, or the node itself.
 pub(super) type Owner = u32;
 pub(super) const NODE_OWNER: Owner = 0;
+
+/// Where an owner stands when several want one element (two Services listing the same external
+/// IP and port, which nothing in Kubernetes prevents): the node first, then Services in
+/// namespace/name order, each one's ports in order. The element holds the first one's value
+/// whatever order the claims came in, so a partial sync leaves it where a full sync of the same
+/// state puts it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Rank(pub(super) Arc<ServiceKey>, pub(super) u32);
 
 /// Per-Service-port facts the metrics need.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,6 +57,8 @@ pub(super) struct Meta {
     pub(super) by_service: HashMap<ServiceKey, Box<[Owner]>>,
     /// Facts of the ports that have any.
     pub(super) facts: HashMap<Owner, PortFacts>,
+    /// Each Service port owner's [`Rank`] (the node has none: it comes first).
+    pub(super) ranks: HashMap<Owner, Rank>,
     /// Owner numbers free for reuse, and the next never used.
     pub(super) free: Vec<Owner>,
     pub(super) next_owner: Owner,
@@ -68,11 +79,17 @@ impl Meta {
         Meta {
             by_service: HashMap::new(),
             facts: HashMap::new(),
+            ranks: HashMap::new(),
             free: Vec::new(),
             next_owner: NODE_OWNER + 1,
             classes: BTreeSet::new(),
             affinities: BTreeSet::new(),
         }
+    }
+
+    /// Whether `a` comes before `b` for an element both want.
+    pub(super) fn precedes(&self, a: Owner, b: Owner) -> bool {
+        self.ranks.get(&a) < self.ranks.get(&b)
     }
 
     pub(super) fn new_owner(&mut self) -> Owner {
@@ -123,8 +140,8 @@ pub(super) struct Dispatch<const V: usize> {
 pub(super) trait Shared<T> {
     fn first_owner(&self) -> Owner;
     fn more(&mut self) -> &mut bool;
-    /// The next owner's value takes over.
-    fn take_over(&mut self, owner: Owner, value: T);
+    /// Another owner's value takes over; returns the one it replaced.
+    fn take_over(&mut self, owner: Owner, value: T) -> (Owner, T);
 }
 
 impl<const V: usize> Shared<Packed<V>> for Held<V> {
@@ -134,9 +151,11 @@ impl<const V: usize> Shared<Packed<V>> for Held<V> {
     fn more(&mut self) -> &mut bool {
         &mut self.more
     }
-    fn take_over(&mut self, owner: Owner, value: Packed<V>) {
-        self.owner = owner;
-        self.value = value;
+    fn take_over(&mut self, owner: Owner, value: Packed<V>) -> (Owner, Packed<V>) {
+        (
+            std::mem::replace(&mut self.owner, owner),
+            std::mem::replace(&mut self.value, value),
+        )
     }
 }
 
@@ -147,14 +166,42 @@ impl<const V: usize> Shared<Slots<V>> for Dispatch<V> {
     fn more(&mut self) -> &mut bool {
         &mut self.more
     }
-    fn take_over(&mut self, owner: Owner, endpoints: Slots<V>) {
-        self.owner = owner;
-        self.endpoints = endpoints;
+    fn take_over(&mut self, owner: Owner, endpoints: Slots<V>) -> (Owner, Slots<V>) {
+        (
+            std::mem::replace(&mut self.owner, owner),
+            std::mem::replace(&mut self.endpoints, endpoints),
+        )
     }
 }
 
-/// Drops `owner`'s claim on `record` (whose waiting owners are `waiting[key]`); returns whether
-/// no owner is left, so the caller removes the record.
+/// Adds `owner`'s claim (wanting `value`) to `record`, which another owner holds; the owners
+/// waiting for it (`waiting[key]`) are kept in [`Rank`] order behind the holder, the first of
+/// all. A claimant that comes before the holder takes the record over.
+pub(super) fn join_claim<T, R: Shared<T>, MK: std::hash::Hash + Eq>(
+    record: &mut R,
+    waiting: &mut HashMap<MK, Vec<(Owner, T)>>,
+    key: MK,
+    owner: Owner,
+    value: T,
+    meta: &Meta,
+) {
+    let list = waiting.entry(key).or_default();
+    if list.iter().any(|(o, _)| *o == owner) {
+        return;
+    }
+    if meta.precedes(owner, record.first_owner()) {
+        let held = record.take_over(owner, value);
+        list.insert(0, held);
+    } else {
+        let at = list.partition_point(|(o, _)| meta.precedes(*o, owner));
+        list.insert(at, (owner, value));
+    }
+    *record.more() = true;
+}
+
+/// Drops `owner`'s claim on `record` (whose waiting owners are `waiting[key]`, in [`Rank`]
+/// order, so the first takes over); returns whether no owner is left, so the caller removes
+/// the record.
 pub(super) fn drop_claim<T, R: Shared<T>, MK: std::hash::Hash + Eq>(
     record: &mut R,
     waiting: &mut HashMap<MK, Vec<(Owner, T)>>,
@@ -557,12 +604,14 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
                     if held.owner == owner {
                         continue;
                     }
-                    let more = els.plain_more.entry((set, key)).or_default();
-                    if more.iter().any(|(o, _)| *o == owner) {
-                        continue;
-                    }
-                    more.push((owner, value));
-                    held.more = true;
+                    join_claim(
+                        held,
+                        &mut els.plain_more,
+                        (set, key),
+                        owner,
+                        value,
+                        self.meta,
+                    );
                 }
             }
             plain.push((set, key));
@@ -589,12 +638,15 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
                     if d.owner == owner {
                         continue;
                     }
-                    let more = els.dispatch_more.entry((route, n, key)).or_default();
-                    if more.iter().any(|(o, _)| *o == owner) {
-                        continue;
-                    }
-                    more.push((owner, endpoints.into()));
-                    d.more = true;
+                    let endpoints = endpoints.into();
+                    join_claim(
+                        d,
+                        &mut els.dispatch_more,
+                        (route, n, key),
+                        owner,
+                        endpoints,
+                        self.meta,
+                    );
                 }
             }
             dispatch.push((route, n, key));

@@ -17,7 +17,7 @@ use kp_core::model::{Endpoint, Protocol, ServiceKey};
 use kp_core::node::NodeContext;
 use kp_core::track::{ProxyState, ServicePortState};
 
-use super::record::{Ctx, PortFacts, Touched, Wants};
+use super::record::{Ctx, PortFacts, Rank, Touched, Wants};
 use crate::element::{Atom, NoEndpointVerdict, Packed};
 use crate::layout::{PlanConfig, Route, SetId};
 
@@ -205,6 +205,7 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
         for owner in self.meta.by_service.remove(key).unwrap_or_default().iter() {
             self.release(*owner, touched);
             self.meta.facts.remove(owner);
+            self.meta.ranks.remove(owner);
             self.meta.free.push(*owner);
         }
         // Ports that put nothing into this table (another family's) need no owner.
@@ -216,8 +217,12 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
             return;
         }
         let mut owners = Vec::with_capacity(computed.len());
-        for (wants, facts) in computed {
+        let service = std::sync::Arc::new(key.clone());
+        for (port, (wants, facts)) in computed.into_iter().enumerate() {
             let owner = self.meta.new_owner();
+            self.meta
+                .ranks
+                .insert(owner, Rank(service.clone(), port as u32));
             self.claim(owner, wants, touched);
             if facts != PortFacts::default() {
                 self.meta.facts.insert(owner, facts);

@@ -152,6 +152,34 @@ fn normalized(p: &Planner) -> BTreeMap<String, BTreeMap<Tuple, Vec<Option<Tuple>
     out
 }
 
+/// An empty IPv4 table, programmed: the state, the planner and the tracer holding it.
+fn empty_v4_table() -> (ProxyState, Planner, NftTracer) {
+    let state = new_state();
+    let mut p = planner(IpFamily::V4);
+    let mut tracer = NftTracer::new(vec![]);
+    tracer
+        .apply(&p.full(&state, &NodeContext::default()).text)
+        .expect("empty table");
+    (state, p, tracer)
+}
+
+/// The dispatch key of external IP 203.0.113.1, TCP port 80.
+fn external_key() -> Tuple {
+    Tuple::new(vec![
+        Atom::Ip("203.0.113.1".parse().unwrap()),
+        Atom::Proto(kp_core::model::Protocol::Tcp),
+        Atom::Port(80),
+    ])
+}
+
+/// The endpoints `p` holds behind `key`, as text.
+fn endpoint_list(p: &Planner, key: &Tuple) -> Vec<String> {
+    p.endpoints_of(key)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
 #[test]
 fn a_cluster_ip_shared_by_two_services_stays_until_both_are_gone() {
     let mut state = new_state();
@@ -190,12 +218,7 @@ fn a_cluster_ip_shared_by_two_services_stays_until_both_are_gone() {
 
 #[test]
 fn an_entry_claimed_twice_keeps_the_first_claim_then_hands_over_to_the_second() {
-    let mut state = new_state();
-    let mut p = planner(IpFamily::V4);
-    let mut tracer = NftTracer::new(vec![]);
-    tracer
-        .apply(&p.full(&state, &NodeContext::default()).text)
-        .expect("empty table");
+    let (mut state, mut p, mut tracer) = empty_v4_table();
     let ep = |ip: &str| (ip.to_string(), false, true);
     // Both Services claim 203.0.113.1 TCP 80, with different endpoints.
     for (name, cip, eps) in [
@@ -213,17 +236,8 @@ fn an_entry_claimed_twice_keeps_the_first_claim_then_hands_over_to_the_second() 
         upsert(&mut state, slice(name, IpFamily::V4, &eps));
         sync(&mut p, &mut state, &mut tracer);
     }
-    let key = Tuple::new(vec![
-        Atom::Ip("203.0.113.1".parse().unwrap()),
-        Atom::Proto(kp_core::model::Protocol::Tcp),
-        Atom::Port(80),
-    ]);
-    let eps = |p: &Planner| -> Vec<String> {
-        p.endpoints_of(&key)
-            .iter()
-            .map(ToString::to_string)
-            .collect()
-    };
+    let key = external_key();
+    let eps = |p: &Planner| endpoint_list(p, &key);
     assert_eq!(eps(&p), ["10.0.0.1 . 8080", "10.0.0.2 . 8080"]);
 
     // The first goes: the second's endpoints take the same slots, as a replacement.
@@ -240,6 +254,63 @@ fn an_entry_claimed_twice_keeps_the_first_claim_then_hands_over_to_the_second() 
     assert!(p.endpoints_of(&key).is_empty());
     assert_eq!(tracer.element_count(IpFamily::V4, "vips-2-endpoints"), 0);
     assert_eq!(tracer.element_count(IpFamily::V4, "vips-2"), 0);
+}
+
+/// Two Services listing the same external IP and port (nothing allocates externalIPs): the
+/// entry carries the first one's endpoints in name order, whatever order the claims came in and
+/// whatever changed since, as a full build of the same state has it. Before ranks, a partial
+/// sync kept whichever Service claimed first, and a change to the holder handed the entry to
+/// the other (found by kp-fuzz).
+#[test]
+fn an_entry_two_services_want_goes_to_the_first_in_name_order_after_any_history() {
+    let (mut state, mut p, mut tracer) = empty_v4_table();
+    let ep = |ip: &str| (ip.to_string(), false, true);
+    let shared = |name: &str, cip: &str| {
+        service(
+            name,
+            json!({"clusterIP": cip, "externalIPs": ["203.0.113.1"],
+                   "ports": [{"name": "http", "protocol": "TCP", "port": 80}]}),
+        )
+    };
+    let key = external_key();
+    let eps = |p: &Planner| endpoint_list(p, &key);
+    let same_as_full = |p: &Planner, state: &ProxyState, step: &str| {
+        let mut fresh = planner(IpFamily::V4);
+        fresh.full(state, &NodeContext::default());
+        assert_eq!(normalized(p), normalized(&fresh), "{step}");
+    };
+    // `z` first, then `a`: `a` takes the entry over.
+    upsert(&mut state, shared("z", "10.96.0.2"));
+    upsert(&mut state, slice("z", IpFamily::V4, &[ep("10.0.0.9")]));
+    sync(&mut p, &mut state, &mut tracer);
+    upsert(&mut state, shared("a", "10.96.0.1"));
+    upsert(&mut state, slice("a", IpFamily::V4, &[ep("10.0.0.1")]));
+    let text = sync(&mut p, &mut state, &mut tracer);
+    assert_eq!(eps(&p), ["10.0.0.1 . 8080"], "{text}");
+    same_as_full(&p, &state, "a added after z");
+
+    // A change to `a` keeps it there, with its new endpoint.
+    upsert(&mut state, slice("a", IpFamily::V4, &[ep("10.0.0.2")]));
+    sync(&mut p, &mut state, &mut tracer);
+    assert_eq!(eps(&p), ["10.0.0.2 . 8080"]);
+    same_as_full(&p, &state, "a changed");
+
+    // A change to `z` moves nothing.
+    upsert(&mut state, slice("z", IpFamily::V4, &[ep("10.0.0.8")]));
+    let text = sync(&mut p, &mut state, &mut tracer);
+    assert_eq!(eps(&p), ["10.0.0.2 . 8080"]);
+    assert!(!text.contains("203.0.113.1 . tcp . 80 . 0 :"), "{text}");
+    same_as_full(&p, &state, "z changed");
+
+    // `a` goes: `z` has it; `a` comes back: `a` has it again.
+    delete(&mut state, Kind::Service, "a");
+    sync(&mut p, &mut state, &mut tracer);
+    assert_eq!(eps(&p), ["10.0.0.8 . 8080"]);
+    same_as_full(&p, &state, "a deleted");
+    upsert(&mut state, shared("a", "10.96.0.1"));
+    sync(&mut p, &mut state, &mut tracer);
+    assert_eq!(eps(&p), ["10.0.0.2 . 8080"]);
+    same_as_full(&p, &state, "a back");
 }
 
 /// A small deterministic generator, so failures reproduce.
