@@ -1,9 +1,13 @@
 //! `kube-proxy explain` and `kube-proxy status` over the live rules: the binary programs a lab
-//! node from the flow fixture's manifests (nftables mode, then iptables mode), and the two
-//! subcommands, run inside the node's namespace, must name for every flow row the outcome the
-//! row expects, report the running proxy and its health, find the kernel equal to the plan,
-//! and find the drift a test makes by deleting an element or a rule behind the proxy's back
+//! node from the flow fixture's manifests (nftables, iptables and ebpf mode, one test each),
+//! and the two subcommands, run inside the node's namespace, must name for every flow row the
+//! outcome the row expects (as the mode declares it: ebpf's rows as its own flow test runs
+//! them), report the running proxy and its health, find the kernel equal to the plan, and find
+//! the drift a test makes by deleting an element, a rule or a map entry behind the proxy's back
 //! (after it stopped, so no sync repairs it first).
+//!
+//! ebpf mode runs on a cgroup and a bpffs of the test's own (`ebpf_lab`); `status` and
+//! `explain` are given its `--bpf-pin-dir` with the proxy's other flags.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -14,12 +18,15 @@ use kp_core::flow::{Origin, Verdict};
 use kp_test::lab::Lab;
 
 mod common;
+mod ebpf_lab;
 use common::{temp_dir, write_atomically, PROGRAMMED};
+use kp_flows::Support;
 
 /// The flags `common::spawn_proxy_in_mode` starts the proxy with, and the manifests: what an
 /// operator passes after `status`/`explain` so they read the same objects.
-fn proxy_flags(mode: &str, dir: &Path) -> Vec<String> {
-    [
+/// `extra` are the mode's own flags (ebpf: the sandbox's cgroup and pin directory).
+fn proxy_flags(mode: &str, dir: &Path, extra: &[String]) -> Vec<String> {
+    let mut flags: Vec<String> = [
         format!("--proxy-mode={mode}"),
         "--hostname-override".into(),
         kp_flows::NODE.into(),
@@ -30,7 +37,9 @@ fn proxy_flags(mode: &str, dir: &Path) -> Vec<String> {
         "--manifests".into(),
         dir.display().to_string(),
     ]
-    .into()
+    .into();
+    flags.extend(extra.iter().cloned());
+    flags
 }
 
 /// Runs the binary with `args` in the node namespace: exit code and stdout.
@@ -110,10 +119,12 @@ fn explain_args(case: &kp_flows::Case) -> Vec<String> {
     ]
 }
 
-/// Every flow row through `explain`; one message per row whose answer is not the row's.
-fn explain_every_row(lab: &Lab) -> Vec<String> {
+/// Every flow row, as the mode declares it (`support`), through `explain` given the mode's
+/// own flags `extra`; one message per row whose answer is not the row's.
+fn explain_every_row(lab: &Lab, support: Support, extra: &[String]) -> Vec<String> {
     let mut failures = Vec::new();
-    for case in kp_flows::cases() {
+    for row in kp_flows::cases() {
+        let case = row.for_mode(support);
         // As the real-packet harness does: the node sends from its LoadBalancer IP only where
         // that IP is local.
         let lb_ip = (case.from == kp_flows::NODE_FROM_LB_IP).then(|| {
@@ -125,15 +136,22 @@ fn explain_every_row(lab: &Lab) -> Vec<String> {
             lab.node().add_addr("lo", &cidr).expect("LB IP on lo");
             cidr
         });
-        let (code, out) = run(lab, &explain_args(&case));
+        let mut args = explain_args(&case);
+        args.extend(extra.iter().cloned());
+        let (code, out) = run(lab, &args);
         if let Some(cidr) = lb_ip {
             let _ = lab.node().ip(&["addr", "del", &cidr, "dev", "lo"]);
         }
         let want = kp_flows::expected_verdict(&case);
         let got = (code == 0).then(|| verdict_of(&json(&out))).flatten();
         if got.as_ref() != Some(&want) {
+            let declared = if row.changed_for(support) {
+                format!(" (row as declared for this mode: {})", support.reason)
+            } else {
+                String::new()
+            };
             failures.push(format!(
-                "{}: {}\n    want {want:?}\n    got  {got:?} (exit {code})\n{out}",
+                "{}{declared}: {}\n    want {want:?}\n    got  {got:?} (exit {code})\n{out}",
                 case.name, case.packet
             ));
         }
@@ -141,9 +159,10 @@ fn explain_every_row(lab: &Lab) -> Vec<String> {
     failures
 }
 
-fn start(lab: &Lab, mode: &str, dir: &Path) -> kp_test::netns::ChildGuard {
-    let mut proxy =
-        common::spawn_proxy_in_mode(lab, mode, &[], &["--manifests", dir.to_str().unwrap()]);
+fn start(lab: &Lab, mode: &str, dir: &Path, extra: &[String]) -> kp_test::netns::ChildGuard {
+    let mut source = vec!["--manifests", dir.to_str().unwrap()];
+    source.extend(extra.iter().map(String::as_str));
+    let mut proxy = common::spawn_proxy_in_mode(lab, mode, &[], &source);
     proxy
         .wait_for_log(PROGRAMMED, Duration::from_secs(30))
         .expect("first sync");
@@ -153,13 +172,36 @@ fn start(lab: &Lab, mode: &str, dir: &Path) -> kp_test::netns::ChildGuard {
 /// The whole check for one mode; `break_rule` deletes one element or rule of the mode's.
 fn check_mode(mode: &str, break_rule: &[&str], broken: &str) {
     let lab = kp_test::flows::lab().expect("lab");
+    check_mode_in(
+        &lab,
+        mode,
+        Support::ALL,
+        &[],
+        &|lab: &Lab| {
+            lab.node().run(break_rule).expect("delete behind the proxy");
+        },
+        broken,
+    );
+}
+
+/// [`check_mode`] in `lab`, for a mode that declares `support` of the flow table and takes the
+/// flags `extra` besides the common ones; `break_rule` breaks one of its elements, rules or
+/// map entries, and the drift must then name `broken`.
+fn check_mode_in(
+    lab: &Lab,
+    mode: &str,
+    support: Support,
+    extra: &[String],
+    break_rule: &dyn Fn(&Lab),
+    broken: &str,
+) {
     let dir = temp_dir(&format!("explain-{mode}"));
     write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
-    let mut proxy = start(&lab, mode, &dir.0);
-    let flags = proxy_flags(mode, &dir.0);
+    let mut proxy = start(lab, mode, &dir.0, extra);
+    let flags = proxy_flags(mode, &dir.0, extra);
 
     // explain names every row's outcome.
-    let failures = explain_every_row(&lab);
+    let failures = explain_every_row(lab, support, extra);
     assert!(
         failures.is_empty(),
         "{mode}: {} of {} rows explained wrongly:\n{}",
@@ -181,7 +223,7 @@ fn check_mode(mode: &str, break_rule: &[&str], broken: &str) {
     .map(String::from)
     .into();
     args.extend(flags.iter().cloned());
-    let (code, out) = run(&lab, &args);
+    let (code, out) = run(lab, &args);
     assert_eq!(code, 0, "{out}");
     let j = json(&out);
     assert_eq!(j["verdict"], "reject", "{out}");
@@ -197,7 +239,7 @@ fn check_mode(mode: &str, break_rule: &[&str], broken: &str) {
         .map(String::from)
         .into();
     text_args.extend(flags.iter().cloned());
-    let (_, text) = run(&lab, &text_args);
+    let (_, text) = run(lab, &text_args);
     assert!(
         text.contains("REJECTED") && text.contains("no endpoints"),
         "{text}"
@@ -206,7 +248,7 @@ fn check_mode(mode: &str, break_rule: &[&str], broken: &str) {
     // status: the running proxy, its health, what the kernel holds, no drift.
     let mut status: Vec<String> = ["status", "-o", "json"].map(String::from).into();
     status.extend(flags.iter().cloned());
-    let (code, out) = run(&lab, &status);
+    let (code, out) = run(lab, &status);
     let j = json(&out);
     assert_eq!(code, 0, "{out}");
     assert_eq!(j["mode"], mode, "{out}");
@@ -240,7 +282,7 @@ fn check_mode(mode: &str, break_rule: &[&str], broken: &str) {
     );
     // The node's own connections to a ClusterIP are masqueraded.
     assert_eq!(cluster_ip["masquerade"], true, "{web}");
-    let (_, text) = run(&lab, &{
+    let (_, text) = run(lab, &{
         let mut a: Vec<String> = vec!["status".into(), "default/web".into()];
         a.extend(flags.iter().cloned());
         a
@@ -250,8 +292,8 @@ fn check_mode(mode: &str, break_rule: &[&str], broken: &str) {
 
     // Stopped, the proxy leaves its rules; a deleted element or rule is drift.
     proxy.terminate(Duration::from_secs(5)).unwrap();
-    lab.node().run(break_rule).expect("delete behind the proxy");
-    let (code, out) = run(&lab, &status);
+    break_rule(lab);
+    let (code, out) = run(lab, &status);
     let j = json(&out);
     assert_eq!(code, 1, "drift must fail the status: {out}");
     assert_eq!(
@@ -306,6 +348,34 @@ fn explain_and_status_read_the_live_iptables_rules() {
     );
 }
 
+/// ebpf mode: the maps read through the pins in the sandbox's pin directory, the rows as the
+/// mode declares them (its socket hooks for the node and its pods, its tc path from outside:
+/// there a reject is a drop and SCTP is left alone), and a services-map entry deleted through
+/// its pin (the web ClusterIP's head) is drift.
+#[test]
+#[ignore = "needs root"]
+fn explain_and_status_read_the_live_ebpf_maps() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let sandbox = ebpf_lab::Sandbox::new("explain");
+    sandbox.admit(&lab);
+    check_mode_in(
+        &lab,
+        "ebpf",
+        kp_ebpf_test::SUPPORT,
+        &sandbox.flags(),
+        &|_: &Lab| {
+            sandbox.delete_map_entry(
+                kp_ebpf::names::SERVICES,
+                &ebpf_lab::tcp_frontend_head("10.96.0.10".parse().unwrap(), 80),
+            )
+        },
+        "kp_services: frontend 10.96.0.10:80/tcp (socket hooks) is missing from the kernel",
+    );
+}
+
 #[test]
 #[ignore = "needs root"]
 fn a_mode_explain_does_not_cover_is_named_not_guessed() {
@@ -315,7 +385,7 @@ fn a_mode_explain_does_not_cover_is_named_not_guessed() {
     let lab = kp_test::flows::lab().expect("lab");
     let (code, _) = run(
         &lab,
-        &["explain", "--mode", "userspace", "tcp", "10.96.0.10:80"].map(String::from),
+        &["explain", "--mode", "ipvs", "tcp", "10.96.0.10:80"].map(String::from),
     );
     assert_eq!(code, 3);
     // Nothing programmed: nothing to explain, said so.

@@ -6,8 +6,10 @@
 //! `Support::SOCKET_LB_TC`): rows from the node and its pods through the socket hooks, rows
 //! from outside through the tc path.
 //!
-//! Used only by tests: nothing in the proxy links it. What it leaves to others: planning
-//! (`kp-ebpf-plan`), the programs and the kernel (`kp-ebpf`), the rows (`kp-flows`).
+//! Used by tests, and by `kube-proxy status` and `explain`, which read the live maps into it
+//! (`kp_ebpf::read_pinned`) and check drift with [`EbpfTracer::differences`]. What it leaves
+//! to others: planning (`kp-ebpf-plan`), the programs and the kernel (`kp-ebpf`), the rows
+//! (`kp-flows`).
 
 pub mod tracer;
 

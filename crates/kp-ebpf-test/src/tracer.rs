@@ -21,7 +21,7 @@
 //! lists every inconsistency, the reverse-NAT entries the hooks give the frontend back with
 //! included.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kp_core::flow::{Origin, Packet, Tracer, Verdict};
@@ -138,6 +138,175 @@ impl EbpfTracer {
                 )),
             }
         }
+        out
+    }
+}
+
+/// What one frontend leads to, whatever ids the maps use: what [`EbpfTracer::differences`]
+/// compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Resolved {
+    /// Its backends by slot, sorted (`None`: a slot leads nowhere, see `problems`).
+    backends: Option<Vec<Backend>>,
+    /// The address its reverse-NAT entry gives back (`None`: missing).
+    rev_nat: Option<(IpAddr, u16)>,
+    affinity: u32,
+    flags: u8,
+    /// The sources it admits from outside (its `kp_src_ranges` entries).
+    ranges: BTreeSet<AddrKey>,
+}
+
+/// A frontend as an operator reads it: `ADDR:PORT/PROTO (socket|outside)`.
+fn frontend_text(f: &FrontendAddr) -> String {
+    let addr = match f.ip {
+        IpAddr::V4(_) => format!("{}:{}", f.ip, f.port),
+        IpAddr::V6(_) => format!("[{}]:{}", f.ip, f.port),
+    };
+    let scope = match f.scope {
+        Scope::Socket => "socket hooks",
+        Scope::Outside => "outside only",
+    };
+    format!("{addr}/{} ({scope})", f.protocol.as_lower())
+}
+
+/// A frontend's backends as an operator reads them.
+fn backends_text(b: &Option<Vec<Backend>>) -> String {
+    match b {
+        None => "a slot that leads nowhere".into(),
+        Some(b) => format!(
+            "[{}]",
+            b.iter()
+                .map(|b| match b.ip {
+                    IpAddr::V4(_) => format!("{}:{}", b.ip, b.port),
+                    IpAddr::V6(_) => format!("[{}]:{}", b.ip, b.port),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+impl EbpfTracer {
+    fn resolved(&self) -> BTreeMap<FrontendAddr, Resolved> {
+        self.maps
+            .services
+            .iter()
+            .filter(|(k, _)| k.slot == 0)
+            .map(|(k, head)| {
+                let backends = match self.slots(k.frontend, head.count) {
+                    Slots::Backends(mut b) => {
+                        b.sort();
+                        Some(b)
+                    }
+                    Slots::Broken(_) => None,
+                };
+                let resolved = Resolved {
+                    backends,
+                    rev_nat: self.maps.rev_nat.get(&head.rev_nat).map(|r| (r.ip, r.port)),
+                    affinity: head.affinity,
+                    flags: head.flags,
+                    ranges: self
+                        .maps
+                        .ranges
+                        .iter()
+                        .filter(|r| r.rev_nat == head.rev_nat)
+                        .map(|r| r.prefix)
+                        .collect(),
+                };
+                (k.frontend, resolved)
+            })
+            .collect()
+    }
+
+    /// Where these maps (the kernel's, read back) differ from `planned`'s (a planner's
+    /// contents): each frontend by what it leads to (its backends, reverse-NAT address,
+    /// affinity, flags and source ranges), not by the ids and slots that encode it, since
+    /// maps adopted across restarts and changed Service by Service keep other ids than a fresh
+    /// plan; then every address entry; then whatever in these maps the programs would stumble
+    /// on ([`EbpfTracer::problems`]). One line per difference, empty when they agree.
+    pub fn differences(&self, planned: &EbpfTracer) -> Vec<String> {
+        let (have, want) = (self.resolved(), planned.resolved());
+        let mut out = Vec::new();
+        let frontends: BTreeSet<&FrontendAddr> = have.keys().chain(want.keys()).collect();
+        for f in frontends {
+            let name = frontend_text(f);
+            let (h, w) = match (have.get(f), want.get(f)) {
+                (None, _) => {
+                    out.push(format!(
+                        "kp_services: frontend {name} is missing from the kernel"
+                    ));
+                    continue;
+                }
+                (_, None) => {
+                    out.push(format!(
+                        "kp_services: frontend {name} is in the kernel but not planned"
+                    ));
+                    continue;
+                }
+                (Some(h), Some(w)) => (h, w),
+            };
+            if h.backends != w.backends {
+                out.push(format!(
+                    "kp_services: frontend {name} leads to {} where the plan has {}",
+                    backends_text(&h.backends),
+                    backends_text(&w.backends)
+                ));
+            }
+            if h.rev_nat != w.rev_nat {
+                out.push(format!(
+                    "kp_rev_nat: frontend {name} is given back as {:?} where the plan has {:?}",
+                    h.rev_nat, w.rev_nat
+                ));
+            }
+            if (h.affinity, h.flags) != (w.affinity, w.flags) {
+                out.push(format!(
+                    "kp_services: frontend {name} has affinity {}s, flags {:#x} where the plan \
+                     has {}s, {:#x}",
+                    h.affinity, h.flags, w.affinity, w.flags
+                ));
+            }
+            if h.ranges != w.ranges {
+                let text = |r: &BTreeSet<AddrKey>| {
+                    r.iter()
+                        .map(|k| format!("{}/{}", k.ip, k.len))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                out.push(format!(
+                    "kp_src_ranges: frontend {name} admits [{}] where the plan has [{}]",
+                    text(&h.ranges),
+                    text(&w.ranges)
+                ));
+            }
+        }
+        let keys: BTreeSet<&AddrKey> = self
+            .maps
+            .addrs
+            .keys()
+            .chain(planned.maps.addrs.keys())
+            .collect();
+        for k in keys {
+            match (self.maps.addrs.get(k), planned.maps.addrs.get(k)) {
+                (h, w) if h == w => {}
+                (None, Some(w)) => out.push(format!(
+                    "kp_addrs: {}/{} ({w:?}) is missing from the kernel",
+                    k.ip, k.len
+                )),
+                (Some(h), None) => out.push(format!(
+                    "kp_addrs: {}/{} ({h:?}) is in the kernel but not planned",
+                    k.ip, k.len
+                )),
+                (h, w) => out.push(format!(
+                    "kp_addrs: {}/{} is {h:?} where the plan has {w:?}",
+                    k.ip, k.len
+                )),
+            }
+        }
+        out.extend(
+            self.problems()
+                .into_iter()
+                .map(|p| format!("in the kernel: {p}")),
+        );
         out
     }
 }

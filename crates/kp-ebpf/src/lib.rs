@@ -29,12 +29,12 @@ pub mod dataplane;
 pub mod local;
 pub mod nat_hooks;
 
-use std::collections::BTreeMap;
+use std::borrow::Borrow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{HashMap, MapData};
+use aya::maps::{HashMap, Map, MapData};
 use aya::programs::cgroup_sock_addr::CgroupSockAddrLinkId;
 use aya::programs::links::FdLink;
 use aya::programs::tc::SchedClassifierLinkId;
@@ -709,55 +709,84 @@ impl SocketLb {
     }
 
     /// Reads the services, backends, reverse-NAT and address maps back.
-    pub fn read_back(&mut self) -> Result<Contents, Error> {
-        let mut c = Contents::default();
-        let err = |name: &'static str| move |source| Error::Map { name, source };
-        {
-            let m = self.map::<SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE>(names::SERVICES)?;
-            let mut services = BTreeMap::new();
-            for entry in m.iter() {
-                let (k, v) = entry.map_err(err(names::SERVICES))?;
-                let k = ServiceKey::from_bytes(&k).ok_or(Error::Unreadable(names::SERVICES))?;
-                let v = ServiceValue::from_bytes(&v).ok_or(Error::Unreadable(names::SERVICES))?;
-                services.insert(k, v);
-            }
-            c.services = services;
-        }
-        {
-            let m = self.map::<4, BACKEND_SIZE>(names::BACKENDS)?;
-            for entry in m.iter() {
-                let (k, v) = entry.map_err(err(names::BACKENDS))?;
-                let v = Backend::from_bytes(&v).ok_or(Error::Unreadable(names::BACKENDS))?;
-                c.backends.insert(u32::from_ne_bytes(k), v);
-            }
-        }
-        {
-            let m = self.map::<2, REV_NAT_SIZE>(names::REV_NAT)?;
-            for entry in m.iter() {
-                let (k, v) = entry.map_err(err(names::REV_NAT))?;
-                let v = RevNat::from_bytes(&v).ok_or(Error::Unreadable(names::REV_NAT))?;
-                c.rev_nat.insert(u16::from_ne_bytes(k), v);
-            }
-        }
-        {
-            let m = self.ranges()?;
-            for entry in m.iter() {
-                let (k, _) = entry.map_err(err(names::SRC_RANGES))?;
-                let k = RangeKey::from_trie(k.prefix_len(), k.data())
-                    .ok_or(Error::Unreadable(names::SRC_RANGES))?;
-                c.ranges.insert(k);
-            }
-        }
-        {
-            let m = self.addrs()?;
-            for entry in m.iter() {
-                let (k, v) = entry.map_err(err(names::ADDRS))?;
-                let k = AddrKey::from_trie(k.prefix_len(), k.data())
-                    .ok_or(Error::Unreadable(names::ADDRS))?;
-                let v = AddrVerdict::from_byte(v).ok_or(Error::Unreadable(names::ADDRS))?;
-                c.addrs.insert(k, v);
-            }
-        }
-        Ok(c)
+    pub fn read_back(&self) -> Result<Contents, Error> {
+        let open = |name: &'static str| self.ebpf.map(name).ok_or(Error::Missing(name));
+        read_contents(
+            &typed(names::SERVICES, open(names::SERVICES)?)?,
+            &typed(names::BACKENDS, open(names::BACKENDS)?)?,
+            &typed(names::REV_NAT, open(names::REV_NAT)?)?,
+            &typed(names::SRC_RANGES, open(names::SRC_RANGES)?)?,
+            &typed(names::ADDRS, open(names::ADDRS)?)?,
+        )
     }
+}
+
+/// Reads the planner's maps pinned under `dir` (a running or stopped proxy's `--bpf-pin-dir`)
+/// into [`Contents`], as [`SocketLb::read_back`] reads a loaded object's: nothing is loaded or
+/// attached, each map is opened by its pin. A map that is not pinned there is
+/// [`Error::Map`] (`BPF_OBJ_GET` failing with `ENOENT`).
+pub fn read_pinned(dir: &Path) -> Result<Contents, Error> {
+    let open = |name: &'static str| {
+        MapData::from_pin(dir.join(name))
+            .and_then(Map::from_map_data)
+            .map_err(|source| Error::Map { name, source })
+    };
+    read_contents(
+        &typed(names::SERVICES, open(names::SERVICES)?)?,
+        &typed(names::BACKENDS, open(names::BACKENDS)?)?,
+        &typed(names::REV_NAT, open(names::REV_NAT)?)?,
+        &typed(names::SRC_RANGES, open(names::SRC_RANGES)?)?,
+        &typed(names::ADDRS, open(names::ADDRS)?)?,
+    )
+}
+
+/// Map `name`, opened (owned or borrowed), as the typed map it is.
+fn typed<M, T>(name: &'static str, map: M) -> Result<T, Error>
+where
+    T: TryFrom<M, Error = aya::maps::MapError>,
+{
+    T::try_from(map).map_err(|source| Error::Map { name, source })
+}
+
+/// The five maps the planner fills, read into [`Contents`]: what [`SocketLb::read_back`] and
+/// [`read_pinned`] share.
+fn read_contents<T: Borrow<MapData>>(
+    services: &HashMap<T, [u8; SERVICE_KEY_SIZE], [u8; SERVICE_VALUE_SIZE]>,
+    backends: &HashMap<T, [u8; 4], [u8; BACKEND_SIZE]>,
+    rev_nat: &HashMap<T, [u8; 2], [u8; REV_NAT_SIZE]>,
+    ranges: &LpmTrie<T, [u8; RANGE_DATA_SIZE], u8>,
+    addrs: &LpmTrie<T, [u8; ADDR_DATA_SIZE], u8>,
+) -> Result<Contents, Error> {
+    let mut c = Contents::default();
+    let err = |name: &'static str| move |source| Error::Map { name, source };
+    for entry in services.iter() {
+        let (k, v) = entry.map_err(err(names::SERVICES))?;
+        let k = ServiceKey::from_bytes(&k).ok_or(Error::Unreadable(names::SERVICES))?;
+        let v = ServiceValue::from_bytes(&v).ok_or(Error::Unreadable(names::SERVICES))?;
+        c.services.insert(k, v);
+    }
+    for entry in backends.iter() {
+        let (k, v) = entry.map_err(err(names::BACKENDS))?;
+        let v = Backend::from_bytes(&v).ok_or(Error::Unreadable(names::BACKENDS))?;
+        c.backends.insert(u32::from_ne_bytes(k), v);
+    }
+    for entry in rev_nat.iter() {
+        let (k, v) = entry.map_err(err(names::REV_NAT))?;
+        let v = RevNat::from_bytes(&v).ok_or(Error::Unreadable(names::REV_NAT))?;
+        c.rev_nat.insert(u16::from_ne_bytes(k), v);
+    }
+    for entry in ranges.iter() {
+        let (k, _) = entry.map_err(err(names::SRC_RANGES))?;
+        let k = RangeKey::from_trie(k.prefix_len(), k.data())
+            .ok_or(Error::Unreadable(names::SRC_RANGES))?;
+        c.ranges.insert(k);
+    }
+    for entry in addrs.iter() {
+        let (k, v) = entry.map_err(err(names::ADDRS))?;
+        let k =
+            AddrKey::from_trie(k.prefix_len(), k.data()).ok_or(Error::Unreadable(names::ADDRS))?;
+        let v = AddrVerdict::from_byte(v).ok_or(Error::Unreadable(names::ADDRS))?;
+        c.addrs.insert(k, v);
+    }
+    Ok(c)
 }

@@ -240,7 +240,12 @@ fn maps_pinned_under_bpffs_survive_the_loader_and_are_adopted_by_the_next() {
     for name in kp_ebpf::names::ALL {
         assert!(bpffs.path.join(name).exists(), "{name} is not pinned");
     }
-    let mut second = SocketLb::load(MapSizes::default(), Some(&bpffs.path)).expect("reload");
+    // Read through the pins alone, with nothing loaded (what `kube-proxy status` does).
+    assert_eq!(
+        kp_ebpf::read_pinned(&bpffs.path).expect("read the pins"),
+        planner.contents()
+    );
+    let second = SocketLb::load(MapSizes::default(), Some(&bpffs.path)).expect("reload");
     assert_eq!(second.read_back().expect("read back"), planner.contents());
     drop(second);
     // Removal takes every pin and the directory, and only them.
@@ -260,6 +265,9 @@ fn maps_pinned_under_bpffs_survive_the_loader_and_are_adopted_by_the_next() {
     }
     kp_ebpf::remove_pins(&dir).expect("remove pins");
     assert!(!dir.exists(), "the emptied pin directory stays");
+    // Nothing pinned: an error naming the map, not empty contents.
+    let err = kp_ebpf::read_pinned(&dir).expect_err("no pins to read");
+    assert!(err.to_string().contains(kp_ebpf::names::SERVICES), "{err}");
 }
 
 /// The compat object, for kernels before 5.18, passes the verifier here too and refuses with

@@ -277,8 +277,9 @@ fn interface_name(field: &str, name: &str) -> Result<InterfaceName, Fatal> {
     InterfaceName::new(name).map_err(|e| Fatal::Config(format!("{field} {name:?}: {e}")))
 }
 
-/// `nodePortAddresses`, as the kernel modes interpret it.
-fn node_port_addresses(cfg: &Config) -> NodePortAddresses {
+/// `nodePortAddresses`, as the kernel modes interpret it (also what `kube-proxy status` plans
+/// ebpf mode's maps with).
+pub fn node_port_addresses(cfg: &Config) -> NodePortAddresses {
     match cfg.node_port_addresses.as_slice() {
         [] => NodePortAddresses::AllLocal,
         [NodePortAddress::Primary] => NodePortAddresses::Primary,

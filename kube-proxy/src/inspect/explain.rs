@@ -1,5 +1,6 @@
 //! `kube-proxy explain`: follows one packet through the live rules of the active mode, with
-//! that mode's tracer fed from the kernel's own listing, and says what happens to it.
+//! that mode's tracer fed from the kernel's own listing (ebpf mode: its pinned maps), and says
+//! what happens to it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -8,6 +9,8 @@ use std::net::IpAddr;
 use kp_core::flow::{Origin, Packet, Tracer, Verdict};
 use kp_core::model::{IpFamily, Protocol, ServicePort};
 use kp_core::track::ProxyState;
+use kp_ebpf_plan::{FrontendAddr, Scope, ServiceKey, FLAG_DROP_EMPTY, FLAG_SRC_RANGES};
+use kp_ebpf_test::EbpfTracer;
 use kp_iptables_test::tracer::Outcome;
 use kp_nftables_plan::element::{Atom, Tuple};
 use kp_nftables_test::elements::atom_matches;
@@ -82,10 +85,23 @@ pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer
             }
             Err(e) => a.error = Some(e.to_string()),
         },
+        Live::Ebpf { tracer, .. } => {
+            let v = tracer.trace(packet);
+            // The programs pick a slot uniformly (`bpf_get_prandom_u32() % count`).
+            if let Verdict::Dnat { endpoints, .. } = &v {
+                let p = 1.0 / endpoints.len().max(1) as f64;
+                a.endpoints = endpoints.iter().map(|e| (*e, p)).collect();
+            }
+            a.decided_by = ebpf_entries(tracer, packet);
+            a.reason = ebpf_reason(tracer, &v, packet);
+            a.verdict = Some(v);
+        }
     }
     if let Some(state) = state {
         let local = match live {
-            Live::Nftables { .. } | Live::Iptables { .. } => super::live::local_addresses(),
+            Live::Nftables { .. } | Live::Iptables { .. } | Live::Ebpf { .. } => {
+                super::live::local_addresses()
+            }
         };
         let ports = matching_ports(state, packet, &local);
         a.services = ports
@@ -330,6 +346,164 @@ fn ipt_reason(v: &Verdict, rules: &[String]) -> Option<String> {
         Some(c) => format!("{c} ({rule})"),
         None => rule.clone(),
     })
+}
+
+/// Which of the ebpf mode's programs meets `p`: the socket hooks for the node's and its pods'
+/// sockets, the tc path for a packet that arrives from outside the node.
+fn ebpf_path(p: &Packet) -> &'static str {
+    if p.origin == Origin::External {
+        "tc path (kp_tc_outside on the interface the packet arrives on)"
+    } else {
+        "socket hooks (cgroup connect / sendmsg, before any packet is sent)"
+    }
+}
+
+/// The map entries that concern `p`, as the programs look them up: the frontend's head and
+/// slots (both scopes from outside, the socket one otherwise), the backends they name, its
+/// source ranges, and the address entries holding the destination.
+fn ebpf_entries(tracer: &EbpfTracer, p: &Packet) -> Vec<String> {
+    let maps = tracer.maps();
+    let mut out = vec![ebpf_path(p).to_string()];
+    let scopes: &[Scope] = if p.origin == Origin::External {
+        &[Scope::Outside, Scope::Socket]
+    } else {
+        &[Scope::Socket]
+    };
+    let dest = endpoint_text(&p.dst, p.dport);
+    let proto = p.protocol.as_lower();
+    for scope in scopes {
+        let frontend = FrontendAddr {
+            ip: p.dst,
+            port: p.dport,
+            protocol: p.protocol,
+            scope: *scope,
+        };
+        let Some(head) = maps.services.get(&ServiceKey { frontend, slot: 0 }) else {
+            continue;
+        };
+        let scope_word = match scope {
+            Scope::Socket => "socket",
+            Scope::Outside => "outside",
+        };
+        out.push(format!(
+            "kp_services {dest}/{proto} ({scope_word}) slot 0: {} backend(s), rev_nat {}, \
+             affinity {}s, flags {:#x}",
+            head.count, head.rev_nat, head.affinity, head.flags
+        ));
+        for slot in 1..=head.count {
+            match maps.services.get(&ServiceKey { frontend, slot }) {
+                Some(v) => match maps.backends.get(&v.backend_id) {
+                    Some(b) => out.push(format!(
+                        "kp_services slot {slot} -> kp_backends {}: {}",
+                        v.backend_id,
+                        endpoint_text(&b.ip, b.port)
+                    )),
+                    None => out.push(format!(
+                        "kp_services slot {slot} -> kp_backends {}: missing",
+                        v.backend_id
+                    )),
+                },
+                None => out.push(format!("kp_services slot {slot}: missing")),
+            }
+        }
+        if head.flags & FLAG_SRC_RANGES != 0 {
+            let ranges: Vec<String> = maps
+                .ranges
+                .iter()
+                .filter(|r| r.rev_nat == head.rev_nat)
+                .map(|r| format!("{}/{}", r.prefix.ip, r.prefix.len))
+                .collect();
+            out.push(format!(
+                "kp_src_ranges rev_nat {}: [{}]",
+                head.rev_nat,
+                ranges.join(", ")
+            ));
+        }
+        // The programs use the first scope found.
+        return out;
+    }
+    for (k, v) in &maps.addrs {
+        let net = ipnet::IpNet::new(k.ip, k.len).ok();
+        if net.is_some_and(|n| n.contains(&p.dst)) {
+            out.push(format!("kp_addrs {}/{}: {v:?}", k.ip, k.len));
+        }
+    }
+    out
+}
+
+/// Why the ebpf mode's programs refuse `p`, or leave it alone where an operator would expect
+/// otherwise.
+fn ebpf_reason(tracer: &EbpfTracer, v: &Verdict, p: &Packet) -> Option<String> {
+    let outside = p.origin == Origin::External;
+    if *v == Verdict::Untouched && outside && p.protocol == Protocol::Sctp {
+        return Some(
+            "SCTP from outside the node is left alone: the tc path translates TCP and UDP only"
+                .into(),
+        );
+    }
+    if !matches!(v, Verdict::Drop | Verdict::Reject) {
+        return None;
+    }
+    let maps = tracer.maps();
+    let scopes: &[Scope] = if outside {
+        &[Scope::Outside, Scope::Socket]
+    } else {
+        &[Scope::Socket]
+    };
+    let head = scopes.iter().find_map(|scope| {
+        maps.services.get(&ServiceKey {
+            frontend: FrontendAddr {
+                ip: p.dst,
+                port: p.dport,
+                protocol: p.protocol,
+                scope: *scope,
+            },
+            slot: 0,
+        })
+    });
+    let tc = if outside {
+        " (the tc path drops what the socket hooks reject)"
+    } else {
+        ""
+    };
+    if let Some(head) = head {
+        if outside
+            && head.flags & FLAG_SRC_RANGES != 0
+            && !maps.ranges.iter().any(|r| {
+                r.rev_nat == head.rev_nat
+                    && ipnet::IpNet::new(r.prefix.ip, r.prefix.len)
+                        .is_ok_and(|n| n.contains(&p.src))
+            })
+        {
+            return Some("the source is outside the Service's loadBalancerSourceRanges".into());
+        }
+        if head.count == 0 {
+            return Some(if head.flags & FLAG_DROP_EMPTY != 0 {
+                "no endpoint this traffic may use (a Local traffic policy with no endpoint on \
+                 this node)"
+                    .to_string()
+            } else {
+                format!("the Service port has no endpoints{tc}")
+            });
+        }
+        return Some(format!("a slot of this frontend leads to no backend{tc}"));
+    }
+    let addr = maps
+        .addrs
+        .iter()
+        .filter(|(k, _)| ipnet::IpNet::new(k.ip, k.len).is_ok_and(|n| n.contains(&p.dst)))
+        .max_by_key(|(k, _)| k.len)
+        .map(|(_, v)| *v);
+    match addr {
+        Some(kp_ebpf_plan::AddrVerdict::Reject) => Some(format!(
+            "no Service has this port on this ClusterIP (unknown port){tc}"
+        )),
+        Some(kp_ebpf_plan::AddrVerdict::Drop) => Some(
+            "the address is in a Service CIDR but no Service holds it (unallocated ClusterIP)"
+                .into(),
+        ),
+        None => None,
+    }
 }
 
 fn verdict_word(v: &Verdict) -> &'static str {

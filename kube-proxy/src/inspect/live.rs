@@ -1,18 +1,21 @@
 //! The live kernel state, read the way an operator would read it (`nft list table`,
-//! `iptables-save`), into the mode's tracer; which mode the node runs; the node's addresses;
-//! and the running proxy's HTTP answers.
+//! `iptables-save`, the ebpf mode's maps through their pins under `--bpf-pin-dir`), into the
+//! mode's tracer; which mode the node runs; the node's addresses; and the running proxy's HTTP
+//! answers.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use kp_core::flow::Ingress;
 use kp_core::model::IpFamily;
+use kp_ebpf_test::EbpfTracer;
 use kp_iptables::{Backend, IptablesCommand};
 use kp_iptables_test::IptablesTracer;
 use kp_nftables_test::NftTracer;
-use kp_proxy::config::ProxyMode;
+use kp_proxy::config::{Config, ProxyMode};
 
 /// What the kernel holds for one mode, read into that mode's tracer.
 pub enum Live {
@@ -30,12 +33,25 @@ pub enum Live {
         /// Other programs' rules in the filter and nat tables, left out of the trace.
         foreign_rules: usize,
     },
+    /// The ebpf mode's maps, read through their pins (nothing is loaded or attached).
+    Ebpf {
+        /// The services, backends, reverse-NAT, address and source-range maps.
+        tracer: EbpfTracer,
+        /// Where they are pinned (`--bpf-pin-dir`).
+        pin_dir: PathBuf,
+        /// The socket hooks' links pinned there (`kp_connect4_link`, …), by program: the
+        /// programs attached to the cgroup while no proxy runs.
+        hooks: Vec<&'static str>,
+        /// The interfaces whose tc link is pinned there (`kp_tc_link_DEV`): where traffic
+        /// from outside the node meets `kp_tc_outside` or gets its replies undone.
+        tc_links: Vec<String>,
+    },
 }
 
 /// The modes `explain` and `status` read from the kernel, and why the others are not.
 pub fn unsupported_reason(mode: ProxyMode) -> Option<&'static str> {
     match mode {
-        ProxyMode::Nftables | ProxyMode::Iptables => None,
+        ProxyMode::Nftables | ProxyMode::Iptables | ProxyMode::Ebpf => None,
         ProxyMode::Ipvs => Some(
             "ipvs mode is not covered yet: its virtual servers are read over IPVS netlink, and \
              there is no tracer over them (use `ipvsadm -Ln` and `iptables-save`)",
@@ -44,15 +60,12 @@ pub fn unsupported_reason(mode: ProxyMode) -> Option<&'static str> {
             "userspace mode is not covered yet: where a redirected connection goes is decided \
              by the running proxy's balancer, which the kernel does not hold",
         ),
-        ProxyMode::Ebpf => Some(
-            "ebpf mode is not covered yet: its pinned maps are not read back into the tracer \
-             (use `bpftool map dump pinned …` under --bpf-pin-dir)",
-        ),
     }
 }
 
-/// Reads `mode`'s rules from the kernel into its tracer; `local` are the node's addresses.
-pub fn read(mode: ProxyMode, local: Vec<IpAddr>) -> Result<Live, String> {
+/// Reads `mode`'s rules from the kernel into its tracer; `local` are the node's addresses;
+/// `cfg` the proxy's flags (ebpf mode: `--bpf-pin-dir`).
+pub fn read(mode: ProxyMode, cfg: &Config, local: Vec<IpAddr>) -> Result<Live, String> {
     match mode {
         ProxyMode::Nftables => {
             let mut tracer = NftTracer::new(local).with_ingress(node_links());
@@ -88,10 +101,52 @@ pub fn read(mode: ProxyMode, local: Vec<IpAddr>) -> Result<Live, String> {
                 foreign_rules,
             })
         }
+        ProxyMode::Ebpf => {
+            let dir = &cfg.bpf_pin_dir;
+            if !dir.join(kp_ebpf::names::SERVICES).exists() {
+                return Err(format!(
+                    "no ebpf maps are pinned in {} (the proxy's --bpf-pin-dir; pass the same \
+                     flag here)",
+                    dir.display()
+                ));
+            }
+            let maps = kp_ebpf::read_pinned(dir)
+                .map_err(|e| format!("reading the maps pinned in {}: {e}", dir.display()))?;
+            let (hooks, tc_links) = pinned_links(dir);
+            // Nothing rewrites a source in this mode: a backend sees the node's address only
+            // for the node's unbound sockets, whose source is an address of the interface
+            // towards it, never one held on loopback alone (a LoadBalancer IP on `lo` is a
+            // source only for a socket bound to it; loopback itself the tracer knows).
+            Ok(Live::Ebpf {
+                tracer: EbpfTracer::new(maps, interface_addresses(|name| name != "lo")),
+                pin_dir: dir.clone(),
+                hooks,
+                tc_links,
+            })
+        }
         other => Err(unsupported_reason(other)
             .unwrap_or("not covered")
             .to_string()),
     }
+}
+
+/// The socket hooks whose link is pinned in `dir`, and the interfaces whose tc link is.
+pub fn pinned_links(dir: &Path) -> (Vec<&'static str>, Vec<String>) {
+    let hooks = kp_ebpf::SOCK_PROGRAMS
+        .into_iter()
+        .filter(|p| dir.join(kp_ebpf::names::link(p)).exists())
+        .collect();
+    let mut tc: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_prefix(kp_ebpf::names::TC_LINK_PREFIX)
+                .map(str::to_string)
+        })
+        .collect();
+    tc.sort();
+    (hooks, tc)
 }
 
 fn nft_family(f: IpFamily) -> &'static str {
@@ -124,15 +179,26 @@ fn nft_listing(f: IpFamily) -> Result<String, String> {
     ))
 }
 
-/// Which mode's rules the kernel holds, in the order a mode switch leaves them (the new mode's
-/// rules are there before the old mode's are removed): nftables, ipvs, iptables, userspace.
-pub fn detect_mode() -> Option<ProxyMode> {
+/// Which mode's rules the kernel holds. ebpf first: its programs, attached while their links
+/// are pinned in `--bpf-pin-dir` (`cfg`'s), translate a connection when it is made, before any
+/// netfilter rule sees a packet; its maps pinned there, or its NAT hooks' table
+/// (`inet kube-proxy-ebpf`), say the same of a mode whose links went. Then in the order a mode
+/// switch leaves them (the new mode's rules are there before the old mode's are removed):
+/// nftables, ipvs, iptables, userspace.
+pub fn detect_mode(cfg: &Config) -> Option<ProxyMode> {
     let tables = Command::new("nft")
         .args(["list", "tables"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
     let has = |t: &str| tables.lines().any(|l| l.trim() == t);
+    let (hooks, _) = pinned_links(&cfg.bpf_pin_dir);
+    if !hooks.is_empty()
+        || cfg.bpf_pin_dir.join(kp_ebpf::names::SERVICES).exists()
+        || has(&format!("table inet {}", kp_ebpf::nat_hooks::TABLE))
+    {
+        return Some(ProxyMode::Ebpf);
+    }
     if has("table ip kube-proxy") || has("table ip6 kube-proxy") {
         return Some(ProxyMode::Nftables);
     }
@@ -153,8 +219,14 @@ pub fn detect_mode() -> Option<ProxyMode> {
 
 /// The node's addresses (what `fib … type local` and `--dst-type LOCAL` match).
 pub fn local_addresses() -> Vec<IpAddr> {
+    interface_addresses(|_| true)
+}
+
+/// The addresses of the node's interfaces whose name `keep` admits.
+fn interface_addresses(keep: impl Fn(&str) -> bool) -> Vec<IpAddr> {
     let mut v: Vec<IpAddr> = match nix::ifaddrs::getifaddrs() {
         Ok(addrs) => addrs
+            .filter(|a| keep(&a.interface_name))
             .filter_map(|a| {
                 let s = a.address?;
                 if let Some(v4) = s.as_sockaddr_in() {

@@ -1,11 +1,12 @@
 //! `kube-proxy status` and `kube-proxy explain`: what the node's kernel does with Service
 //! traffic, read from the live rules (not from the proxy's plan), whether or not the proxy is
-//! running. Each mode's tracer (`kp-nftables-test`, `kp-iptables-test`) is fed the kernel's own
-//! listing (`nft list table`, `iptables-save`); the planner's full plan for the objects the
-//! proxy would read, replayed into the same tracer, is what the live rules are compared with.
+//! running. Each mode's tracer (`kp-nftables-test`, `kp-iptables-test`, `kp-ebpf-test`) is fed
+//! the kernel's own state (`nft list table`, `iptables-save`, the ebpf mode's maps opened
+//! through their pins); the planner's full plan for the objects the proxy would read, in the
+//! same tracer, is what the live state is compared with.
 //!
-//! Covered: nftables and iptables. Not covered yet, and said so at run time: ipvs, userspace
-//! and ebpf ([`live::unsupported_reason`]).
+//! Covered: nftables, iptables and ebpf. Not covered yet, and said so at run time: ipvs and
+//! userspace ([`live::unsupported_reason`]).
 
 mod explain;
 mod live;
@@ -27,10 +28,13 @@ pub fn is_subcommand(arg: &str) -> bool {
 }
 
 const COVERAGE: &str = "\
-Modes covered: nftables (reads `nft list table ip|ip6 kube-proxy`) and iptables (reads
+Modes covered: nftables (reads `nft list table ip|ip6 kube-proxy`), iptables (reads
 `iptables-save`/`ip6tables-save` of the backend the node uses, keeping the KUBE-* chains and
-the jumps into them; other programs' rules are counted, not traced). Not covered yet: ipvs,
-userspace and ebpf (the command says so and exits 3).";
+the jumps into them; other programs' rules are counted, not traced) and ebpf (reads the maps
+pinned in --bpf-pin-dir, default /sys/fs/bpf/kube-proxy-rs, without loading or attaching
+anything: pass the proxy's --bpf-pin-dir; the node's and its pods' connections meet the socket
+hooks, --origin external packets the tc path). Not covered yet: ipvs and userspace (the
+command says so and exits 3).";
 
 const STATUS_HELP: &str = "\
 kube-proxy status: what the running proxy and the kernel say.
@@ -287,10 +291,10 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
         Ok(t) => t,
         Err(code) => return code,
     };
-    let mode = match c.mode.or_else(live::detect_mode) {
+    let mode = match c.mode.or_else(|| live::detect_mode(cfg)) {
         Some(m) => m,
         None => {
-            eprintln!("kube-proxy explain: the kernel holds no kube-proxy rules (no nftables table, no KUBE-SERVICES chain); nothing to explain");
+            eprintln!("kube-proxy explain: the kernel holds no kube-proxy rules (no nftables table, no KUBE-SERVICES chain, no ebpf pins in {}); nothing to explain", cfg.bpf_pin_dir.display());
             return ExitCode::FAILURE;
         }
     };
@@ -299,7 +303,7 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
         return ExitCode::from(3);
     }
     let local = live::local_addresses();
-    let live = match live::read(mode, local.clone()) {
+    let live = match live::read(mode, cfg, local.clone()) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("kube-proxy explain: reading the {mode} rules: {e}");
@@ -420,10 +424,29 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
         ));
     } else {
         let mut text = format!("mode:    {mode} (live rules read from the kernel)\n");
-        if let Live::Iptables { foreign_rules, .. } = &live {
-            if *foreign_rules > 0 {
+        match &live {
+            Live::Iptables { foreign_rules, .. } if *foreign_rules > 0 => {
                 text.push_str(&format!("note:    {foreign_rules} rules of other programs in the filter and nat tables are not traced\n"));
             }
+            Live::Ebpf {
+                pin_dir,
+                hooks,
+                tc_links,
+                ..
+            } => {
+                text.push_str(&format!(
+                    "maps:    pinned in {}; socket hooks linked: {} of {}; tc links: {}\n",
+                    pin_dir.display(),
+                    hooks.len(),
+                    kp_ebpf::SOCK_PROGRAMS.len(),
+                    if tc_links.is_empty() {
+                        "none (nothing translates traffic from outside)".to_string()
+                    } else {
+                        tc_links.join(", ")
+                    }
+                ));
+            }
+            _ => {}
         }
         for (i, a) in answers.iter().enumerate() {
             if i > 0 {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use kp_core::model::IpFamily;
 use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::{Kind, ProxyState, SourceEvent};
+use kp_ebpf_test::EbpfTracer;
 use kp_iptables_test::IptablesTracer;
 use kp_metrics::Metrics;
 use kp_nftables_test::NftTracer;
@@ -178,4 +179,23 @@ pub fn plan_iptables(
             .map_err(|e| format!("replaying the {f:?} jumps: {e}"))?;
     }
     Ok(tracer)
+}
+
+/// The ebpf planner's full plan for `state` (what a full sync makes the maps hold), in a tracer
+/// over the node's addresses `local`. NodePorts go on the addresses the dataplane finds
+/// (`kp_ebpf::local`), as its syncs do.
+pub fn plan_ebpf(
+    cfg: &Config,
+    state: &ProxyState,
+    local: Vec<IpAddr>,
+) -> Result<EbpfTracer, String> {
+    let node_ports = kp_proxy::modes::node_port_addresses(cfg);
+    let interfaces = match node_ports {
+        NodePortAddresses::Primary => Vec::new(),
+        _ => kp_ebpf::local::local_addresses()
+            .map_err(|e| format!("reading the node's addresses: {e}"))?,
+    };
+    let planner = kp_ebpf_plan::plan_state(state, &node_ports, &interfaces)
+        .map_err(|e| format!("planning the maps: {e}"))?;
+    Ok(EbpfTracer::new(planner.contents(), local))
 }

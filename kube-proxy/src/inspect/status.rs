@@ -111,6 +111,24 @@ pub fn counts(live: &Live) -> Value {
                 "iptablesBackend": backend.as_str(),
             })
         }
+        Live::Ebpf {
+            tracer,
+            pin_dir,
+            hooks,
+            tc_links,
+        } => {
+            let maps = tracer.maps();
+            let heads = || maps.services.iter().filter(|(k, _)| k.slot == 0);
+            json!({
+                "frontendsWithEndpoints": heads().filter(|(_, v)| v.count > 0).count(),
+                "frontendsWithoutEndpoints": heads().filter(|(_, v)| v.count == 0).count(),
+                "endpoints": maps.backends.len(),
+                "addressEntries": maps.addrs.len(),
+                "pinDir": pin_dir.display().to_string(),
+                "socketHooksPinned": hooks.len(),
+                "tcLinksPinned": tc_links,
+            })
+        }
     }
 }
 
@@ -135,6 +153,29 @@ pub fn drift(
                 .into_iter()
                 .flat_map(|f| tracer.differences(&planned, f))
                 .collect())
+        }
+        Live::Ebpf { tracer, hooks, .. } => {
+            let planned = snapshot::plan_ebpf(cfg, state, local.to_vec())?;
+            let mut out = tracer.differences(&planned);
+            // Pinned with every start, so they hold while no proxy runs: one gone is a hook
+            // nothing translates at.
+            out.extend(
+                kp_ebpf::SOCK_PROGRAMS
+                    .into_iter()
+                    .filter(|p| !hooks.contains(p))
+                    .map(|p| {
+                        format!(
+                            "link {} is not pinned: {p} is not attached",
+                            kp_ebpf::names::link(p)
+                        )
+                    }),
+            );
+            // The table that keeps netfilter's NAT hooks on, as the dataplane's verify checks.
+            let hooks_table = kp_ebpf::nat_hooks::NatHooks::new(None)
+                .check()
+                .map_err(|e| format!("reading table inet {}: {e}", kp_ebpf::nat_hooks::TABLE))?;
+            out.extend(hooks_table);
+            Ok(out)
         }
     }
 }
@@ -219,7 +260,7 @@ pub fn report(cfg: &Config, forced: Option<ProxyMode>, only: Option<&str>) -> Re
         .map(|a| probe(a, "/proxyMode"))
         .filter(|p| p.answer == Ok(200))
         .map(|p| p.body.trim().to_string());
-    let in_kernel = live::detect_mode();
+    let in_kernel = live::detect_mode(cfg);
     let mode = forced
         .or_else(|| {
             running
@@ -257,7 +298,7 @@ pub fn report(cfg: &Config, forced: Option<ProxyMode>, only: Option<&str>) -> Re
         };
     }
     let local = live::local_addresses();
-    let live = match live::read(mode, local.clone()) {
+    let live = match live::read(mode, cfg, local.clone()) {
         Ok(l) => l,
         Err(e) => {
             j["error"] = json!(format!("reading the {mode} rules: {e}"));

@@ -313,3 +313,78 @@ fn node_ports_answer_where_node_port_addresses_says() {
     assert!(matches!(tracer.trace(&p), Verdict::Dnat { .. }));
     assert_eq!(fixture().trace(&p), Verdict::Untouched);
 }
+
+/// Drift is what the frontends lead to, not the ids that encode it: maps numbered otherwise
+/// agree with the plan; a frontend's head, a backend and an address entry lost or changed are
+/// each named.
+#[test]
+fn differences_name_what_a_frontend_lost_whatever_ids_the_maps_use() {
+    let planned = fixture();
+    assert_eq!(planned.differences(&planned), Vec::<String>::new());
+
+    // Every backend renumbered: other bytes in the maps, the same frontends.
+    let mut renumbered = planned.clone();
+    let maps = renumbered.maps_mut();
+    maps.backends = maps
+        .backends
+        .iter()
+        .map(|(id, b)| (id + 1000, *b))
+        .collect();
+    for (k, v) in maps.services.iter_mut() {
+        if k.slot != 0 {
+            v.backend_id += 1000;
+        }
+    }
+    assert!(!kp_ebpf_plan::diff(renumbered.maps(), planned.maps()).is_empty());
+    assert_eq!(renumbered.differences(&planned), Vec::<String>::new());
+
+    let web = FrontendAddr {
+        ip: ip("10.96.0.10"),
+        port: 80,
+        protocol: Protocol::Tcp,
+        scope: Scope::Socket,
+    };
+    let mut lost_head = planned.clone();
+    lost_head.maps_mut().services.remove(&ServiceKey {
+        frontend: web,
+        slot: 0,
+    });
+    let d = lost_head.differences(&planned);
+    assert!(
+        d.iter().any(|l| l
+            == "kp_services: frontend 10.96.0.10:80/tcp (socket hooks) is missing from the kernel"),
+        "{d:#?}"
+    );
+    // Its slots stay behind, which the programs would never reach: said too.
+    assert!(d.iter().any(|l| l.starts_with("in the kernel: ")), "{d:#?}");
+
+    let mut moved = planned.clone();
+    let slot = moved.maps().services[&ServiceKey {
+        frontend: web,
+        slot: 1,
+    }]
+        .backend_id;
+    moved
+        .maps_mut()
+        .backends
+        .get_mut(&slot)
+        .expect("backend")
+        .port = 9;
+    let d = moved.differences(&planned);
+    assert!(
+        d.iter().any(|l| l
+            .starts_with("kp_services: frontend 10.96.0.10:80/tcp (socket hooks) leads to [")
+            && l.contains(":9")),
+        "{d:#?}"
+    );
+
+    let mut no_addr = planned.clone();
+    let key = AddrKey::host(ip("10.96.0.10"));
+    assert!(no_addr.maps_mut().addrs.remove(&key).is_some());
+    let d = no_addr.differences(&planned);
+    assert_eq!(
+        d,
+        ["kp_addrs: 10.96.0.10/32 (Reject) is missing from the kernel"],
+        "{d:#?}"
+    );
+}
