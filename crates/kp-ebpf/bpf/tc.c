@@ -12,7 +12,8 @@
  * ranges are checked in kp_src_ranges (a miss drops). A backend is picked at random and the
  * choice is written to kp_ct twice: the client's tuple, so the flow's later packets follow it
  * (a new TCP SYN picks again), and the backend's reply tuple, so replies are given the
- * frontend back. Masquerading takes the address the kernel would send from towards the backend
+ * frontend back. Only a SYN starts a TCP connection here: a later packet of one kp_ct does not
+ * hold (netfilter's, from before the mode started) goes to the stack untouched. Masquerading takes the address the kernel would send from towards the backend
  * (bpf_fib_lookup with BPF_FIB_LOOKUP_SRC) and keeps the client's port unless another
  * connection holds it (then a random one of 32768-60999).
  *
@@ -344,6 +345,12 @@ static __always_inline int outside(struct __sk_buff *skb)
 		fwd = *held;
 		return translate(skb, &p, &fwd);
 	}
+	/* A TCP packet that opens nothing (no SYN) of a connection this path did not make: one that
+	 * netfilter translated before the mode started (conntrack still holds it, and the mode keeps
+	 * conntrack and the NAT hooks on), or one the stack resets. Left to the stack, so a switch
+	 * to this mode keeps the old mode's connections. */
+	if (p.proto == KP_IPPROTO_TCP && !p.syn)
+		return TC_ACT_OK;
 	if (svc->count == 0)
 		return TC_ACT_SHOT;
 	n = (bpf_get_prandom_u32() % svc->count) + 1;
