@@ -200,8 +200,15 @@ fn check_mode_in(
     let mut proxy = start(lab, mode, &dir.0, extra);
     let flags = proxy_flags(mode, &dir.0, extra);
 
-    // explain names every row's outcome.
-    let failures = explain_every_row(lab, support, extra);
+    // explain names every row's outcome. In userspace mode the endpoint of a redirected
+    // connection is the proxy's choice, which explain reads from the objects: it is given
+    // the proxy's flags with the object source.
+    let row_flags = if mode == "userspace" {
+        flags.clone()
+    } else {
+        extra.to_vec()
+    };
+    let failures = explain_every_row(lab, support, &row_flags);
     assert!(
         failures.is_empty(),
         "{mode}: {} of {} rows explained wrongly:\n{}",
@@ -373,6 +380,61 @@ fn explain_and_status_read_the_live_ebpf_maps() {
             )
         },
         "kp_services: frontend 10.96.0.10:80/tcp (socket hooks) is missing from the kernel",
+    );
+}
+
+/// userspace mode: the redirect table read from the kernel, the endpoints a redirected
+/// connection may reach from the balancer synced with the objects (the proxy's choice), SCTP
+/// rejected (the proxy has no SCTP socket), and a redirect element deleted behind the stopped
+/// proxy's back is drift.
+#[test]
+#[ignore = "needs root"]
+fn explain_and_status_read_the_live_userspace_table() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    check_mode_in(
+        &lab,
+        "userspace",
+        Support::NO_SCTP,
+        &[],
+        &|lab: &Lab| {
+            lab.node()
+                .run(&[
+                    "nft",
+                    "delete",
+                    "element",
+                    "inet",
+                    "kube-proxy-userspace",
+                    "redirect-vips-v4",
+                    "{ 10.96.0.10 . tcp . 80 }",
+                ])
+                .expect("delete behind the proxy");
+        },
+        "redirect-vips-v4",
+    );
+    // The proxy stopped, its rules stay: a connection they redirect meets no listener and is
+    // refused, which explain says rather than naming endpoints nobody connects to.
+    let row = kp_flows::cases()
+        .into_iter()
+        .map(|row| row.for_mode(Support::NO_SCTP))
+        .find(|c| {
+            c.packet.origin == Origin::Pod
+                && c.packet.dst.to_string() != "10.96.0.10"
+                && matches!(c.expect, kp_flows::Expect::Pods { .. })
+        })
+        .expect("a redirected row from a pod");
+    let (code, out) = run(&lab, &explain_args(&row));
+    let j = json(&out);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(j["verdict"], "reject", "{}: {out}", row.name);
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("nothing listens"),
+        "{out}"
     );
 }
 

@@ -5,11 +5,13 @@
 //! which source. It answers in `kp_core::flow` terms, so the packet-flow table (`kp-flows`)
 //! runs over it.
 //!
-//! Used only by tests: nothing in the proxy links it. What it leaves to others: rendering and
+//! Used by tests, and by `kube-proxy status` and `explain`, which replay the live table's
+//! listing into it ([`UserspaceTracer::walk`] says where the table alone sends a packet). What
+//! it leaves to others: rendering and
 //! balancing (`kp-userspace-plan`), the kernel and the relays (`kp-userspace`), the rows
 //! (`kp-flows`). The same idea as `kp-nftables-test`'s tracer, for a table of another shape
 //! (`inet`, redirects, transparent sockets).
 
 pub mod tracer;
 
-pub use tracer::{TraceError, UserspaceTracer};
+pub use tracer::{TraceError, UserspaceTracer, Walked};

@@ -362,10 +362,60 @@ impl UserspaceTracer {
     }
 }
 
+/// Where the table alone sends a connection's first packet ([`UserspaceTracer::walk`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walked {
+    /// Left alone (no rule of ours redirects, drops or rejects it).
+    Untouched,
+    /// Dropped by the table.
+    Drop,
+    /// Rejected by the table.
+    Reject,
+    /// Redirected to the proxy listening on this port: where it goes next is the balancer's
+    /// choice.
+    Redirected(u16),
+}
+
 impl Tracer for UserspaceTracer {
     fn trace(&self, p: &Packet) -> Verdict {
+        match self.walk(p) {
+            Walked::Untouched => Verdict::Untouched,
+            Walked::Drop => Verdict::Drop,
+            Walked::Reject => Verdict::Reject,
+            Walked::Redirected(_) => self.redirected(p),
+        }
+    }
+}
+
+impl UserspaceTracer {
+    /// The names of the table's sets and maps (none without a table).
+    pub fn set_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .table
+            .as_ref()
+            .map(|t| t.sets.keys().cloned().collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The proxy ports the table's rules redirect to.
+    pub fn redirect_ports(&self) -> BTreeSet<u16> {
+        let chains = self.table.iter().flat_map(|t| t.chains.values());
+        chains
+            .flat_map(|c| &c.rules)
+            .flat_map(|r| &r.actions)
+            .filter_map(|a| match a {
+                Action::Redirect(port) => Some(*port),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Follows `p` through the table alone, without asking the balancer.
+    pub fn walk(&self, p: &Packet) -> Walked {
         let Some(t) = &self.table else {
-            return Verdict::Untouched;
+            return Walked::Untouched;
         };
         let mut w = Walk {
             family: IpFamily::of(&p.dst),
@@ -387,8 +437,8 @@ impl Tracer for UserspaceTracer {
         };
         for hook in hooks {
             match self.run_hook(t, *hook, &mut w) {
-                Flow::Drop => return Verdict::Drop,
-                Flow::Reject => return Verdict::Reject,
+                Flow::Drop => return Walked::Drop,
+                Flow::Reject => return Walked::Reject,
                 _ => {}
             }
         }
@@ -397,24 +447,22 @@ impl Tracer for UserspaceTracer {
             Hook::Input
         } else if p.origin == Origin::Node {
             // Leaves the node: no hook of ours after output.
-            return self.outcome(p, &w);
+            return outcome(&w);
         } else {
             Hook::Forward
         };
         match self.run_hook(t, next, &mut w) {
-            Flow::Drop => Verdict::Drop,
-            Flow::Reject => Verdict::Reject,
-            _ => self.outcome(p, &w),
+            Flow::Drop => Walked::Drop,
+            Flow::Reject => Walked::Reject,
+            _ => outcome(&w),
         }
     }
 }
 
-impl UserspaceTracer {
-    fn outcome(&self, p: &Packet, w: &Walk) -> Verdict {
-        match w.redirected {
-            Some(_) => self.redirected(p),
-            None => Verdict::Untouched,
-        }
+fn outcome(w: &Walk) -> Walked {
+    match w.redirected {
+        Some(port) => Walked::Redirected(port),
+        None => Walked::Untouched,
     }
 }
 

@@ -1,6 +1,7 @@
 //! `kube-proxy explain`: follows one packet through the live rules of the active mode, with
 //! that mode's tracer fed from the kernel's own listing (ebpf mode: its pinned maps), and says
-//! what happens to it.
+//! what happens to it. In userspace mode the kernel only redirects to the proxy: the endpoint
+//! is the proxy's balancer's choice, answered from the objects when they are named.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -13,8 +14,9 @@ use kp_ebpf_plan::{FrontendAddr, Scope, ServiceKey, FLAG_DROP_EMPTY, FLAG_SRC_RA
 use kp_ebpf_test::EbpfTracer;
 use kp_iptables_test::tracer::Outcome;
 use kp_nftables_plan::element::{Atom, Tuple};
-use kp_nftables_test::elements::atom_matches;
+use kp_nftables_test::elements::{atom_matches, Elements};
 use kp_nftables_test::NftTracer;
+use kp_userspace_test::{UserspaceTracer, Walked};
 use serde_json::{json, Value};
 
 use super::live::Live;
@@ -85,6 +87,12 @@ pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer
             }
             Err(e) => a.error = Some(e.to_string()),
         },
+        Live::Userspace {
+            tracer,
+            listening,
+            synced,
+            ..
+        } => userspace(&mut a, tracer, listening, *synced),
         Live::Ebpf { tracer, .. } => {
             let v = tracer.trace(packet);
             // The programs pick a slot uniformly (`bpf_get_prandom_u32() % count`).
@@ -99,9 +107,10 @@ pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer
     }
     if let Some(state) = state {
         let local = match live {
-            Live::Nftables { .. } | Live::Iptables { .. } | Live::Ebpf { .. } => {
-                super::live::local_addresses()
-            }
+            Live::Nftables { .. }
+            | Live::Iptables { .. }
+            | Live::Ebpf { .. }
+            | Live::Userspace { .. } => super::live::local_addresses(),
         };
         let ports = matching_ports(state, packet, &local);
         a.services = ports
@@ -270,12 +279,19 @@ fn nft_elements(tracer: &NftTracer, p: &Packet) -> Vec<String> {
     } else {
         IpFamily::V6
     };
+    let sets = tracer
+        .set_names(family)
+        .into_iter()
+        .filter_map(|name| Some((tracer.elements(family, &name)?, name)));
+    elements_about(sets, p)
+}
+
+/// Of the sets and maps `sets` (elements and name), the elements that concern `p`, as
+/// `set NAME: ELEMENT`.
+fn elements_about(sets: impl Iterator<Item = (Elements, String)>, p: &Packet) -> Vec<String> {
     let probes = probes(p);
     let mut out = Vec::new();
-    for name in tracer.set_names(family) {
-        let Some(elements) = tracer.elements(family, &name) else {
-            continue;
-        };
+    for (elements, name) in sets {
         for (k, v) in &elements {
             let atoms = k.atoms();
             let slotted = name.ends_with("-endpoints") && !atoms.is_empty();
@@ -346,6 +362,74 @@ fn ipt_reason(v: &Verdict, rules: &[String]) -> Option<String> {
         Some(c) => format!("{c} ({rule})"),
         None => rule.clone(),
     })
+}
+
+/// [`trace`] in userspace mode: the table decides whether the packet is redirected to the
+/// proxy; which endpoint the proxy then connects to is its balancer's choice, which the kernel
+/// does not hold. With the objects named (`synced`), the balancer the tracer holds, synced as
+/// the proxy's, says which endpoints it picks from; a redirect to a port nothing listens on
+/// (the proxy is not running) is refused.
+fn userspace(a: &mut Answer, tracer: &UserspaceTracer, listening: &[u16], synced: bool) {
+    let p = &a.packet;
+    let sets = tracer
+        .set_names()
+        .into_iter()
+        .filter_map(|name| Some((tracer.elements(&name)?, name)));
+    a.decided_by = elements_about(sets, p);
+    let port = match tracer.walk(p) {
+        Walked::Untouched => {
+            a.verdict = Some(Verdict::Untouched);
+            return;
+        }
+        Walked::Drop => {
+            a.verdict = Some(Verdict::Drop);
+            return;
+        }
+        Walked::Reject => {
+            a.verdict = Some(Verdict::Reject);
+            a.reason = Some(
+                "the redirect table rejects it (an unknown port on a ClusterIP, \
+                 a Service port without endpoints, or SCTP, which the proxy has no socket for)"
+                    .into(),
+            );
+            return;
+        }
+        Walked::Redirected(port) => port,
+    };
+    a.decided_by.insert(
+        0,
+        format!(
+            "table inet {}: redirect to :{port} (the userspace proxy's port)",
+            kp_userspace_plan::names::TABLE
+        ),
+    );
+    if !listening.contains(&port) {
+        a.verdict = Some(Verdict::Reject);
+        a.reason = Some(format!(
+            "redirected to the userspace proxy's port {port}, where nothing listens (the proxy \
+             is not running): the connection is refused"
+        ));
+        return;
+    }
+    if !synced {
+        a.error = Some(format!(
+            "redirected to the userspace proxy on port {port}; which endpoint it connects to is \
+             the running proxy's choice: pass its object source (--config, --kubeconfig/--master \
+             or --manifests) to list the endpoints it picks from"
+        ));
+        return;
+    }
+    let v = tracer.trace(p);
+    if let Verdict::Dnat { endpoints, .. } = &v {
+        let share = 1.0 / endpoints.len().max(1) as f64;
+        a.endpoints = endpoints.iter().map(|e| (*e, share)).collect();
+        a.reason = Some(format!(
+            "redirected to the userspace proxy on port {port}, which connects to one of the \
+             Service's ready endpoints: its scheduler's choice, not the kernel's (the shares \
+             shown are an even spread)"
+        ));
+    }
+    a.verdict = Some(v);
 }
 
 /// Which of the ebpf mode's programs meets `p`: the socket hooks for the node's and its pods'

@@ -1,5 +1,6 @@
 //! The live kernel state, read the way an operator would read it (`nft list table`,
-//! `iptables-save`, the ebpf mode's maps through their pins under `--bpf-pin-dir`), into the
+//! `iptables-save`, the ebpf mode's maps through their pins under `--bpf-pin-dir`, the
+//! userspace mode's redirect table and whether its proxy port is listened on), into the
 //! mode's tracer; which mode the node runs; the node's addresses; and the running proxy's HTTP
 //! answers.
 
@@ -16,6 +17,8 @@ use kp_iptables::{Backend, IptablesCommand};
 use kp_iptables_test::IptablesTracer;
 use kp_nftables_test::NftTracer;
 use kp_proxy::config::{Config, ProxyMode};
+use kp_userspace_plan::names as userspace_names;
+use kp_userspace_test::UserspaceTracer;
 
 /// What the kernel holds for one mode, read into that mode's tracer.
 pub enum Live {
@@ -46,19 +49,50 @@ pub enum Live {
         /// from outside the node meets `kp_tc_outside` or gets its replies undone.
         tc_links: Vec<String>,
     },
+    /// The userspace mode's redirect table (`inet kube-proxy-userspace`). Where a redirected
+    /// connection goes is the running proxy's balancer's choice, not the kernel's: the
+    /// tracer's balancer is synced from the objects once they are read
+    /// ([`Live::with_objects`]), and says which endpoints the proxy may pick.
+    Userspace {
+        /// The table, replayed from its listing, and the balancer.
+        tracer: Box<UserspaceTracer>,
+        /// The proxy ports its rules redirect to (one while a proxy runs or after it stopped).
+        ports: Vec<u16>,
+        /// The ports of those a TCP socket listens on (the running proxy).
+        listening: Vec<u16>,
+        /// Whether the balancer was synced from the objects.
+        synced: bool,
+    },
+}
+
+impl Live {
+    /// Hands the objects to what needs them to trace: userspace mode's balancer, synced as the
+    /// proxy syncs its own (its settings from `cfg`).
+    pub fn with_objects(&mut self, cfg: &Config, state: &kp_core::track::ProxyState) {
+        if let Live::Userspace { tracer, synced, .. } = self {
+            let Ok(uc) = kp_proxy::modes::userspace_config(cfg) else {
+                return;
+            };
+            let node = kp_core::node::NodeContext::resolve(
+                &uc.balancer.detect_local,
+                &uc.node_ports,
+                state,
+            );
+            tracer
+                .balancer_mut()
+                .sync(state, &node, &kp_core::track::Changes::default(), true);
+            *synced = true;
+        }
+    }
 }
 
 /// The modes `explain` and `status` read from the kernel, and why the others are not.
 pub fn unsupported_reason(mode: ProxyMode) -> Option<&'static str> {
     match mode {
-        ProxyMode::Nftables | ProxyMode::Iptables | ProxyMode::Ebpf => None,
+        ProxyMode::Nftables | ProxyMode::Iptables | ProxyMode::Ebpf | ProxyMode::Userspace => None,
         ProxyMode::Ipvs => Some(
             "ipvs mode is not covered yet: its virtual servers are read over IPVS netlink, and \
              there is no tracer over them (use `ipvsadm -Ln` and `iptables-save`)",
-        ),
-        ProxyMode::Userspace => Some(
-            "userspace mode is not covered yet: where a redirected connection goes is decided \
-             by the running proxy's balancer, which the kernel does not hold",
         ),
     }
 }
@@ -124,6 +158,35 @@ pub fn read(mode: ProxyMode, cfg: &Config, local: Vec<IpAddr>) -> Result<Live, S
                 tc_links,
             })
         }
+        ProxyMode::Userspace => {
+            let uc = kp_proxy::modes::userspace_config(cfg).map_err(|e| e.to_string())?;
+            let listing = nft_table_listing(userspace_names::FAMILY, userspace_names::TABLE)?;
+            let mut tracer =
+                UserspaceTracer::new(local, kp_userspace_plan::Balancer::new(uc.balancer))
+                    .with_ingress(node_links());
+            let text = kp_nftables_test::listing::transaction(&listing).map_err(|e| {
+                format!(
+                    "reading nft list table {} {}: {e}",
+                    userspace_names::FAMILY,
+                    userspace_names::TABLE
+                )
+            })?;
+            tracer.apply(&text).map_err(|e| {
+                format!(
+                    "replaying nft list table {} {}: {e}",
+                    userspace_names::FAMILY,
+                    userspace_names::TABLE
+                )
+            })?;
+            let ports: Vec<u16> = tracer.redirect_ports().into_iter().collect();
+            let listening = ports.iter().copied().filter(|p| tcp_listens(*p)).collect();
+            Ok(Live::Userspace {
+                tracer: Box::new(tracer),
+                ports,
+                listening,
+                synced: false,
+            })
+        }
         other => Err(unsupported_reason(other)
             .unwrap_or("not covered")
             .to_string()),
@@ -155,13 +218,13 @@ fn nft_family(f: IpFamily) -> &'static str {
 
 /// `nft list table FAMILY kube-proxy`; empty when the table does not exist.
 fn nft_listing(f: IpFamily) -> Result<String, String> {
+    nft_table_listing(nft_family(f), kp_nftables_plan::names::TABLE)
+}
+
+/// `nft list table FAMILY NAME`; empty when the table does not exist.
+fn nft_table_listing(family: &str, name: &str) -> Result<String, String> {
     let out = Command::new("nft")
-        .args([
-            "list",
-            "table",
-            nft_family(f),
-            kp_nftables_plan::names::TABLE,
-        ])
+        .args(["list", "table", family, name])
         .output()
         .map_err(|e| format!("cannot run nft: {e}"))?;
     if out.status.success() {
@@ -171,12 +234,27 @@ fn nft_listing(f: IpFamily) -> Result<String, String> {
     if err.contains("No such file or directory") {
         return Ok(String::new());
     }
-    Err(format!(
-        "nft list table {} {}: {}",
-        nft_family(f),
-        kp_nftables_plan::names::TABLE,
-        err.trim()
-    ))
+    Err(format!("nft list table {family} {name}: {}", err.trim()))
+}
+
+/// Whether a TCP socket of this network namespace listens on `port` (any address, either
+/// family), from `/proc/net/tcp` and `/proc/net/tcp6`.
+pub fn tcp_listens(port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let local_port = w
+                    .get(1)
+                    .and_then(|a| a.rsplit_once(':'))
+                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+                w.get(3) == Some(&LISTEN) && local_port == Some(port)
+            })
+    })
 }
 
 /// Which mode's rules the kernel holds. ebpf first: its programs, attached while their links

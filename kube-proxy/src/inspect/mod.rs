@@ -1,12 +1,13 @@
 //! `kube-proxy status` and `kube-proxy explain`: what the node's kernel does with Service
 //! traffic, read from the live rules (not from the proxy's plan), whether or not the proxy is
-//! running. Each mode's tracer (`kp-nftables-test`, `kp-iptables-test`, `kp-ebpf-test`) is fed
-//! the kernel's own state (`nft list table`, `iptables-save`, the ebpf mode's maps opened
-//! through their pins); the planner's full plan for the objects the proxy would read, in the
-//! same tracer, is what the live state is compared with.
+//! running. Each mode's tracer (`kp-nftables-test`, `kp-iptables-test`, `kp-ebpf-test`,
+//! `kp-userspace-test`) is fed the kernel's own state (`nft list table`, `iptables-save`, the
+//! ebpf mode's maps opened through their pins); the planner's full plan for the objects the
+//! proxy would read is what the live state is compared with.
 //!
-//! Covered: nftables, iptables and ebpf. Not covered yet, and said so at run time: ipvs and
-//! userspace ([`live::unsupported_reason`]).
+//! Covered: nftables, iptables, ebpf and userspace (its redirect table from the kernel; where
+//! a redirected connection goes, from the balancer synced with the objects, as the proxy's
+//! choice). Not covered yet, and said so at run time: ipvs ([`live::unsupported_reason`]).
 
 mod explain;
 mod live;
@@ -33,7 +34,10 @@ Modes covered: nftables (reads `nft list table ip|ip6 kube-proxy`), iptables (re
 the jumps into them; other programs' rules are counted, not traced) and ebpf (reads the maps
 pinned in --bpf-pin-dir, default /sys/fs/bpf/kube-proxy-rs, without loading or attaching
 anything: pass the proxy's --bpf-pin-dir; the node's and its pods' connections meet the socket
-hooks, --origin external packets the tc path). Not covered yet: ipvs and userspace (the
+hooks, --origin external packets the tc path) and userspace (reads `nft list table inet
+kube-proxy-userspace`; a redirected connection's endpoint is the running proxy's choice, so
+explain lists the endpoints its balancer picks from only when the proxy flags name the object
+source, and a redirect to a port nothing listens on is refused). Not covered yet: ipvs (the
 command says so and exits 3).";
 
 const STATUS_HELP: &str = "\
@@ -303,7 +307,7 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
         return ExitCode::from(3);
     }
     let local = live::local_addresses();
-    let live = match live::read(mode, cfg, local.clone()) {
+    let mut live = match live::read(mode, cfg, local.clone()) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("kube-proxy explain: reading the {mode} rules: {e}");
@@ -329,6 +333,9 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
     } else {
         None
     };
+    if let Some(state) = &state {
+        live.with_objects(cfg, state);
+    }
     let packets: Vec<Packet> = match &target {
         Target::Packet(proto, dst, port) => {
             let src = c.from.unwrap_or_else(|| explain::node_source(*dst, &local));
@@ -444,6 +451,13 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
                     } else {
                         tc_links.join(", ")
                     }
+                ));
+            }
+            Live::Userspace {
+                ports, listening, ..
+            } => {
+                text.push_str(&format!(
+                    "proxy:   the table redirects to port(s) {ports:?}; listening: {listening:?}\n"
                 ));
             }
             _ => {}

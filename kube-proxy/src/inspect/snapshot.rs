@@ -199,3 +199,38 @@ pub fn plan_ebpf(
         .map_err(|e| format!("planning the maps: {e}"))?;
     Ok(EbpfTracer::new(planner.contents(), local))
 }
+
+/// Where the kernel's `inet kube-proxy-userspace` table differs from the redirect planner's
+/// full plan for `state` with proxy port `port`: the comparison the mode's own verify makes
+/// (`kp_nftables::compare` over the table's JSON listing, rule by rule and element by element).
+pub fn userspace_differences(
+    cfg: &Config,
+    state: &ProxyState,
+    port: u16,
+) -> Result<Vec<String>, String> {
+    use kp_userspace_plan::names::{FAMILY, TABLE};
+    let uc = kp_proxy::modes::userspace_config(cfg).map_err(|e| e.to_string())?;
+    let node = NodeContext::resolve(&uc.balancer.detect_local, &uc.node_ports, state);
+    let mut planner = kp_userspace_plan::RedirectPlanner::new(kp_userspace_plan::RedirectConfig {
+        proxy_port: port,
+        transparent_mark: uc.routing.mark,
+        node_ports_restricted: uc.node_ports != NodePortAddresses::AllLocal,
+    });
+    planner.full(state, &node);
+    let nft = kp_nftables::NftCommand::new();
+    let json = match nft.json(&["list", "table", FAMILY, TABLE]) {
+        Ok(j) => j,
+        Err(kp_nftables::Error::List { .. }) => {
+            return Ok(vec![format!("{FAMILY}: table {TABLE} is missing")])
+        }
+        Err(e) => return Err(format!("nft -j list table {FAMILY} {TABLE}: {e}")),
+    };
+    let kernel = kp_nftables::parse_table_named(&json, TABLE)
+        .map_err(|e| format!("reading table {FAMILY} {TABLE}: {e}"))?;
+    Ok(kp_nftables::compare(
+        FAMILY,
+        &planner.expected_chains(),
+        &planner.expected_sets(),
+        &kernel,
+    ))
+}

@@ -111,6 +111,28 @@ pub fn counts(live: &Live) -> Value {
                 "iptablesBackend": backend.as_str(),
             })
         }
+        Live::Userspace {
+            tracer,
+            ports,
+            listening,
+            ..
+        } => {
+            let count = |prefix: &str| {
+                tracer
+                    .set_names()
+                    .iter()
+                    .filter(|n| n.starts_with(prefix))
+                    .filter_map(|n| tracer.elements(n))
+                    .map(|e| e.len())
+                    .sum::<usize>()
+            };
+            json!({
+                "redirectedFrontends": count("redirect-"),
+                "rejectedFrontends": count("no-endpoint"),
+                "proxyPorts": ports,
+                "proxyListening": listening,
+            })
+        }
         Live::Ebpf {
             tracer,
             pin_dir,
@@ -153,6 +175,18 @@ pub fn drift(
                 .into_iter()
                 .flat_map(|f| tracer.differences(&planned, f))
                 .collect())
+        }
+        Live::Userspace { ports, .. } => {
+            // The plan for the port the table redirects to (the running proxy's, a free one
+            // it took at start), as the mode's own verify compares it.
+            let Some(port) = ports.first() else {
+                return Ok(vec![format!(
+                    "table inet {}: no rule redirects to a proxy port (the table is missing or \
+                     empty)",
+                    kp_userspace_plan::names::TABLE
+                )]);
+            };
+            snapshot::userspace_differences(cfg, state, *port)
         }
         Live::Ebpf { tracer, hooks, .. } => {
             let planned = snapshot::plan_ebpf(cfg, state, local.to_vec())?;
@@ -298,7 +332,7 @@ pub fn report(cfg: &Config, forced: Option<ProxyMode>, only: Option<&str>) -> Re
         };
     }
     let local = live::local_addresses();
-    let live = match live::read(mode, cfg, local.clone()) {
+    let mut live = match live::read(mode, cfg, local.clone()) {
         Ok(l) => l,
         Err(e) => {
             j["error"] = json!(format!("reading the {mode} rules: {e}"));
@@ -322,6 +356,7 @@ pub fn report(cfg: &Config, forced: Option<ProxyMode>, only: Option<&str>) -> Re
         None
     };
     if let Some(state) = &state {
+        live.with_objects(cfg, state);
         match drift(cfg, &live, state, &local) {
             Ok(d) => {
                 drift_flag = Some(!d.is_empty());

@@ -216,3 +216,37 @@ fn with_detect_local_by_interface_only_rows_from_pods_differ() {
         }
     }
 }
+
+/// The table alone: a Service frontend is redirected to the proxy's port whatever the balancer
+/// holds (an empty one would refuse it), an endpoint-less one is rejected by the table, and the
+/// ports the rules redirect to are the planner's.
+#[test]
+fn the_walk_names_the_redirect_without_asking_the_balancer() {
+    let state = kp_flows::state();
+    let node = kp_flows::node_context();
+    let mut planner = RedirectPlanner::new(redirect_config(true));
+    let mut tracer =
+        UserspaceTracer::new(kp_flows::node_addresses(), Balancer::new(balancer_config()));
+    tracer
+        .apply(&planner.full(&state, &node).text)
+        .expect("the tracer replays the full table");
+    let packet = |dst: &str| Packet {
+        origin: Origin::Pod,
+        src: "10.244.1.14".parse().expect("ip"),
+        protocol: Protocol::Tcp,
+        dst: dst.parse().expect("ip"),
+        dport: 80,
+    };
+    assert_eq!(
+        tracer.walk(&packet("10.96.0.10")),
+        Walked::Redirected(31000)
+    );
+    // The balancer knows no Service: the proxy would refuse what the table sends it.
+    assert_eq!(tracer.trace(&packet("10.96.0.10")), Verdict::Reject);
+    assert_eq!(tracer.walk(&packet("10.96.0.20")), Walked::Reject);
+    assert_eq!(tracer.walk(&packet("192.0.2.200")), Walked::Untouched);
+    assert_eq!(tracer.redirect_ports(), BTreeSet::from([31000]));
+    let names = tracer.set_names();
+    assert!(names.contains(&"redirect-vips-v4".to_string()), "{names:?}");
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "{names:?}");
+}
