@@ -77,18 +77,23 @@ impl EbpfTracer {
         let mut out = Vec::new();
         for slot in 1..=count {
             let Some(v) = self.maps.services.get(&ServiceKey { frontend, slot }) else {
-                return Slots::Broken(format!("{frontend:?}: slot {slot} is missing"));
+                return Slots::Broken(format!(
+                    "{}: slot {slot} is missing",
+                    frontend_text(&frontend)
+                ));
             };
             let Some(b) = self.maps.backends.get(&v.backend_id) else {
                 return Slots::Broken(format!(
-                    "{frontend:?}: slot {slot} names backend {} which is missing",
+                    "{}: slot {slot} names backend {} which is missing",
+                    frontend_text(&frontend),
                     v.backend_id
                 ));
             };
             // connect4 refuses a backend that is no IPv4 address.
             if frontend.ip.is_ipv4() && b.ip.is_ipv6() {
                 return Slots::Broken(format!(
-                    "{frontend:?}: slot {slot} holds IPv6 backend {b:?}"
+                    "{}: slot {slot} holds IPv6 backend {b:?}",
+                    frontend_text(&frontend)
                 ));
             }
             out.push(*b);
@@ -118,12 +123,14 @@ impl EbpfTracer {
             }
             match self.maps.rev_nat.get(&v.rev_nat) {
                 None => out.push(format!(
-                    "{:?}: reverse-NAT entry {} is missing",
-                    k.frontend, v.rev_nat
+                    "{}: reverse-NAT entry {} is missing",
+                    frontend_text(&k.frontend),
+                    v.rev_nat
                 )),
                 Some(r) if (r.ip, r.port) != (k.frontend.ip, k.frontend.port) => out.push(format!(
-                    "{:?}: reverse-NAT entry {} is {r:?}",
-                    k.frontend, v.rev_nat
+                    "{}: reverse-NAT entry {} is {r:?}",
+                    frontend_text(&k.frontend),
+                    v.rev_nat
                 )),
                 Some(_) => {}
             }
@@ -133,8 +140,9 @@ impl EbpfTracer {
             match self.maps.services.get(&head) {
                 Some(h) if k.slot <= h.count => {}
                 _ => out.push(format!(
-                    "{:?}: slot {} beyond its count (or no count)",
-                    k.frontend, k.slot
+                    "{}: slot {} beyond its count (or no count)",
+                    frontend_text(&k.frontend),
+                    k.slot
                 )),
             }
         }

@@ -447,7 +447,9 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
                     hooks.len(),
                     kp_ebpf::SOCK_PROGRAMS.len(),
                     if tc_links.is_empty() {
-                        "none (nothing translates traffic from outside)".to_string()
+                        "none pinned (before Linux 6.6 the tc path lives only while the proxy runs; \
+                         else nothing translates traffic from outside)"
+                            .to_string()
                     } else {
                         tc_links.join(", ")
                     }
