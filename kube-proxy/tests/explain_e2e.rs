@@ -381,6 +381,35 @@ fn explain_and_status_read_the_live_ebpf_maps() {
         },
         "kp_services: frontend 10.96.0.10:80/tcp (socket hooks) is missing from the kernel",
     );
+    // Unpinning connect4's link detaches it (the proxy is stopped, nothing else holds it):
+    // a pod's IPv4 TCP connection then meets no program, whatever the maps hold, and the
+    // missing link is drift.
+    std::fs::remove_file(sandbox.pins.join(kp_ebpf::names::link("kp_connect4"))).expect("unpin");
+    let mut args: Vec<String> = [
+        "explain",
+        "-o",
+        "json",
+        "--origin",
+        "pod",
+        "--from",
+        "10.244.1.14",
+        "tcp",
+        "10.96.0.20:80",
+    ]
+    .map(String::from)
+    .into();
+    args.extend(sandbox.flags());
+    let (code, out) = run(&lab, &args);
+    let j = json(&out);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(j["verdict"], "untouched", "{out}");
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("kp_connect4_link"),
+        "{out}"
+    );
 }
 
 /// userspace mode: the redirect table read from the kernel, the endpoints a redirected

@@ -93,7 +93,14 @@ pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer
             synced,
             ..
         } => userspace(&mut a, tracer, listening, *synced),
-        Live::Ebpf { tracer, .. } => {
+        Live::Ebpf { tracer, hooks, .. } => {
+            if let Some(unhooked) = unhooked(hooks, packet) {
+                // No program meets the connection: whatever the maps say, nothing is done.
+                a.decided_by = vec![unhooked.clone()];
+                a.reason = Some(unhooked);
+                a.verdict = Some(Verdict::Untouched);
+                return a;
+            }
             let v = tracer.trace(packet);
             // The programs pick a slot uniformly (`bpf_get_prandom_u32() % count`).
             if let Verdict::Dnat { endpoints, .. } = &v {
@@ -430,6 +437,35 @@ fn userspace(a: &mut Answer, tracer: &UserspaceTracer, listening: &[u16], synced
         ));
     }
     a.verdict = Some(v);
+}
+
+/// Why no socket hook of the ebpf mode meets `p` (from the node or a pod): the programs that
+/// would (connect, and for UDP sendmsg too, of `p`'s family) have no link pinned in the pin
+/// directory, so none is attached (the proxy pins every link it attaches). `None` when one is,
+/// or for a packet from outside (the tc path).
+fn unhooked(hooks: &[&'static str], p: &Packet) -> Option<String> {
+    if p.origin == Origin::External {
+        return None;
+    }
+    let family = if p.dst.is_ipv4() { "4" } else { "6" };
+    let mut programs = vec![format!("kp_connect{family}")];
+    if p.protocol == Protocol::Udp {
+        programs.push(format!("kp_sendmsg{family}"));
+    }
+    if programs.iter().any(|p| hooks.contains(&p.as_str())) {
+        return None;
+    }
+    Some(format!(
+        "no socket hook meets it: {} {} not attached (no link pinned: {}), so the maps are \
+         not consulted",
+        programs.join(" and "),
+        if programs.len() == 1 { "is" } else { "are" },
+        programs
+            .iter()
+            .map(|p| kp_ebpf::names::link(p))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
 }
 
 /// Which of the ebpf mode's programs meets `p`: the socket hooks for the node's and its pods'
