@@ -791,6 +791,34 @@ pub fn check_tracer(tracer: &impl Tracer) -> Vec<String> {
     check_tracer_for(tracer, Support::ALL)
 }
 
+/// Detect-local by interface, checked through a mode's tracer: `traced(detect, links)` is the
+/// mode's full plan for the fixture with `detect` (see [`crate::node_context_with`]) replayed
+/// into its tracer over `links`. Every row passes with each form of
+/// [`crate::interface_detect_locals`], as with the cluster CIDRs; with prefix `cali`, which no
+/// pod interface has, some rows fail, and only rows from pods (their ClusterIP traffic is
+/// masqueraded): the interface match decides. Panics naming the rows that went wrong.
+pub fn check_detect_local_by_interface<T: Tracer>(
+    traced: impl Fn(&kp_core::node::DetectLocal, kp_core::flow::Ingress) -> T,
+) {
+    for (detect, links) in crate::interface_detect_locals() {
+        let failures = check_tracer(&traced(&detect, links));
+        assert!(
+            failures.is_empty(),
+            "{detect:?}: {} rows failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+    let elsewhere = kp_core::node::DetectLocal::InterfaceNamePrefix(
+        kp_core::node::InterfaceName::new("cali").expect("interface name"),
+    );
+    let failures = check_tracer(&traced(&elsewhere, crate::ingress()));
+    assert!(!failures.is_empty(), "prefix cali changed no row");
+    for f in &failures {
+        assert!(f.contains("Pod "), "only rows from pods change: {f}");
+    }
+}
+
 /// [`check_tracer`] for a mode with `support`: each row as [`Case::for_mode`] makes it.
 pub fn check_tracer_for(tracer: &impl Tracer, support: Support) -> Vec<String> {
     cases()
