@@ -490,3 +490,29 @@ fn scheduler_names_the_kernel_cannot_take_are_refused() {
     }
     assert!(Config::new("lblcr", 0, Vec::new()).is_ok());
 }
+
+#[test]
+fn real_servers_are_sorted_one_per_address_and_port_the_last_given_kept() {
+    let reals: Reals = [
+        Destination::masquerade(ip("10.0.0.2"), 80, 1),
+        Destination::masquerade(ip("10.0.0.1"), 81, 1),
+        Destination::masquerade(ip("10.0.0.2"), 80, 3),
+        Destination::masquerade(ip("10.0.0.1"), 80, 1),
+    ]
+    .into_iter()
+    .collect();
+    let keys: Vec<(IpAddr, u16)> = reals.keys().map(|(a, p)| (*a, *p)).collect();
+    assert_eq!(
+        keys,
+        [
+            (ip("10.0.0.1"), 80),
+            (ip("10.0.0.1"), 81),
+            (ip("10.0.0.2"), 80)
+        ]
+    );
+    assert_eq!(reals.get(&(ip("10.0.0.2"), 80)).map(|d| d.weight), Some(3));
+    assert!(reals.contains_key(&(ip("10.0.0.1"), 81)));
+    assert!(!reals.contains_key(&(ip("10.0.0.1"), 82)));
+    assert_eq!(reals.len(), 3);
+    assert_eq!(format!("{reals:?}").matches("addr").count(), 3);
+}
