@@ -354,7 +354,7 @@ impl ModePlanners {
             for set in ipvs::ipset::SetName::ALL {
                 for e in s.get(set) {
                     report.ipset_entries += 1;
-                    ok &= ipset_entry(allowed, set, e, i, report);
+                    ok &= ipset_entry(allowed, set, &e, i, report);
                 }
             }
             let changes = ipvs::ipset::diff(s, had);

@@ -37,7 +37,7 @@ use kp_core::node::NodeContext;
 use kp_core::track::ServicePortState;
 use kp_netlink::ipvs::{Service, ServiceKey};
 
-use crate::ipset::{Entry, SetChange, SetName, Sets};
+use crate::ipset::{self, Entry, Packed, SetChange, SetName, Sets};
 use crate::local::{LocalPolicy, LocalRule};
 use crate::{Config, Desired, Planned, VirtualServer};
 
@@ -50,8 +50,36 @@ struct Share {
     bind: Vec<IpAddr>,
     /// Its `Local` rules and the marks it uses.
     local: LocalPolicy,
-    /// Its set entries, per family (in the planner's family order), sorted.
-    sets: Vec<Vec<(SetName, Entry)>>,
+    /// Its set entries, per family (in the planner's family order).
+    sets: Vec<ShareEntries>,
+}
+
+/// One family's set entries of a share, sorted: packed where they pack ([`ipset::pack`]:
+/// 13 bytes an entry instead of 44), as they are otherwise.
+#[derive(Debug, Clone, Default)]
+struct ShareEntries {
+    packed: Box<[(SetName, Packed)]>,
+    plain: Box<[(SetName, Entry)]>,
+}
+
+impl ShareEntries {
+    fn of(sets: Sets) -> ShareEntries {
+        let (packed, plain) = sets.into_parts();
+        ShareEntries {
+            packed: packed.into_boxed_slice(),
+            plain: plain.into_boxed_slice(),
+        }
+    }
+
+    /// The entries of `self` not in `other`.
+    fn missing_from<'a>(
+        &'a self,
+        other: &'a ShareEntries,
+    ) -> impl Iterator<Item = (SetName, Entry)> + 'a {
+        missing_from(&self.packed, &other.packed)
+            .map(|(s, p)| (*s, ipset::unpack(s.set_type(), p)))
+            .chain(missing_from(&self.plain, &other.plain).copied())
+    }
 }
 
 impl Share {
@@ -293,7 +321,7 @@ impl Planner {
                 services: desired.services.into_iter().collect(),
                 bind: desired.bind.into_iter().collect(),
                 local: desired.local,
-                sets: sets.into_iter().map(Sets::into_entries).collect(),
+                sets: sets.into_iter().map(ShareEntries::of).collect(),
             }
         });
         let old = self.shares.remove(name);
@@ -392,13 +420,14 @@ impl Planner {
         }
         // Set entries: counted per family.
         for i in 0..self.families.len() {
-            let empty = Vec::new();
+            let empty = ShareEntries::default();
             let was = was.sets.get(i).unwrap_or(&empty);
             let will = will.sets.get(i).unwrap_or(&empty);
-            let changes = missing_from(will, was)
+            let changes = will
+                .missing_from(was)
                 .map(|e| (e, true))
-                .chain(missing_from(was, will).map(|e| (e, false)));
-            for (&(set, entry), up) in changes {
+                .chain(was.missing_from(will).map(|e| (e, false)));
+            for ((set, entry), up) in changes {
                 let present = self.sets[i].get(set).contains(&entry);
                 if count(&mut self.entries[i], (set, entry), present, up) {
                     if up {

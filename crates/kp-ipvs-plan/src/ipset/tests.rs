@@ -322,3 +322,97 @@ fn saved_output_read_as_it_comes_gives_the_same_changes_as_the_parsed_text() {
     let replaced: Vec<SetChange> = saved.changes(0, &want, &[SetName::ClusterIp]).collect();
     assert_eq!(replaced, diff(&want, &cleared));
 }
+
+#[test]
+fn ipv4_entries_pack_into_twelve_bytes_that_sort_as_the_entries_and_others_stay_as_they_are() {
+    let net = |s: &str| s.parse::<IpNet>().expect("net");
+    let lb = ip("198.51.100.10");
+    let ep = ip("10.244.1.5");
+    // Each entry, and whether it packs (IPv4 and of its set's type).
+    let given = [
+        (SetName::NodePortTcp, Entry::Port(30080), true),
+        (SetName::NodePortTcp, Entry::Port(80), true),
+        (SetName::IpvsIps, Entry::Ip(ip("10.96.0.2")), true),
+        (SetName::IpvsIps, Entry::Ip(ip("10.96.0.1")), true),
+        (
+            SetName::ClusterIp,
+            Entry::IpPort(ip("10.96.0.1"), Protocol::Sctp, 80),
+            true,
+        ),
+        (
+            SetName::ClusterIp,
+            Entry::IpPort(ip("10.96.0.1"), Protocol::Udp, 443),
+            true,
+        ),
+        (
+            SetName::ClusterIp,
+            Entry::IpPort(ip("10.96.0.1"), Protocol::Tcp, 443),
+            true,
+        ),
+        (
+            SetName::LoopBack,
+            Entry::IpPortIp(ep, Protocol::Tcp, 8080, ep),
+            true,
+        ),
+        (
+            SetName::LoopBack,
+            Entry::IpPortIp(ep, Protocol::Tcp, 8080, ip("10.244.1.4")),
+            true,
+        ),
+        (
+            SetName::LoadBalancerSourceCidr,
+            Entry::IpPortNet(lb, Protocol::Tcp, 80, net("10.1.2.3/8")),
+            true,
+        ),
+        (
+            SetName::LoadBalancerSourceCidr,
+            Entry::IpPortNet(lb, Protocol::Tcp, 80, net("10.0.0.0/8")),
+            true,
+        ),
+        (
+            SetName::LoadBalancerSourceCidr,
+            Entry::IpPortNet(lb, Protocol::Tcp, 80, net("10.0.0.0/32")),
+            true,
+        ),
+        (SetName::IpvsIps, Entry::Ip(ip("fd00::1")), false),
+        (SetName::IpvsIps, Entry::Port(7), false),
+        (
+            SetName::LoopBack,
+            Entry::IpPortIp(ep, Protocol::Tcp, 8080, ip("fd00::1")),
+            false,
+        ),
+        (
+            SetName::LoadBalancerSourceCidr,
+            Entry::IpPortNet(lb, Protocol::Tcp, 80, net("fd00::/64")),
+            false,
+        ),
+    ];
+    let mut sets = Sets::new(IpFamily::V4);
+    for (set, e, packs) in given {
+        let packed = pack(set.set_type(), &e);
+        assert_eq!(packed.is_some(), packs, "{set:?} {e}");
+        if let Some(p) = packed {
+            assert_eq!(unpack(set.set_type(), &p), e, "{set:?} {e} back");
+        }
+        sets.insert(set, e);
+    }
+    for set in SetName::ALL {
+        let mut want: Vec<Entry> = given
+            .iter()
+            .filter(|(s, _, _)| *s == set)
+            .map(|(_, e, _)| *e)
+            .collect();
+        want.sort();
+        let got: Vec<Entry> = sets.get(set).iter().collect();
+        assert_eq!(got, want, "{set:?} in the entries' order");
+        assert_eq!(sets.get(set).len(), want.len());
+        assert!(want.iter().all(|e| sets.get(set).contains(e)), "{set:?}");
+    }
+    let mut v6 = Sets::new(IpFamily::V6);
+    v6.insert(SetName::IpvsIps, Entry::Ip(ip("fd00::1")));
+    assert!(v6.get(SetName::IpvsIps).contains(&Entry::Ip(ip("fd00::1"))));
+    for (set, e, _) in given {
+        sets.remove(set, &e);
+    }
+    assert_eq!(sets, Sets::new(IpFamily::V4), "every entry removed");
+}

@@ -196,7 +196,7 @@ fn whole_of(planner: &Planner) -> BTreeMap<ServiceKey, VirtualServer> {
 fn entries(sets: &Sets) -> BTreeSet<(SetName, Entry)> {
     SetName::ALL
         .iter()
-        .flat_map(|s| sets.get(*s).iter().map(move |e| (*s, *e)))
+        .flat_map(|s| sets.get(*s).iter().map(move |e| (*s, e)))
         .collect()
 }
 
