@@ -79,6 +79,13 @@ fn fnv(text: &str) -> u32 {
 }
 
 impl LocalPolicy {
+    /// No marks and no rules (for a `static`).
+    pub(crate) const EMPTY: LocalPolicy = LocalPolicy {
+        marks: BTreeMap::new(),
+        used: BTreeSet::new(),
+        rules: BTreeSet::new(),
+    };
+
     /// The short-circuit mark of Service port `name` (both families share it: IPVS looks a
     /// mark up per family). The first call for a port chooses it.
     pub fn mark(&mut self, name: &ServicePortName) -> u32 {

@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use kp_core::frontend::Frontends;
 use kp_core::model::{IpFamily, ServiceKey as ServiceName};
@@ -45,13 +46,14 @@ use crate::{Config, Desired, Planned, VirtualServer};
 #[derive(Debug, Clone, Default)]
 struct Share {
     /// Its virtual servers, sorted by key.
-    services: Vec<(ServiceKey, VirtualServer)>,
+    services: Box<[VirtualServer]>,
     /// The addresses its frontends bind, sorted.
-    bind: Vec<IpAddr>,
-    /// Its `Local` rules and the marks it uses.
-    local: LocalPolicy,
+    bind: Box<[IpAddr]>,
+    /// Its `Local` rules and the marks it uses, if any (most Services have none: an empty
+    /// policy inline is three maps' worth of bytes in every share).
+    local: Option<Box<LocalPolicy>>,
     /// Its set entries, per family (in the planner's family order).
-    sets: Vec<ShareEntries>,
+    sets: Box<[ShareEntries]>,
 }
 
 /// One family's set entries of a share, sorted: packed where they pack ([`ipset::pack`]:
@@ -83,11 +85,16 @@ impl ShareEntries {
 }
 
 impl Share {
+    fn local(&self) -> &LocalPolicy {
+        static EMPTY: LocalPolicy = LocalPolicy::EMPTY;
+        self.local.as_deref().unwrap_or(&EMPTY)
+    }
+
     fn virtual_server(&self, key: &ServiceKey) -> Option<&VirtualServer> {
         self.services
-            .binary_search_by(|(k, _)| k.cmp(key))
+            .binary_search_by(|v| v.service.key.cmp(key))
             .ok()
-            .map(|i| &self.services[i].1)
+            .map(|i| &self.services[i])
     }
 }
 
@@ -181,9 +188,10 @@ impl Delta {
 #[derive(Debug, Clone)]
 pub struct Planner {
     families: Vec<IpFamily>,
-    shares: BTreeMap<ServiceName, Share>,
-    /// The Services whose shares plan each virtual server, sorted (the last wins).
-    owners: BTreeMap<ServiceKey, Vec<ServiceName>>,
+    /// The shares by Service, each name held once (the owners share it).
+    shares: BTreeMap<Arc<ServiceName>, Share>,
+    /// The Services whose shares plan each virtual server.
+    owners: BTreeMap<ServiceKey, Owners>,
     /// The whole state's addresses.
     bind: BTreeSet<IpAddr>,
     /// The whole state's `Local` policy; it gives out the marks.
@@ -195,6 +203,46 @@ pub struct Planner {
     bound: BTreeMap<IpAddr, u32>,
     rules: BTreeMap<LocalRule, u32>,
     entries: Vec<BTreeMap<(SetName, Entry), u32>>,
+}
+
+/// The Services whose shares plan one virtual server, sorted (the last wins): nearly always
+/// one, held without a vector.
+#[derive(Debug, Clone)]
+enum Owners {
+    One(Arc<ServiceName>),
+    Many(Vec<Arc<ServiceName>>),
+}
+
+impl Owners {
+    fn as_slice(&self) -> &[Arc<ServiceName>] {
+        match self {
+            Owners::One(n) => std::slice::from_ref(n),
+            Owners::Many(v) => v,
+        }
+    }
+
+    /// Adds `name` (if missing).
+    fn add(&mut self, name: &Arc<ServiceName>) {
+        let mut all = self.as_slice().to_vec();
+        if let Err(i) = all.binary_search(name) {
+            all.insert(i, name.clone());
+            *self = Owners::Many(all);
+        }
+    }
+
+    /// Removes `name`; whether any is left.
+    fn remove(&mut self, name: &ServiceName) -> bool {
+        let mut all = self.as_slice().to_vec();
+        if let Ok(i) = all.binary_search_by(|n| n.as_ref().cmp(name)) {
+            all.remove(i);
+        }
+        match all.len() {
+            0 => return false,
+            1 => *self = Owners::One(all.remove(0)),
+            _ => *self = Owners::Many(all),
+        }
+        true
+    }
 }
 
 /// One more holder (`up`) or one fewer of an item the whole has if `present`, the counts of
@@ -258,7 +306,7 @@ impl Planner {
 
     /// The Services planned.
     pub fn services(&self) -> impl Iterator<Item = &ServiceName> + '_ {
-        self.shares.keys()
+        self.shares.keys().map(|n| n.as_ref())
     }
 
     /// An empty delta for this planner's families.
@@ -318,27 +366,30 @@ impl Planner {
                 }
             }
             Share {
-                services: desired.services.into_iter().collect(),
+                services: desired.services.into_values().collect(),
                 bind: desired.bind.into_iter().collect(),
-                local: desired.local,
+                local: (desired.local != LocalPolicy::EMPTY).then(|| Box::new(desired.local)),
                 sets: sets.into_iter().map(ShareEntries::of).collect(),
             }
         });
-        let old = self.shares.remove(name);
+        let (name, old) = match self.shares.remove_entry(name) {
+            Some((n, share)) => (n, Some(share)),
+            None => (Arc::new(name.clone()), None),
+        };
         // Marks the old share held and the new one does not go back.
         if let Some(old) = &old {
-            for port in old.local.marked() {
+            for port in old.local().marked() {
                 let kept = new
                     .as_ref()
-                    .is_some_and(|n| n.local.marked().any(|p| p == port));
+                    .is_some_and(|n| n.local().marked().any(|p| p == port));
                 if !kept {
                     self.local.release(port);
                 }
             }
         }
-        self.replace(name, old.as_ref(), new.as_ref(), delta);
+        self.replace(&name, old.as_ref(), new.as_ref(), delta);
         if let Some(new) = new {
-            self.shares.insert(name.clone(), new);
+            self.shares.insert(name, new);
         }
     }
 
@@ -346,7 +397,7 @@ impl Planner {
     /// caller, after: the owners of a virtual server are looked up in it).
     fn replace(
         &mut self,
-        name: &ServiceName,
+        name: &Arc<ServiceName>,
         old: Option<&Share>,
         new: Option<&Share>,
         delta: &mut Delta,
@@ -358,17 +409,20 @@ impl Planner {
             .services
             .iter()
             .chain(will.services.iter())
-            .map(|(k, _)| *k)
+            .map(|v| v.service.key)
             .collect();
         for key in keys {
-            let current = self.owners.get(&key);
+            let current = self.owners.get(&key).map(Owners::as_slice);
             let wants = will.virtual_server(&key).is_some();
             // The last owner before, and once `name` is in (it plans the key) or out.
-            let before_owner = current.and_then(|o| o.last());
-            let others_last = current.and_then(|o| o.iter().rev().find(|n| *n != name));
+            let before_owner = current.and_then(|o| o.last()).map(|n| n.as_ref());
+            let others_last = current
+                .and_then(|o| o.iter().rev().find(|n| *n != name))
+                .map(|n| n.as_ref());
+            let name_ref: &ServiceName = name;
             let after_owner = match (wants, others_last) {
-                (true, Some(other)) => Some(other.max(name)),
-                (true, None) => Some(name),
+                (true, Some(other)) => Some(other.max(name_ref)),
+                (true, None) => Some(name_ref),
                 (false, other) => other,
             };
             let before = self.planned_by(before_owner, name, old, &key);
@@ -376,16 +430,17 @@ impl Planner {
             if before != after {
                 delta.note_virtual_server(key, before.map(|v| &v.service));
             }
-            let owners = self.owners.entry(key).or_default();
-            match (wants, owners.binary_search(name)) {
-                (true, Err(i)) => owners.insert(i, name.clone()),
-                (false, Ok(i)) => {
-                    owners.remove(i);
+            if wants {
+                match self.owners.get_mut(&key) {
+                    Some(owners) => owners.add(name),
+                    None => {
+                        self.owners.insert(key, Owners::One(name.clone()));
+                    }
                 }
-                _ => {}
-            }
-            if owners.is_empty() {
-                self.owners.remove(&key);
+            } else if let Some(owners) = self.owners.get_mut(&key) {
+                if !owners.remove(name) {
+                    self.owners.remove(&key);
+                }
             }
         }
         // Addresses and rules: counted.
@@ -403,7 +458,7 @@ impl Planner {
                 delta.note_address(*ip, true);
             }
         }
-        let (was_rules, will_rules) = (was.local.all_rules(), will.local.all_rules());
+        let (was_rules, will_rules) = (was.local().all_rules(), will.local().all_rules());
         for r in was_rules.difference(will_rules) {
             let present = self.local.all_rules().contains(r);
             if count(&mut self.rules, *r, present, false) {
@@ -459,8 +514,8 @@ impl Planner {
         let gone: Vec<ServiceName> = self
             .shares
             .keys()
-            .filter(|n| !seen.contains(*n))
-            .cloned()
+            .filter(|n| !seen.contains(n.as_ref()))
+            .map(|n| ServiceName::clone(n))
             .collect();
         for name in gone {
             self.set_service(&name, &[], node_addresses, node, config, delta);
@@ -470,7 +525,7 @@ impl Planner {
 
 impl Planned for Planner {
     fn virtual_server(&self, key: &ServiceKey) -> Option<&VirtualServer> {
-        let owner = self.owners.get(key)?.last()?;
+        let owner = self.owners.get(key)?.as_slice().last()?;
         self.shares.get(owner)?.virtual_server(key)
     }
 
