@@ -853,7 +853,7 @@ fn virtual_server(
     };
     ok &= vs.service.key == *key && !smuggled(&vs.service.scheduler);
     for ((ip, port), d) in &vs.destinations {
-        ok &= allowed.endpoints.contains(&(*ip, *port)) && d.addr == *ip && d.port == *port;
+        ok &= allowed.endpoints.contains(&(ip, port)) && d.addr == ip && d.port == port;
     }
     ok || unvalidated(report, i, "ipvs virtual server", (key, &vs.destinations))
 }

@@ -111,51 +111,95 @@ pub struct VirtualServer {
     pub destinations: Reals,
 }
 
-/// A virtual server's real servers, one per address and port, as a sorted boxed slice (a
+/// A virtual server's real servers, one per address and port, sorted, in two boxed slices (a
 /// map per virtual server allocates a node of eleven slots however few it holds: at 10,000
-/// Services that was 8 MiB of the planner). Looked up by binary search; read like a map of
-/// `(address, port)` to [`Destination`].
+/// Services that was 8 MiB of the planner): those the planner makes (masqueraded, weight 1,
+/// no thresholds) at an IPv4 address as 6 bytes each (address and port, big-endian, so they
+/// sort as the real servers do), any other as its [`Destination`] (32 bytes). Looked up by
+/// binary search; read like a map of `(address, port)` to [`Destination`], by value.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Reals(Box<[Destination]>);
+pub struct Reals {
+    packed: Box<[PackedReal]>,
+    plain: Box<[Destination]>,
+}
+
+/// An IPv4 real server of the planner's kind: address and port.
+type PackedReal = [u8; 6];
+
+fn pack_at(addr: &IpAddr, port: u16) -> Option<PackedReal> {
+    let IpAddr::V4(a) = addr else {
+        return None;
+    };
+    let [a, b, c, d] = a.octets();
+    let [p, q] = port.to_be_bytes();
+    Some([a, b, c, d, p, q])
+}
+
+fn pack_real(d: &Destination) -> Option<PackedReal> {
+    if *d != Destination::masquerade(d.addr, d.port, 1) {
+        return None;
+    }
+    pack_at(&d.addr, d.port)
+}
+
+fn unpack_real(p: &PackedReal) -> Destination {
+    let addr = IpAddr::from([p[0], p[1], p[2], p[3]]);
+    Destination::masquerade(addr, u16::from_be_bytes([p[4], p[5]]), 1)
+}
 
 impl Reals {
-    fn position(&self, at: &(IpAddr, u16)) -> Result<usize, usize> {
-        self.0.binary_search_by(|d| (d.addr, d.port).cmp(at))
-    }
-
     /// How many.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.packed.len() + self.plain.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.packed.is_empty() && self.plain.is_empty()
     }
 
     /// The real server at `at` (address and port).
-    pub fn get(&self, at: &(IpAddr, u16)) -> Option<&Destination> {
-        self.position(at).ok().map(|i| &self.0[i])
+    pub fn get(&self, at: &(IpAddr, u16)) -> Option<Destination> {
+        if let Some(p) = pack_at(&at.0, at.1) {
+            if let Ok(i) = self.packed.binary_search(&p) {
+                return Some(unpack_real(&self.packed[i]));
+            }
+        }
+        self.plain
+            .binary_search_by(|d| (d.addr, d.port).cmp(at))
+            .ok()
+            .map(|i| self.plain[i])
     }
 
     /// Whether there is one at `at`.
     pub fn contains_key(&self, at: &(IpAddr, u16)) -> bool {
-        self.position(at).is_ok()
-    }
-
-    /// Each with its address and port, in their order.
-    pub fn iter(&self) -> impl Iterator<Item = ((&IpAddr, &u16), &Destination)> + '_ {
-        self.0.iter().map(|d| ((&d.addr, &d.port), d))
-    }
-
-    /// The addresses and ports, in order.
-    pub fn keys(&self) -> impl Iterator<Item = (&IpAddr, &u16)> + '_ {
-        self.0.iter().map(|d| (&d.addr, &d.port))
+        self.get(at).is_some()
     }
 
     /// The real servers, in order of address and port.
-    pub fn values(&self) -> std::slice::Iter<'_, Destination> {
-        self.0.iter()
+    pub fn values(&self) -> Box<dyn Iterator<Item = Destination> + '_> {
+        let mut packed = self.packed.iter().map(unpack_real).peekable();
+        if self.plain.is_empty() {
+            return Box::new(packed);
+        }
+        let mut plain = self.plain.iter().copied().peekable();
+        Box::new(std::iter::from_fn(move || {
+            match (packed.peek(), plain.peek()) {
+                (Some(a), Some(b)) if (a.addr, a.port) > (b.addr, b.port) => plain.next(),
+                (Some(_), _) => packed.next(),
+                (None, _) => plain.next(),
+            }
+        }))
+    }
+
+    /// Each with its address and port, in their order.
+    pub fn iter(&self) -> impl Iterator<Item = ((IpAddr, u16), Destination)> + '_ {
+        self.values().map(|d| ((d.addr, d.port), d))
+    }
+
+    /// The addresses and ports, in order.
+    pub fn keys(&self) -> impl Iterator<Item = (IpAddr, u16)> + '_ {
+        self.values().map(|d| (d.addr, d.port))
     }
 }
 
@@ -165,29 +209,30 @@ impl FromIterator<Destination> for Reals {
         let mut all: Vec<Destination> = iter.into_iter().collect();
         // Stable: of equal keys the last given ends last, and is the one kept.
         all.sort_by_key(|d| (d.addr, d.port));
-        let mut out: Vec<Destination> = Vec::with_capacity(all.len());
-        for d in all {
-            match out.last_mut() {
-                Some(last) if (last.addr, last.port) == (d.addr, d.port) => *last = d,
-                _ => out.push(d),
+        let (mut packed, mut plain) = (Vec::new(), Vec::new());
+        for (i, d) in all.iter().enumerate() {
+            let next = all.get(i + 1);
+            if next.is_some_and(|n| (n.addr, n.port) == (d.addr, d.port)) {
+                continue;
+            }
+            match pack_real(d) {
+                Some(p) => packed.push(p),
+                None => plain.push(*d),
             }
         }
-        Reals(out.into_boxed_slice())
+        Reals {
+            packed: packed.into_boxed_slice(),
+            plain: plain.into_boxed_slice(),
+        }
     }
 }
 
 impl<'a> IntoIterator for &'a Reals {
-    type Item = ((&'a IpAddr, &'a u16), &'a Destination);
-    type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, Destination>,
-        fn(&'a Destination) -> ((&'a IpAddr, &'a u16), &'a Destination),
-    >;
+    type Item = ((IpAddr, u16), Destination);
+    type IntoIter = Box<dyn Iterator<Item = ((IpAddr, u16), Destination)> + 'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        fn split(d: &Destination) -> ((&IpAddr, &u16), &Destination) {
-            ((&d.addr, &d.port), d)
-        }
-        self.0.iter().map(split)
+        Box::new(self.iter())
     }
 }
 
@@ -510,9 +555,9 @@ impl<'a> Dump<'a> {
                 .collect();
             for dest in want.destinations.values() {
                 match have.get(&(dest.addr, dest.port)) {
-                    None => plan.changes.push(Change::AddDestination(*key, *dest)),
-                    Some(d) if d.destination != *dest => {
-                        plan.changes.push(Change::UpdateDestination(*key, *dest))
+                    None => plan.changes.push(Change::AddDestination(*key, dest)),
+                    Some(d) if d.destination != dest => {
+                        plan.changes.push(Change::UpdateDestination(*key, dest))
                     }
                     Some(_) => {}
                 }

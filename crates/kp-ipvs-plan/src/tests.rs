@@ -224,7 +224,7 @@ fn external_traffic_policy_local_leaves_external_virtual_servers_only_this_node_
         d.services()[&k]
             .destinations
             .keys()
-            .map(|(a, _)| *a)
+            .map(|(a, _)| a)
             .collect()
     };
     assert_eq!(reals(tcp("10.96.0.1", 80)).len(), 3);
@@ -493,26 +493,44 @@ fn scheduler_names_the_kernel_cannot_take_are_refused() {
 
 #[test]
 fn real_servers_are_sorted_one_per_address_and_port_the_last_given_kept() {
-    let reals: Reals = [
+    let draining = Destination::masquerade(ip("10.0.0.2"), 80, 0);
+    let tunnel = Destination {
+        forward: Forward::Tunnel,
+        ..Destination::masquerade(ip("10.0.0.3"), 80, 1)
+    };
+    let given = [
+        Destination::masquerade(ip("fd00::1"), 80, 1),
         Destination::masquerade(ip("10.0.0.2"), 80, 1),
         Destination::masquerade(ip("10.0.0.1"), 81, 1),
-        Destination::masquerade(ip("10.0.0.2"), 80, 3),
+        tunnel,
+        draining,
+        Destination::masquerade(ip("10.0.0.4"), 80, 1),
+        Destination::masquerade(ip("10.0.0.1"), 81, 1),
         Destination::masquerade(ip("10.0.0.1"), 80, 1),
-    ]
-    .into_iter()
-    .collect();
-    let keys: Vec<(IpAddr, u16)> = reals.keys().map(|(a, p)| (*a, *p)).collect();
+    ];
+    let reals: Reals = given.into_iter().collect();
+    // Packed (the planner's kind at an IPv4 address) and plain ones interleave in order; of
+    // 10.0.0.2:80 the last given (draining) is kept.
+    let want = [
+        Destination::masquerade(ip("10.0.0.1"), 80, 1),
+        Destination::masquerade(ip("10.0.0.1"), 81, 1),
+        draining,
+        tunnel,
+        Destination::masquerade(ip("10.0.0.4"), 80, 1),
+        Destination::masquerade(ip("fd00::1"), 80, 1),
+    ];
+    assert_eq!(reals.values().collect::<Vec<_>>(), want);
     assert_eq!(
-        keys,
-        [
-            (ip("10.0.0.1"), 80),
-            (ip("10.0.0.1"), 81),
-            (ip("10.0.0.2"), 80)
-        ]
+        reals.keys().collect::<Vec<_>>(),
+        want.iter().map(|d| (d.addr, d.port)).collect::<Vec<_>>()
     );
-    assert_eq!(reals.get(&(ip("10.0.0.2"), 80)).map(|d| d.weight), Some(3));
-    assert!(reals.contains_key(&(ip("10.0.0.1"), 81)));
+    for d in want {
+        assert_eq!(reals.get(&(d.addr, d.port)), Some(d), "{d:?}");
+    }
     assert!(!reals.contains_key(&(ip("10.0.0.1"), 82)));
-    assert_eq!(reals.len(), 3);
-    assert_eq!(format!("{reals:?}").matches("addr").count(), 3);
+    assert!(!reals.contains_key(&(ip("fd00::2"), 80)));
+    assert_eq!(reals.len(), 6);
+    assert_eq!(format!("{reals:?}").matches("addr").count(), 6);
+    let again: Reals = want.into_iter().rev().collect();
+    assert_eq!(again, reals, "one form whatever the order given");
 }
