@@ -99,6 +99,10 @@ fn main() -> anyhow::Result<()> {
         ipset::changes(&planner.sets()[0], &none),
     )?;
     report("+ the sets' restore text (held here)", base);
+    // A periodic sync reads `ipset save` into this; its lines are the restore text's.
+    let saved = ipset::Saved::read(&[IpFamily::V4], &text[..])?;
+    report("+ those sets read back as ipset::Saved", base);
+    drop(saved);
     println!(
         "{n} Services: {virtual_servers} virtual servers, {destinations} real servers, {changes} IPVS changes, {set_changes} set changes, restore text {:.1} MiB",
         mib(text.len())

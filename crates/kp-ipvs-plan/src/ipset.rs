@@ -404,7 +404,7 @@ impl fmt::Debug for Entries<'_> {
     }
 }
 
-/// The contents of every set of one family; an IPv4 set's entries packed ([`Packed`]).
+/// The contents of every set of one family; an IPv4 set's entries packed (12 bytes each).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Sets {
     family: IpFamily,
