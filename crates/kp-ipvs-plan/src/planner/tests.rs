@@ -283,6 +283,11 @@ fn a_one_endpoint_change_names_only_that_services_virtual_servers() {
         &config(),
         &mut delta,
     );
+    // A full sync's plan (its trees rebuilt at the end) is a plan in one go.
+    let (whole, sets) = in_one_go(&all.iter().cloned().collect());
+    assert_eq!(&whole_of(&planner), whole.services());
+    assert_eq!(planner.bind_addresses(), whole.bind_addresses());
+    assert_eq!(planner.sets(), sets.as_slice());
     // svc7's first port loses an endpoint, or gains one.
     let (name, mut ports) = all[7].clone();
     {
