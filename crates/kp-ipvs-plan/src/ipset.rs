@@ -853,15 +853,6 @@ pub fn replace_text(family: IpFamily, sets: &[SetName]) -> String {
 }
 
 impl Sets {
-    /// Rebuilds each set's trees from their sorted entries, which fills their nodes (a tree
-    /// filled in key order keeps them about half full).
-    pub(crate) fn compact(&mut self) {
-        for s in &mut self.sets {
-            s.packed = std::mem::take(&mut s.packed).into_iter().collect();
-            s.plain = std::mem::take(&mut s.plain).into_iter().collect();
-        }
-    }
-
     /// Empties `set` (what a replaced set holds).
     pub fn clear(&mut self, set: SetName) {
         self.sets[set as usize] = Set::default();

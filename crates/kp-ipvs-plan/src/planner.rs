@@ -522,23 +522,6 @@ impl Planner {
         for name in gone {
             self.set_service(&name, &[], node_addresses, node, config, delta);
         }
-        self.compact();
-    }
-
-    /// Rebuilds the whole state's trees from their items: a tree filled in key order (as a
-    /// first full sync fills them) keeps its nodes about half full, one built from sorted
-    /// items fills them (at 10,000 Services the sets' trees go from 3.6 to about 2 MiB).
-    /// Linear in the state's size, as a full sync is.
-    fn compact(&mut self) {
-        fn rebuild<K: Ord, V>(map: &mut BTreeMap<K, V>) {
-            *map = std::mem::take(map).into_iter().collect();
-        }
-        rebuild(&mut self.shares);
-        rebuild(&mut self.owners);
-        self.bind = std::mem::take(&mut self.bind).into_iter().collect();
-        for sets in &mut self.sets {
-            sets.compact();
-        }
     }
 }
 

@@ -283,7 +283,7 @@ fn a_one_endpoint_change_names_only_that_services_virtual_servers() {
         &config(),
         &mut delta,
     );
-    // A full sync's plan (its trees rebuilt at the end) is a plan in one go.
+    // A full sync's plan is a plan in one go.
     let (whole, sets) = in_one_go(&all.iter().cloned().collect());
     assert_eq!(&whole_of(&planner), whole.services());
     assert_eq!(planner.bind_addresses(), whole.bind_addresses());
