@@ -158,6 +158,9 @@ enum FrontKey {
 #[derive(Clone, Debug)]
 struct Entry {
     route: usize,
+    /// Where its Service port stands when several claim the frontend: Service namespace and
+    /// name, then port name (see [`Claims`]).
+    rank: (ServiceKey, String),
     external: bool,
     policy: TrafficPolicy,
     masquerade: Masquerade,
@@ -167,11 +170,11 @@ struct Entry {
 }
 
 /// The claims of Service ports on frontends of one kind, by the nftables mode's rule (its
-/// element record's `claim` and `drop_claim`): the first claim holds the frontend, later ones
-/// wait in the order they came, and when the holder lets go the earliest waiting takes over.
-/// A Service a sync re-derives releases its claims and claims again, behind the others; a full
-/// sync re-derives every Service in order, so the first Service (by namespace and name) that
-/// claims a frontend holds it, as in the redirect table and the nftables mode.
+/// element record's `join_claim` and `drop_claim`): of the Service ports that claim a frontend,
+/// the first by rank (Service namespace and name, then port name) holds it, whatever order the
+/// claims came in; the others wait in rank order, and when the holder lets go the first waiting
+/// takes over. So a partial sync leaves a frontend where a full sync puts it, as the redirect
+/// table and the nftables mode do.
 struct Claims<'a, K> {
     held: &'a mut HashMap<K, Entry>,
     waiting: &'a mut HashMap<K, Vec<Entry>>,
@@ -182,9 +185,10 @@ impl<'a, K: std::hash::Hash + Eq + Copy> Claims<'a, K> {
         Claims { held, waiting }
     }
 
-    /// Route `entry.route` claims `key`: it holds it if no one does, else it waits (once).
+    /// Route `entry.route` claims `key`: it holds it if no one does or it comes before the
+    /// holder (which then waits first), else it waits in rank order (once).
     fn claim(&mut self, key: K, entry: Entry) {
-        let Some(holder) = self.held.get(&key) else {
+        let Some(holder) = self.held.get_mut(&key) else {
             self.held.insert(key, entry);
             return;
         };
@@ -192,8 +196,15 @@ impl<'a, K: std::hash::Hash + Eq + Copy> Claims<'a, K> {
             return;
         }
         let list = self.waiting.entry(key).or_default();
-        if !list.iter().any(|e| e.route == entry.route) {
-            list.push(entry);
+        if list.iter().any(|e| e.route == entry.route) {
+            return;
+        }
+        if entry.rank < holder.rank {
+            let before = std::mem::replace(holder, entry);
+            list.insert(0, before);
+        } else {
+            let at = list.partition_point(|e| e.rank < entry.rank);
+            list.insert(at, entry);
         }
     }
 
@@ -258,12 +269,12 @@ pub struct Balancer {
     free: Vec<usize>,
     by_id: HashMap<RouteId, usize>,
     by_service: HashMap<ServiceKey, Vec<usize>>,
-    /// Each frontend's entry: the route of the Service port that claimed it first (see
+    /// Each frontend's entry: the route of the first Service port by rank that claims it (see
     /// [`Claims`]).
     vips: HashMap<VipKey, Entry>,
     node_ports: HashMap<NodePortKey, Entry>,
-    /// The entries of further Service ports claiming a frontend already held, in the order
-    /// they came: nearly always empty.
+    /// The entries of further Service ports claiming a frontend already held, in rank order:
+    /// nearly always empty.
     vips_waiting: HashMap<VipKey, Vec<Entry>>,
     node_ports_waiting: HashMap<NodePortKey, Vec<Entry>>,
     /// Where NodePorts answer, per family; empty for anywhere the kernel sends them.
@@ -465,6 +476,10 @@ impl Balancer {
             });
             let entry = Entry {
                 route: slot,
+                rank: (
+                    id.service_port.service.clone(),
+                    id.service_port.port.clone(),
+                ),
                 external: f.is_external(),
                 policy: f.policy,
                 masquerade: f.masquerade,

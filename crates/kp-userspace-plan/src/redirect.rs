@@ -37,18 +37,17 @@ use crate::names::{FAMILY, TABLE};
 type OwnerId = u32;
 const NODE_OWNER: OwnerId = 0;
 
-/// One element as the record holds it: each owner with the value it wants (maps), in the order
-/// they claimed it; the first one's value is the one in the kernel. The nftables mode's rule
-/// (its element record's `claim` and `drop_claim`), which the balancer follows too: a Service
-/// a partial sync re-derives releases and claims again, behind the others, and when the holder
-/// lets go the earliest claim still waiting takes over; a full sync claims in Service order.
+/// One element as the record holds it: each owner with the value it wants (maps), in rank order
+/// (the node first, then Services by namespace and name); the first one's value is the one in
+/// the kernel, whatever order the claims came in. The nftables mode's rule, which the balancer
+/// follows too, so a partial sync leaves an element where a full sync puts it.
 #[derive(Clone, Debug, Default)]
 struct Owned {
     owners: Vec<(OwnerId, Option<Tuple>)>,
 }
 
 impl Owned {
-    /// The value in the kernel: the first claim's.
+    /// The value in the kernel: the first owner's by rank.
     fn value(&self) -> Option<Option<Tuple>> {
         self.owners.first().map(|(_, v)| v.clone())
     }
@@ -69,6 +68,8 @@ pub struct RedirectPlanner {
     /// Each owner's elements.
     owned: HashMap<OwnerId, Vec<(SetId, Tuple)>>,
     owner_ids: HashMap<ServiceKey, OwnerId>,
+    /// Each Service owner's Service, its rank (the node's owner has none: it comes first).
+    ranks: HashMap<OwnerId, ServiceKey>,
     next_owner: OwnerId,
 }
 
@@ -82,6 +83,7 @@ impl RedirectPlanner {
             elements: BTreeMap::new(),
             owned: HashMap::new(),
             owner_ids: HashMap::new(),
+            ranks: HashMap::new(),
             next_owner: NODE_OWNER + 1,
         }
     }
@@ -201,6 +203,7 @@ impl RedirectPlanner {
             self.release(owner);
             if wants.is_empty() {
                 self.owner_ids.remove(key);
+                self.ranks.remove(&owner);
             } else {
                 self.claim(owner, wants);
             }
@@ -240,6 +243,7 @@ impl RedirectPlanner {
         let o = self.next_owner;
         self.next_owner += 1;
         self.owner_ids.insert(key.clone(), o);
+        self.ranks.insert(o, key.clone());
         o
     }
 
@@ -255,7 +259,11 @@ impl RedirectPlanner {
             if owned.owners.iter().any(|(o, _)| *o == owner) {
                 continue;
             }
-            owned.owners.push((owner, value));
+            let ranks = &self.ranks;
+            let at = owned
+                .owners
+                .partition_point(|(o, _)| ranks.get(o) < ranks.get(&owner));
+            owned.owners.insert(at, (owner, value));
             keys.push((set, key));
         }
         self.owned.insert(owner, keys);

@@ -1,8 +1,9 @@
 //! Two Service ports claiming one frontend (same address, port and protocol): the balancer
 //! (which route a connection takes) and the redirect table (which verdict the kernel holds)
-//! give it to the same Service port, by the nftables mode's rule: the first claim holds it, a
-//! Service a sync re-derives claims again behind the others, and when the holder lets go the
-//! earliest claim still waiting takes over. A full sync claims in Service order again.
+//! give it to the same Service port, by the nftables mode's rule: the first by rank (Service
+//! namespace and name, then port name) holds it, whatever order the claims came in and
+//! whatever a sync re-derived, so partial and full syncs agree; when the holder lets go, the
+//! next by rank takes over.
 //!
 //! The frontend is a ClusterIP both Services list: `a-reject` has no endpoints (rejected),
 //! `b-drop` has `internalTrafficPolicy: Local` with its only endpoint on another node
@@ -163,7 +164,7 @@ fn two_service_ports_claiming_one_frontend_get_the_same_holder_in_the_balancer_a
     p.full(&state);
     assert_eq!(p.holders(), all(Holder::A), "after the first full sync");
 
-    // a-reject changes (a second port): re-derived, it claims again behind b-drop.
+    // a-reject changes (a second port): re-derived, it claims again and still comes first.
     let mut spec_ports = json!({"ports": [
         {"name": "p", "protocol": "TCP", "port": 80, "targetPort": 8080},
         {"name": "q", "protocol": "TCP", "port": 81, "targetPort": 8081}]});
@@ -173,13 +174,13 @@ fn two_service_ports_claiming_one_frontend_get_the_same_holder_in_the_balancer_a
     );
     assert!(changes.services.iter().any(|k| k.name == "a-reject"));
     p.partial(&state, &changes);
-    assert_eq!(p.holders(), all(Holder::B), "after a-reject's partial sync");
+    assert_eq!(p.holders(), all(Holder::A), "after a-reject's partial sync");
 
-    // A full sync: Service order again.
+    // A full sync: the same.
     p.full(&state);
     assert_eq!(p.holders(), all(Holder::A), "after the second full sync");
 
-    // The holder goes: the claim waiting takes over; it comes back: it waits.
+    // The holder goes: the claim waiting takes over; it comes back: it holds it again.
     let key = ObjectKey {
         namespace: "default".into(),
         name: "a-reject".into(),
@@ -189,7 +190,7 @@ fn two_service_ports_claiming_one_frontend_get_the_same_holder_in_the_balancer_a
     assert_eq!(p.holders(), all(Holder::B), "after a-reject's removal");
     let changes = apply(&mut state, SourceEvent::Upsert(a_reject()));
     p.partial(&state, &changes);
-    assert_eq!(p.holders(), all(Holder::B), "after a-reject came back");
+    assert_eq!(p.holders(), all(Holder::A), "after a-reject came back");
 
     // b-drop goes: a-reject alone holds it, in all three.
     let key = ObjectKey {

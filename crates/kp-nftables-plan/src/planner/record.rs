@@ -26,11 +26,11 @@ pub(super) const NODE_OWNER: Owner = 0;
 
 /// Where an owner stands when several want one element (two Services listing the same external
 /// IP and port, which nothing in Kubernetes prevents): the node first, then Services in
-/// namespace/name order, each one's ports in order. The element holds the first one's value
+/// namespace/name order, each one's ports by name. The element holds the first one's value
 /// whatever order the claims came in, so a partial sync leaves it where a full sync of the same
-/// state puts it.
+/// state puts it; the userspace mode's balancer and redirect table rank the same way.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Rank(pub(super) Arc<ServiceKey>, pub(super) u32);
+pub(super) struct Rank(pub(super) Arc<ServiceKey>, pub(super) Box<str>);
 
 /// Per-Service-port facts the metrics need.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -248,12 +248,12 @@ pub(super) struct Owned<const K: usize> {
 pub(super) struct Elements<const K: usize, const V: usize> {
     /// Elements of every set and map but the dispatch classes.
     pub(super) plain: HashMap<SetId, HashMap<Packed<K>, Held<V>>>,
-    /// Further owners of plain elements wanted by several, in the order they came.
+    /// Further owners of plain elements wanted by several, in rank order.
     pub(super) plain_more: HashMap<(SetId, Packed<K>), Vec<(Owner, Packed<V>)>>,
     /// Dispatch records per class (route, endpoint count), by entry key: the entry is in the
     /// class set, and `key . slot` maps to the slot's endpoint in the class map.
     pub(super) dispatch: HashMap<(Route, u32), HashMap<Packed<K>, Dispatch<V>>>,
-    /// Further owners of dispatch records wanted by several, in the order they came.
+    /// Further owners of dispatch records wanted by several, in rank order.
     pub(super) dispatch_more: HashMap<DispatchKey<K>, Vec<(Owner, Slots<V>)>>,
     pub(super) owned: HashMap<Owner, Owned<K>>,
 }

@@ -192,14 +192,15 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
         // that stay keep their slots.
         let els = &*self.els;
         let seed = self.seed;
-        let computed: Vec<(Wants<K, V>, PortFacts)> = state
+        let computed: Vec<(Wants<K, V>, PortFacts, Box<str>)> = state
             .service_state(key)
             .iter()
             .map(|sps| {
-                contributions(self.cfg, node, sps, &|route, key, n| {
+                let (wants, facts) = contributions(self.cfg, node, sps, &|route, key, n| {
                     els.dispatch_value(route, n, key)
                         .or_else(|| seed.and_then(|s| s.get(&(route, n, *key))).map(|e| &e[..]))
-                })
+                });
+                (wants, facts, sps.port.name.port.as_str().into())
             })
             .collect();
         for owner in self.meta.by_service.remove(key).unwrap_or_default().iter() {
@@ -209,20 +210,18 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
             self.meta.free.push(*owner);
         }
         // Ports that put nothing into this table (another family's) need no owner.
-        let computed: Vec<(Wants<K, V>, PortFacts)> = computed
+        let computed: Vec<(Wants<K, V>, PortFacts, Box<str>)> = computed
             .into_iter()
-            .filter(|(w, f)| !w.is_empty() || *f != PortFacts::default())
+            .filter(|(w, f, _)| !w.is_empty() || *f != PortFacts::default())
             .collect();
         if computed.is_empty() {
             return;
         }
         let mut owners = Vec::with_capacity(computed.len());
         let service = std::sync::Arc::new(key.clone());
-        for (port, (wants, facts)) in computed.into_iter().enumerate() {
+        for (wants, facts, port) in computed {
             let owner = self.meta.new_owner();
-            self.meta
-                .ranks
-                .insert(owner, Rank(service.clone(), port as u32));
+            self.meta.ranks.insert(owner, Rank(service.clone(), port));
             self.claim(owner, wants, touched);
             if facts != PortFacts::default() {
                 self.meta.facts.insert(owner, facts);
