@@ -119,25 +119,31 @@ pub fn service() -> impl Strategy<Value = GenService> {
             |(
                 (v4, v6),
                 kind,
-                ports,
+                mut ports,
                 external_ips,
                 lb_ips,
                 source_ranges,
                 affinity,
                 (external_local, internal_local),
                 endpoints,
-            )| GenService {
-                v4,
-                v6,
-                kind,
-                ports,
-                external_ips,
-                lb_ips,
-                source_ranges,
-                affinity,
-                external_local,
-                internal_local,
-                endpoints,
+            )| {
+                // The API server refuses a Service listing one port number and protocol
+                // twice, and so does kp-core: such a port is left out.
+                let mut seen = std::collections::HashSet::new();
+                ports.retain(|p: &GenPort| seen.insert((p.protocol, p.port)));
+                GenService {
+                    v4,
+                    v6,
+                    kind,
+                    ports,
+                    external_ips,
+                    lb_ips,
+                    source_ranges,
+                    affinity,
+                    external_local,
+                    internal_local,
+                    endpoints,
+                }
             },
         )
 }
