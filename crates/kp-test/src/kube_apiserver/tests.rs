@@ -1,6 +1,14 @@
 use super::*;
 use crate::cluster::{cluster_ip, ChangeStream};
 
+/// The tests that start API servers run one at a time: `stop_all` stops every server this
+/// process started, another test's too (CI once saw 3 where this module's test started 2).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Starts a real API server, or says loudly why this machine cannot.
 fn start_or_skip(test: &str) -> Option<KubeApiServer> {
     if let Some(why) = unavailable() {
@@ -12,6 +20,7 @@ fn start_or_skip(test: &str) -> Option<KubeApiServer> {
 
 #[test]
 fn a_small_cluster_loads_lists_back_and_the_server_stops_on_drop() {
+    let _serial = serial();
     let Some(server) =
         start_or_skip("a_small_cluster_loads_lists_back_and_the_server_stops_on_drop")
     else {
@@ -97,6 +106,7 @@ fn a_small_cluster_loads_lists_back_and_the_server_stops_on_drop() {
 
 #[test]
 fn two_servers_run_side_by_side_on_their_own_ports() {
+    let _serial = serial();
     let Some(a) = start_or_skip("two_servers_run_side_by_side_on_their_own_ports") else {
         return;
     };
@@ -115,6 +125,7 @@ fn two_servers_run_side_by_side_on_their_own_ports() {
 #[test]
 #[ignore = "needs root"]
 fn a_namespace_reaches_the_server_through_the_bridge() {
+    let _serial = serial();
     if !crate::require_root() {
         eprintln!("SKIPPED a_namespace_reaches_the_server_through_the_bridge: needs root");
         return;
