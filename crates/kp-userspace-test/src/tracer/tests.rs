@@ -150,17 +150,25 @@ fn rule_shapes_the_planner_does_not_emit_are_refused() {
     }
 }
 
-#[test]
-fn the_proxy_refusing_a_connection_the_kernel_redirected_reads_as_a_reject() {
-    // The table redirects web, but the balancer never heard of it (a sync race).
-    let state = kp_flows::state();
-    let node = kp_flows::node_context();
+/// The fixture's full redirect table replayed into a tracer whose balancer never synced.
+fn fixture_table_with_an_empty_balancer() -> UserspaceTracer {
     let mut planner = RedirectPlanner::new(redirect_config(true));
     let mut tracer =
         UserspaceTracer::new(kp_flows::node_addresses(), Balancer::new(balancer_config()));
     tracer
-        .apply(&planner.full(&state, &node).text)
-        .expect("table");
+        .apply(
+            &planner
+                .full(&kp_flows::state(), &kp_flows::node_context())
+                .text,
+        )
+        .expect("the tracer replays the full table");
+    tracer
+}
+
+#[test]
+fn the_proxy_refusing_a_connection_the_kernel_redirected_reads_as_a_reject() {
+    // The table redirects web, but the balancer never heard of it (a sync race).
+    let tracer = fixture_table_with_an_empty_balancer();
     let p = Packet {
         origin: Origin::Pod,
         src: "10.244.1.14".parse().expect("ip"),
@@ -222,14 +230,7 @@ fn with_detect_local_by_interface_only_rows_from_pods_differ() {
 /// ports the rules redirect to are the planner's.
 #[test]
 fn the_walk_names_the_redirect_without_asking_the_balancer() {
-    let state = kp_flows::state();
-    let node = kp_flows::node_context();
-    let mut planner = RedirectPlanner::new(redirect_config(true));
-    let mut tracer =
-        UserspaceTracer::new(kp_flows::node_addresses(), Balancer::new(balancer_config()));
-    tracer
-        .apply(&planner.full(&state, &node).text)
-        .expect("the tracer replays the full table");
+    let tracer = fixture_table_with_an_empty_balancer();
     let packet = |dst: &str| Packet {
         origin: Origin::Pod,
         src: "10.244.1.14".parse().expect("ip"),
