@@ -69,8 +69,17 @@ const GET_INSTEAD_OF_DUMP: u32 = 4096;
 /// the receive buffer together.
 const GET_CHUNK: usize = 512;
 
-/// How often a read is repeated when the ruleset changes while it is being read.
-const ATTEMPTS: usize = 3;
+/// How often a read is made before giving up when the ruleset changes while it is being read,
+/// or a set's dump disagrees with the set's element count.
+const ATTEMPTS: u32 = 5;
+
+/// Waits before read `attempt` (from 2): 10, 20, 40, 80 ms, time for a resize of a set's hash
+/// table (the kernel's worker runs it a while after many additions) to finish.
+fn before_attempt(attempt: u32) {
+    if attempt > 1 {
+        std::thread::sleep(std::time::Duration::from_millis(10 << (attempt - 2)));
+    }
+}
 
 use kp_nftables_plan::netlink::{strides, total_len};
 pub use kp_nftables_plan::netlink::{AtomKind, SetSchema};
@@ -86,8 +95,9 @@ use kp_nftables_plan::EncodedBatch;
 /// dumped). Anonymous sets are left out, as nft leaves them out.
 ///
 /// The read is consistent: if the ruleset changes while the dumps run (a new generation, the
-/// kernel flagging a dump as interrupted, or an object vanishing between two dumps), it starts
-/// over, up to three times.
+/// kernel flagging a dump as interrupted, or an object vanishing between two dumps), or a set's
+/// dump holds fewer distinct elements than the kernel counts in it (its hash table was resized
+/// while dumped), it starts over after a short wait, up to five reads in all.
 ///
 /// Errors: [`Error::Netlink`] when the kernel refuses a request (its errno in the message:
 /// `netlink error -ENOENT (table missing)`) or the socket fails; [`Error::Parse`] when a reply or
@@ -140,6 +150,7 @@ fn read_table_as<C: Collect>(
 ) -> Result<Read<C::Set>, Error> {
     let mut conn = Conn::open(netns)?;
     for attempt in 1..=ATTEMPTS {
+        before_attempt(attempt);
         let before = conn.generation()?;
         let read = conn.read_table::<C>(family, schema);
         let after = conn.generation()?;
@@ -160,7 +171,10 @@ fn read_table_as<C: Collect>(
     }
     Err(list_error(
         format!("netlink list table {} {TABLE}", family_name(family)),
-        format!("the ruleset changed during each of {ATTEMPTS} reads"),
+        format!(
+            "the ruleset changed (or a set's dump disagreed with its count) during each of \
+             {ATTEMPTS} reads"
+        ),
     ))
 }
 
@@ -249,10 +263,19 @@ fn read_set_with(
     let Some(set) = sets.iter().find(|s| s.name == name) else {
         return Ok(None);
     };
-    match conn.elements::<Tuples>(family, set, schema) {
-        Ok((elements, _)) => Ok(Some(elements)),
-        Err(e) if not_found(&e) => Ok(None),
-        Err(e) => Err(e),
+    // A dump that disagrees with the set's count is read again; the last is kept.
+    let mut attempt = 1;
+    loop {
+        match conn.elements::<Tuples>(family, set, schema) {
+            Ok((elements, complete)) if complete || attempt == ATTEMPTS => {
+                return Ok(Some(elements))
+            }
+            Ok(_) => {}
+            Err(e) if not_found(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        attempt += 1;
+        before_attempt(attempt);
     }
 }
 
@@ -699,7 +722,27 @@ impl Conn {
             |body| decoder.message(body),
         )?;
         let elements = decoder.finish().map_err(|e| parse_error(&what, e))?;
-        Ok((elements, complete))
+        // A hash set's dump is resumed by position for each datagram, so when the kernel
+        // resizes the set's table while it is dumped (it grows it a while after many
+        // additions) an element can be skipped and another sent twice, with no interrupted
+        // flag. The kernel's count of the set's elements tells: fewer distinct elements read
+        // than it holds means some were skipped. (Interval sets count their bounds.)
+        let consistent = match set.count {
+            Some(count) if set.flags & NFT_SET_INTERVAL == 0 => {
+                let read = C::distinct(&elements);
+                if read != count as usize {
+                    tracing::debug!(
+                        set = %set.name,
+                        read,
+                        count,
+                        "a set's dump disagrees with its element count (resized while dumped?)"
+                    );
+                }
+                read == count as usize
+            }
+            _ => true,
+        };
+        Ok((elements, complete && consistent))
     }
 
     /// Sends one request and hands the body (after `struct nfgenmsg`) of each nf_tables reply
@@ -894,6 +937,8 @@ trait Collect {
     /// Elements pushed so far.
     fn len(&self) -> usize;
     fn finish(self) -> Self::Set;
+    /// How many distinct elements a finished set holds.
+    fn distinct(set: &Self::Set) -> usize;
     /// A set read as tuples, kept as this collector keeps sets.
     fn of_tuples(set: BTreeMap<Tuple, Option<Tuple>>) -> Self::Set;
     /// A set whose elements were not read.
@@ -923,6 +968,10 @@ impl Collect for Tuples {
         self.0.into_iter().collect()
     }
 
+    fn distinct(set: &Self::Set) -> usize {
+        set.len()
+    }
+
     fn of_tuples(set: BTreeMap<Tuple, Option<Tuple>>) -> Self::Set {
         set
     }
@@ -950,10 +999,16 @@ impl Collect for Digests {
         self.0.len()
     }
 
+    /// Sorted, and an element sent twice (see [`Conn::elements`]) kept once.
     fn finish(mut self) -> Self::Set {
         self.0.sort_unstable();
+        self.0.dedup();
         self.0.shrink_to_fit();
         self.0
+    }
+
+    fn distinct(set: &Self::Set) -> usize {
+        set.len()
     }
 
     fn of_tuples(set: BTreeMap<Tuple, Option<Tuple>>) -> Self::Set {
