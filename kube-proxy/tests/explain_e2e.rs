@@ -19,6 +19,7 @@ use kp_test::lab::Lab;
 
 mod common;
 mod ebpf_lab;
+mod guest;
 use common::{temp_dir, write_atomically, PROGRAMMED};
 use kp_flows::Support;
 
@@ -164,7 +165,8 @@ fn start(lab: &Lab, mode: &str, dir: &Path, extra: &[String]) -> kp_test::netns:
     source.extend(extra.iter().map(String::as_str));
     let mut proxy = common::spawn_proxy_in_mode(lab, mode, &[], &source);
     proxy
-        .wait_for_log(PROGRAMMED, Duration::from_secs(30))
+        // ipvs mode runs in the TCG guest, where its first sync takes several seconds.
+        .wait_for_log(PROGRAMMED, Duration::from_secs(180))
         .expect("first sync");
     proxy
 }
@@ -467,19 +469,41 @@ fn explain_and_status_read_the_live_userspace_table() {
     );
 }
 
+/// ipvs mode, in the kp-vm guest (Debian's kernel has IPVS; this machine's has not): its
+/// chains, ipsets and IPVS's virtual servers read into its tracer, every row explained as it
+/// goes with real packets (`ipvs_vm_e2e`), and a virtual server deleted behind the stopped
+/// proxy's back is drift.
 #[test]
 #[ignore = "needs root"]
-fn a_mode_explain_does_not_cover_is_named_not_guessed() {
+fn explain_and_status_read_the_live_ipvs_state() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    if !guest::in_guest("explain_and_status_read_the_live_ipvs_state") {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    check_mode_in(
+        &lab,
+        "ipvs",
+        Support::ALL,
+        &[],
+        &|lab: &Lab| {
+            lab.node()
+                .run(&["ipvsadm", "-D", "-t", "10.96.0.10:80"])
+                .expect("delete behind the proxy");
+        },
+        "virtual server TCP 10.96.0.10:80 is missing from the kernel",
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn with_nothing_programmed_explain_says_so_and_fails() {
     if !kp_test::netns::require_root() {
         return;
     }
     let lab = kp_test::flows::lab().expect("lab");
-    let (code, _) = run(
-        &lab,
-        &["explain", "--mode", "ipvs", "tcp", "10.96.0.10:80"].map(String::from),
-    );
-    assert_eq!(code, 3);
-    // Nothing programmed: nothing to explain, said so.
     let (code, _) = run(&lab, &["explain", "tcp", "10.96.0.10:80"].map(String::from));
     assert_eq!(code, 1);
 }

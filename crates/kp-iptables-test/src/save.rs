@@ -31,6 +31,13 @@ const BUILTIN: &[&str] = &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUT
 
 /// kube-proxy's part of `save` (one family's `iptables-save` output).
 pub fn kube_rules(save: &str) -> Kept {
+    kube_rules_of(save, &["filter", "nat"], &is_kube_chain)
+}
+
+/// [`kube_rules`] for another layout: the `tables` kept, and the chains `ours` says are
+/// kube-proxy's (the ipvs mode's also fill `mangle`, with chains of its own).
+pub fn kube_rules_of(save: &str, tables: &[&str], ours: &dyn Fn(&str) -> bool) -> Kept {
+    let is_kube_chain = ours;
     let mut kept = Kept::default();
     let mut keep_table = false;
     for raw in save.lines() {
@@ -39,7 +46,7 @@ pub fn kube_rules(save: &str) -> Kept {
             continue;
         }
         if let Some(t) = l.strip_prefix('*') {
-            keep_table = matches!(t.trim(), "filter" | "nat");
+            keep_table = tables.contains(&t.trim());
             if keep_table {
                 push(&mut kept.restore, l);
             }

@@ -27,7 +27,38 @@ use kp_core::flow::{Ingress, Origin, Packet, Verdict};
 use kp_core::model::{IpFamily, Protocol};
 
 use kp_iptables_plan::restore::Table;
+
+/// The tables a trace walks: the two kube-proxy's iptables mode writes ([`Table`]), and
+/// mangle, where the ipvs mode marks the `Local` policies' short-circuited traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tbl {
+    Filter,
+    Nat,
+    Mangle,
+}
+
+impl Tbl {
+    fn as_str(self) -> &'static str {
+        match self {
+            Tbl::Filter => "filter",
+            Tbl::Nat => "nat",
+            Tbl::Mangle => "mangle",
+        }
+    }
+}
+
+impl From<Table> for Tbl {
+    fn from(t: Table) -> Tbl {
+        match t {
+            Table::Filter => Tbl::Filter,
+            Table::Nat => Tbl::Nat,
+        }
+    }
+}
 use kp_iptables_plan::validate::{MAX_CHAIN_NAME, MAX_COMMENT, MAX_RECENT_NAME};
+
+/// The longest ipset name (`IPSET_MAXNAMELEN` less the NUL).
+const MAX_IPSET_NAME: usize = 31;
 
 /// The source port of a traced connection (a [`Packet`] has none); `--sport` matches this.
 pub const SOURCE_PORT: u16 = 40000;
@@ -143,6 +174,59 @@ pub struct Branch {
     pub rules: Vec<String>,
 }
 
+/// Which of a packet's addresses or ports one field of an `-m set` lookup takes (`src`, `dst`
+/// in `--match-set NAME dst,dst,src`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetSide {
+    /// The source address or port.
+    Src,
+    /// The destination address or port.
+    Dst,
+}
+
+/// A packet as an ipset lookup or IPVS sees it, at that point of its walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address (after any DNAT so far).
+    pub dst: IpAddr,
+    /// L4 protocol.
+    pub protocol: Protocol,
+    /// Source port ([`SOURCE_PORT`]).
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// The packet's mark.
+    pub mark: u32,
+}
+
+/// Where IPVS sends a new connection that one of its virtual servers took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scheduled {
+    /// The real servers it may go to, each with its chance; none: IPVS answers with an ICMP
+    /// port unreachable (a reject).
+    pub reals: Vec<((IpAddr, u16), f64)>,
+    /// The virtual server's persistence timeout in seconds (ClientIP affinity).
+    pub persistence: Option<u32>,
+    /// The virtual server, as the trace's list of rules names it.
+    pub rule: String,
+}
+
+/// What the node holds besides iptables' tables, for a tracer of the ipvs mode: the ipsets
+/// `-m set` looks up, and IPVS's virtual servers, which take a packet to a local address after
+/// the filter table's `INPUT` (a packet from outside or a pod) or after nat `OUTPUT` (the
+/// node's own). Without one ([`IptablesTracer::with_beyond`]), a `-m set` rule fails its trace
+/// and nothing is load-balanced by IPVS.
+pub trait Beyond: fmt::Debug + Send + Sync + std::panic::RefUnwindSafe {
+    /// Whether set `set` holds the packet's fields that `sides` pick, in the set type's order
+    /// (a set that does not exist holds nothing).
+    fn set_contains(&self, set: &str, sides: &[SetSide], probe: &Probe) -> bool;
+    /// The virtual server that takes the packet, if any: by its firewall mark first, then by
+    /// its destination, protocol and port.
+    fn virtual_server(&self, probe: &Probe) -> Option<Scheduled>;
+}
+
 /// A rule-parsing or command failure, before it gets its line number.
 #[derive(Debug)]
 enum Bad {
@@ -190,10 +274,17 @@ impl fmt::Display for Hook {
 }
 
 /// The built-in chains of a table, with their hooks.
-fn builtins(table: Table) -> &'static [Hook] {
+fn builtins(table: Tbl) -> &'static [Hook] {
     match table {
-        Table::Filter => &[Hook::Input, Hook::Forward, Hook::Output],
-        Table::Nat => &[
+        Tbl::Filter => &[Hook::Input, Hook::Forward, Hook::Output],
+        Tbl::Mangle => &[
+            Hook::Prerouting,
+            Hook::Input,
+            Hook::Forward,
+            Hook::Output,
+            Hook::Postrouting,
+        ],
+        Tbl::Nat => &[
             Hook::Prerouting,
             Hook::Input,
             Hook::Output,
@@ -202,7 +293,7 @@ fn builtins(table: Table) -> &'static [Hook] {
     }
 }
 
-fn is_builtin(table: Table, name: &str) -> bool {
+fn is_builtin(table: Tbl, name: &str) -> bool {
     builtins(table).iter().any(|h| h.to_string() == name)
 }
 
@@ -266,6 +357,17 @@ enum Match {
         states: u8,
         neg: bool,
     },
+    /// `-m set --match-set NAME dst,dst,...`, looked up in the tracer's [`Beyond`].
+    Set {
+        name: String,
+        sides: Vec<SetSide>,
+        neg: bool,
+    },
+    /// `-m physdev --physdev-is-in`: the packet came in through a bridge port. The tracer's
+    /// node has no bridge, so it never did.
+    PhysdevIsIn {
+        neg: bool,
+    },
 }
 
 /// What a rule does when it matches.
@@ -319,7 +421,7 @@ struct Chain {
 /// One table of one family.
 #[derive(Clone, Debug)]
 struct TableModel {
-    table: Table,
+    table: Tbl,
     /// Chains are shared between copies until written, so staging an input is cheap.
     chains: HashMap<String, Arc<Chain>>,
     /// How many rules jump or go to each chain.
@@ -327,7 +429,7 @@ struct TableModel {
 }
 
 impl TableModel {
-    fn new(table: Table) -> Self {
+    fn new(table: Tbl) -> Self {
         let chains = builtins(table)
             .iter()
             .map(|h| {
@@ -942,6 +1044,8 @@ enum Module {
     },
     Mark(Option<(u32, u32, bool)>),
     Conntrack(Option<(u8, bool)>),
+    Set(Option<(String, Vec<SetSide>, bool)>),
+    Physdev(Option<bool>),
 }
 
 /// A target, collecting its options.
@@ -1149,6 +1253,26 @@ fn claim_module(
             o if o.starts_with("--ct") => Err(unsupported(format!("conntrack option {o}"))),
             _ => Ok(Claim::No),
         },
+        Module::Set(_) => match opt {
+            "--return-nomatch"
+            | "--update-counters"
+            | "--update-subcounters"
+            | "--packets-eq"
+            | "--packets-lt"
+            | "--packets-gt"
+            | "--bytes-eq"
+            | "--bytes-lt"
+            | "--bytes-gt" => Err(unsupported(format!("set option {opt}"))),
+            _ => Ok(Claim::No),
+        },
+        Module::Physdev(slot) => match opt {
+            "--physdev-is-in" => {
+                once(slot, neg, opt)?;
+                Ok(Claim::Took(1))
+            }
+            o if o.starts_with("--physdev") => Err(unsupported(format!("physdev option {o}"))),
+            _ => Ok(Claim::No),
+        },
     }
 }
 
@@ -1229,7 +1353,7 @@ fn claim_target(
 }
 
 /// Parses the arguments of a rule (what follows `-A CHAIN`).
-fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, Bad> {
+fn parse_rule(family: IpFamily, table: Tbl, args: &[String]) -> Result<Spec, Bad> {
     let mut src: Option<Match> = None;
     let mut dst: Option<Match> = None;
     let mut in_iface: Option<Match> = None;
@@ -1308,6 +1432,8 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
                     },
                     "mark" => Module::Mark(None),
                     "conntrack" => Module::Conntrack(None),
+                    "set" => Module::Set(None),
+                    "physdev" => Module::Physdev(None),
                     other => return Err(unsupported(format!("match -m {other}"))),
                 };
                 modules.push(m);
@@ -1380,6 +1506,38 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
                 return Err(invalid(
                     "-t cannot be used inside an iptables-restore table",
                 ));
+            }
+            // `--match-set NAME DIRECTIONS`: two values, which no other option takes.
+            "--match-set" => {
+                let Some(Module::Set(slot)) = modules
+                    .iter_mut()
+                    .rev()
+                    .find(|m| matches!(m, Module::Set(_)))
+                else {
+                    return Err(invalid("--match-set needs -m set"));
+                };
+                let name = value(a, next)?;
+                if name.is_empty() || name.len() > MAX_IPSET_NAME {
+                    return Err(invalid(format!("bad set name {name:?}")));
+                }
+                let flags = value(a, args.get(i + 2).map(String::as_str))?;
+                let sides = flags
+                    .split(',')
+                    .map(|f| match f {
+                        "src" => Ok(SetSide::Src),
+                        "dst" => Ok(SetSide::Dst),
+                        _ => Err(invalid(format!(
+                            "--match-set {name} {flags}: bad direction {f:?}"
+                        ))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                if sides.len() > 6 {
+                    return Err(invalid(format!(
+                        "--match-set {name} {flags}: too many directions"
+                    )));
+                }
+                once(slot, (name.to_string(), sides, was_neg), a)?;
+                i += 3;
             }
             opt if opt.starts_with("--") => {
                 let mut took = match target.as_mut() {
@@ -1512,6 +1670,14 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
                 let (states, neg) = c.ok_or_else(|| invalid("-m conntrack needs --ctstate"))?;
                 matches.push(Match::CtState { states, neg });
             }
+            Module::Set(m) => {
+                let (name, sides, neg) = m.ok_or_else(|| invalid("-m set needs --match-set"))?;
+                matches.push(Match::Set { name, sides, neg });
+            }
+            Module::Physdev(m) => {
+                let neg = m.ok_or_else(|| unsupported("-m physdev without --physdev-is-in"))?;
+                matches.push(Match::PhysdevIsIn { neg });
+            }
         }
     }
 
@@ -1523,13 +1689,13 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
         Some(TargetState::Accept) => Target::Accept,
         Some(TargetState::Return) => Target::Return,
         Some(TargetState::Drop) => {
-            if table == Table::Nat {
+            if table == Tbl::Nat {
                 return Err(invalid("DROP is not allowed in the nat table"));
             }
             Target::Drop
         }
         Some(TargetState::Reject { with }) => {
-            if table != Table::Filter {
+            if table != Tbl::Filter {
                 return Err(invalid("REJECT is only valid in the filter table"));
             }
             if with.as_deref() == Some("tcp-reset") && !plain_proto(Protocol::Tcp) {
@@ -1538,7 +1704,7 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
             Target::Reject
         }
         Some(TargetState::Dnat { to }) => {
-            if table != Table::Nat {
+            if table != Tbl::Nat {
                 return Err(invalid("DNAT is only valid in the nat table"));
             }
             let (ip, port) = to.ok_or_else(|| invalid("DNAT needs --to-destination"))?;
@@ -1554,7 +1720,7 @@ fn parse_rule(family: IpFamily, table: Table, args: &[String]) -> Result<Spec, B
             Target::Mark { value, mask }
         }
         Some(TargetState::Masquerade) => {
-            if table != Table::Nat {
+            if table != Tbl::Nat {
                 return Err(invalid("MASQUERADE is only valid in the nat table"));
             }
             Target::Masquerade
@@ -1578,10 +1744,11 @@ fn is_target(name: &str) -> bool {
         || OTHER_TARGETS.contains(&name)
 }
 
-fn table_index(t: Table) -> usize {
+fn table_index(t: Tbl) -> usize {
     match t {
-        Table::Filter => 0,
-        Table::Nat => 1,
+        Tbl::Filter => 0,
+        Tbl::Nat => 1,
+        Tbl::Mangle => 2,
     }
 }
 
@@ -1595,8 +1762,8 @@ fn family_index(f: IpFamily) -> usize {
 /// Applies one non-blank, non-comment line to the staged tables of one family.
 fn apply_line(
     family: IpFamily,
-    staged: &mut [TableModel; 2],
-    current: &mut Option<Table>,
+    staged: &mut [TableModel; 3],
+    current: &mut Option<Tbl>,
     l: &str,
 ) -> Result<(), Bad> {
     if let Some(name) = l.strip_prefix('*') {
@@ -1607,8 +1774,9 @@ fn apply_line(
             )));
         }
         *current = Some(match name.trim() {
-            "filter" => Table::Filter,
-            "nat" => Table::Nat,
+            "filter" => Tbl::Filter,
+            "nat" => Tbl::Nat,
+            "mangle" => Tbl::Mangle,
             other => return Err(unsupported(format!("table {other}"))),
         });
         return Ok(());
@@ -1733,12 +1901,28 @@ struct Walk {
     rchecks: Vec<(String, u32)>,
     /// `-m recent --set` lists the client was added to.
     sets: Vec<String>,
+    /// The persistence of the IPVS virtual server that took it.
+    persistence: Option<u32>,
     probability: f64,
     rules: Vec<String>,
 }
 
 impl Walk {
+    fn probe(&self) -> Probe {
+        Probe {
+            src: self.src,
+            dst: self.dst,
+            protocol: self.proto,
+            sport: self.sport,
+            dport: self.dport,
+            mark: self.mark,
+        }
+    }
+
     fn affinity(&self) -> Option<u32> {
+        if self.persistence.is_some() {
+            return self.persistence;
+        }
         self.sets.iter().find_map(|s| {
             self.rchecks
                 .iter()
@@ -1768,8 +1952,10 @@ pub struct IptablesTracer {
     local: Vec<IpAddr>,
     /// The node's links, for `-i` matches ([`IptablesTracer::with_ingress`]).
     ingress: Option<Ingress>,
-    /// Indexed by family, then table (filter, nat).
-    tables: [[TableModel; 2]; 2],
+    /// ipsets and IPVS ([`IptablesTracer::with_beyond`]).
+    beyond: Option<Arc<dyn Beyond>>,
+    /// Indexed by family, then table (filter, nat, mangle).
+    tables: [[TableModel; 3]; 2],
 }
 
 impl IptablesTracer {
@@ -1777,10 +1963,17 @@ impl IptablesTracer {
     /// LOCAL` matches; loopback is always local). Every table starts with its built-in chains,
     /// empty, policy ACCEPT.
     pub fn new(local: Vec<IpAddr>) -> Self {
-        let fresh = || [TableModel::new(Table::Filter), TableModel::new(Table::Nat)];
+        let fresh = || {
+            [
+                TableModel::new(Tbl::Filter),
+                TableModel::new(Tbl::Nat),
+                TableModel::new(Tbl::Mangle),
+            ]
+        };
         IptablesTracer {
             local,
             ingress: None,
+            beyond: None,
             tables: [fresh(), fresh()],
         }
     }
@@ -1793,13 +1986,19 @@ impl IptablesTracer {
         self
     }
 
+    /// The tracer with the node's ipsets and IPVS ([`Beyond`]): the ipvs mode's node.
+    pub fn with_beyond(mut self, beyond: Arc<dyn Beyond>) -> Self {
+        self.beyond = Some(beyond);
+        self
+    }
+
     /// Replays one `iptables-restore --noflush` input for `family`. All or nothing: on error
     /// the tracer is left as it was (iptables-legacy would keep the tables committed before the
     /// failing one; kube-proxy resyncs everything after a failure either way).
     pub fn apply(&mut self, family: IpFamily, text: &str) -> Result<(), TraceError> {
         let fi = family_index(family);
         let mut staged = self.tables[fi].clone();
-        let mut current: Option<Table> = None;
+        let mut current: Option<Tbl> = None;
         let mut last = 0;
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
@@ -1823,7 +2022,7 @@ impl IptablesTracer {
 
     /// The rules of a chain, as the arguments after `-A CHAIN`, or `None` if it does not exist.
     pub fn chain(&self, family: IpFamily, table: Table, name: &str) -> Option<&[String]> {
-        self.model(family, table)
+        self.model(family, table.into())
             .chains
             .get(name)
             .map(|c| c.texts.as_slice())
@@ -1832,7 +2031,7 @@ impl IptablesTracer {
     /// The policy of built-in chain `name` (`ACCEPT` or `DROP`); `None` for a chain that is
     /// not built-in or does not exist.
     pub fn policy(&self, family: IpFamily, table: Table, name: &str) -> Option<&'static str> {
-        let c = self.model(family, table).chains.get(name)?;
+        let c = self.model(family, table.into()).chains.get(name)?;
         match (c.builtin, c.policy_drop) {
             (false, _) => None,
             (true, false) => Some("ACCEPT"),
@@ -1842,7 +2041,12 @@ impl IptablesTracer {
 
     /// Every chain of a table, built-in ones included, sorted.
     pub fn chain_names(&self, family: IpFamily, table: Table) -> Vec<String> {
-        let mut v: Vec<String> = self.model(family, table).chains.keys().cloned().collect();
+        let mut v: Vec<String> = self
+            .model(family, table.into())
+            .chains
+            .keys()
+            .cloned()
+            .collect();
         v.sort();
         v
     }
@@ -1922,14 +2126,25 @@ impl IptablesTracer {
     /// spellings `iptables-save` prints and the planner's spelling of the same rule are equal.
     /// One line per difference, empty when they agree.
     pub fn differences(&self, planned: &IptablesTracer, family: IpFamily) -> Vec<String> {
+        self.differences_of(planned, family, &crate::save::is_kube_chain)
+    }
+
+    /// [`IptablesTracer::differences`] over the chains `ours` names (the ipvs mode's own
+    /// chains, besides the shared ones), in the filter, nat and mangle tables.
+    pub fn differences_of(
+        &self,
+        planned: &IptablesTracer,
+        family: IpFamily,
+        ours: &dyn Fn(&str) -> bool,
+    ) -> Vec<String> {
         let mut out = Vec::new();
-        for table in [Table::Filter, Table::Nat] {
+        for table in [Tbl::Filter, Tbl::Nat, Tbl::Mangle] {
             let (k, p) = (self.model(family, table), planned.model(family, table));
             let mut names: Vec<&String> = k
                 .chains
                 .keys()
                 .chain(p.chains.keys())
-                .filter(|n| crate::save::is_kube_chain(n) || is_builtin(table, n))
+                .filter(|n| ours(n) || is_builtin(table, n))
                 .collect();
             names.sort();
             names.dedup();
@@ -1952,9 +2167,7 @@ impl IptablesTracer {
                     c.specs
                         .iter()
                         .zip(&c.texts)
-                        .filter(|(s, _)| {
-                            !c.builtin || s.chain_ref().is_some_and(crate::save::is_kube_chain)
-                        })
+                        .filter(|(s, _)| !c.builtin || s.chain_ref().is_some_and(ours))
                         .map(|(s, t)| (s.clone(), t.clone()))
                         .collect()
                 };
@@ -2005,7 +2218,7 @@ impl IptablesTracer {
         out
     }
 
-    fn model(&self, family: IpFamily, table: Table) -> &TableModel {
+    fn model(&self, family: IpFamily, table: Tbl) -> &TableModel {
         &self.tables[family_index(family)][table_index(table)]
     }
 
@@ -2018,8 +2231,9 @@ impl IptablesTracer {
         if IpFamily::of(&p.src) != family {
             return Err("source and destination are of different families".into());
         }
-        let filter = self.model(family, Table::Filter);
-        let nat = self.model(family, Table::Nat);
+        let filter = self.model(family, Tbl::Filter);
+        let nat = self.model(family, Tbl::Nat);
+        let mangle = self.model(family, Tbl::Mangle);
         let start = Walk {
             src: p.src,
             dst: p.dst,
@@ -2036,6 +2250,7 @@ impl IptablesTracer {
             },
             rchecks: Vec::new(),
             sets: Vec::new(),
+            persistence: None,
             probability: 1.0,
             rules: Vec::new(),
         };
@@ -2045,15 +2260,28 @@ impl IptablesTracer {
         match p.origin {
             Origin::External | Origin::Pod => {
                 let walks = self.run_hook(
-                    nat,
+                    mangle,
                     Hook::Prerouting,
                     vec![start],
                     &mut stopped,
                     &mut budget,
                 )?;
+                let walks =
+                    self.run_hook(nat, Hook::Prerouting, walks, &mut stopped, &mut budget)?;
                 let (local, remote): (Vec<Walk>, Vec<Walk>) =
                     walks.into_iter().partition(|w| self.is_local(&w.dst));
                 let local = self.run_hook(filter, Hook::Input, local, &mut stopped, &mut budget)?;
+                // IPVS takes what its virtual servers hold and sends it on to a real server
+                // through LOCAL_OUT and POSTROUTING; the rest is delivered here.
+                let (sent, local) = self.ipvs(local, &mut stopped);
+                let sent = self.run_hook(filter, Hook::Output, sent, &mut stopped, &mut budget)?;
+                finished.extend(self.run_hook(
+                    nat,
+                    Hook::Postrouting,
+                    sent,
+                    &mut stopped,
+                    &mut budget,
+                )?);
                 finished.extend(self.run_hook(
                     nat,
                     Hook::Input,
@@ -2073,7 +2301,11 @@ impl IptablesTracer {
             }
             Origin::Node => {
                 let walks =
-                    self.run_hook(nat, Hook::Output, vec![start], &mut stopped, &mut budget)?;
+                    self.run_hook(mangle, Hook::Output, vec![start], &mut stopped, &mut budget)?;
+                let walks = self.run_hook(nat, Hook::Output, walks, &mut stopped, &mut budget)?;
+                // IPVS's LOCAL_OUT hook, after nat OUTPUT.
+                let (mut walks, left) = self.ipvs(walks, &mut stopped);
+                walks.extend(left);
                 let walks =
                     self.run_hook(filter, Hook::Output, walks, &mut stopped, &mut budget)?;
                 let walks =
@@ -2300,7 +2532,49 @@ impl IptablesTracer {
                 }
                 yes((now & states != 0) != *neg)
             }
+            Match::Set { name, sides, neg } => {
+                let Some(beyond) = &self.beyond else {
+                    panic!(
+                        "a rule matches ipset {name}, and the tracer has no sets: build it with \
+                         IptablesTracer::with_beyond"
+                    )
+                };
+                yes(beyond.set_contains(name, sides, &w.probe()) != *neg)
+            }
+            Match::PhysdevIsIn { neg } => yes(*neg),
         }
+    }
+
+    /// IPVS at a local address (`LOCAL_IN`, or `LOCAL_OUT` for the node's own packets): the
+    /// walks a virtual server takes are split over its real servers (and rejected when it has
+    /// none); the rest are returned as they are.
+    fn ipvs(&self, walks: Vec<Walk>, stopped: &mut Vec<(Walk, Outcome)>) -> (Vec<Walk>, Vec<Walk>) {
+        let Some(beyond) = &self.beyond else {
+            return (Vec::new(), walks);
+        };
+        let mut taken = Vec::new();
+        let mut left = Vec::new();
+        for mut w in walks {
+            let Some(s) = beyond.virtual_server(&w.probe()) else {
+                left.push(w);
+                continue;
+            };
+            w.rules.push(s.rule.clone());
+            if s.reals.is_empty() {
+                stopped.push((w, Outcome::Reject));
+                continue;
+            }
+            for ((ip, port), p) in &s.reals {
+                let mut to = w.clone();
+                to.dst = *ip;
+                to.dport = *port;
+                to.dnat = true;
+                to.probability *= p;
+                to.persistence = s.persistence;
+                taken.push(to);
+            }
+        }
+        (taken, left)
     }
 }
 

@@ -47,6 +47,11 @@ const FILTER_CHAINS: [&str; 6] = [
     KUBE_IPVS_OUT_FILTER,
 ];
 
+/// Whether `chain` is one of the chains this mode writes (in nat, filter or mangle).
+pub fn is_owned_chain(chain: &str) -> bool {
+    NAT_CHAINS.contains(&chain) || FILTER_CHAINS.contains(&chain) || chain == KUBE_IPVS_LOCAL
+}
+
 /// Which table a rule from a set goes to.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Tbl {

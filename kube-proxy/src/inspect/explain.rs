@@ -13,6 +13,7 @@ use kp_core::track::ProxyState;
 use kp_ebpf_plan::{FrontendAddr, Scope, ServiceKey, FLAG_DROP_EMPTY, FLAG_SRC_RANGES};
 use kp_ebpf_test::EbpfTracer;
 use kp_iptables_test::tracer::Outcome;
+use kp_iptables_test::IptablesTracer;
 use kp_nftables_plan::element::{Atom, Tuple};
 use kp_nftables_test::elements::{atom_matches, Elements};
 use kp_nftables_test::NftTracer;
@@ -61,32 +62,22 @@ pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer
             a.reason = nft_reason(&v, &a.decided_by);
             a.verdict = Some(v);
         }
-        Live::Iptables { tracer, .. } => match tracer.branches(packet) {
-            Ok(branches) => {
-                let mut by_ep: BTreeMap<(IpAddr, u16), f64> = BTreeMap::new();
-                let mut rules: Vec<String> = Vec::new();
-                for b in &branches {
-                    if let Outcome::Dnat(ip, port) = b.outcome {
-                        *by_ep.entry((ip, port)).or_default() += b.probability;
-                    }
-                    for r in &b.rules {
-                        if !rules.contains(r) {
-                            rules.push(r.clone());
-                        }
-                    }
-                }
-                a.endpoints = by_ep.into_iter().collect();
-                a.decided_by = rules;
-                match tracer.trace_all(packet) {
-                    Ok(v) => {
-                        a.reason = ipt_reason(&v, &a.decided_by);
-                        a.verdict = Some(v);
-                    }
-                    Err(e) => a.error = Some(e.to_string()),
-                }
+        Live::Iptables { tracer, .. } => iptables(&mut a, tracer),
+        Live::Ipvs { tracer, .. } => {
+            iptables(&mut a, tracer.iptables());
+            if a.reason.is_none() && a.verdict == Some(Verdict::Reject) {
+                a.reason = a
+                    .decided_by
+                    .last()
+                    .filter(|r| r.starts_with("ipvs "))
+                    .map(|r| {
+                        format!(
+                            "the virtual server has no real server to send a new connection to \
+                             (no ready endpoint): IPVS answers ICMP port unreachable ({r})"
+                        )
+                    });
             }
-            Err(e) => a.error = Some(e.to_string()),
-        },
+        }
         Live::Userspace {
             tracer,
             listening,
@@ -116,6 +107,7 @@ pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer
         let local = match live {
             Live::Nftables { .. }
             | Live::Iptables { .. }
+            | Live::Ipvs { .. }
             | Live::Ebpf { .. }
             | Live::Userspace { .. } => super::live::local_addresses(),
         };
@@ -349,6 +341,39 @@ fn nft_reason(v: &Verdict, decided_by: &[String]) -> Option<String> {
         );
     }
     None
+}
+
+/// [`trace`] through iptables' chains (the iptables mode's, or the ipvs mode's with its sets
+/// and virtual servers): every branch's endpoint with its probability, and the rules on the
+/// way.
+fn iptables(a: &mut Answer, tracer: &IptablesTracer) {
+    let packet = &a.packet;
+    match tracer.branches(packet) {
+        Ok(branches) => {
+            let mut by_ep: BTreeMap<(IpAddr, u16), f64> = BTreeMap::new();
+            let mut rules: Vec<String> = Vec::new();
+            for b in &branches {
+                if let Outcome::Dnat(ip, port) = b.outcome {
+                    *by_ep.entry((ip, port)).or_default() += b.probability;
+                }
+                for r in &b.rules {
+                    if !rules.contains(r) {
+                        rules.push(r.clone());
+                    }
+                }
+            }
+            a.endpoints = by_ep.into_iter().collect();
+            a.decided_by = rules;
+            match tracer.trace_all(packet) {
+                Ok(v) => {
+                    a.reason = ipt_reason(&v, &a.decided_by);
+                    a.verdict = Some(v);
+                }
+                Err(e) => a.error = Some(e.to_string()),
+            }
+        }
+        Err(e) => a.error = Some(e.to_string()),
+    }
 }
 
 fn ipt_reason(v: &Verdict, rules: &[String]) -> Option<String> {

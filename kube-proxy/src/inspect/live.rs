@@ -15,6 +15,7 @@ use kp_core::model::IpFamily;
 use kp_ebpf_test::EbpfTracer;
 use kp_iptables::{Backend, IptablesCommand};
 use kp_iptables_test::IptablesTracer;
+use kp_ipvs_test::{IpvsNode, IpvsTracer};
 use kp_nftables_test::NftTracer;
 use kp_proxy::config::{Config, ProxyMode};
 use kp_userspace_plan::names as userspace_names;
@@ -34,6 +35,16 @@ pub enum Live {
         /// The backend whose tools were read.
         backend: Backend,
         /// Other programs' rules in the filter and nat tables, left out of the trace.
+        foreign_rules: usize,
+    },
+    /// The ipvs mode: its `KUBE-*` chains (nat, filter, mangle), its ipsets and IPVS's
+    /// virtual servers, read over netlink.
+    Ipvs {
+        /// The chains, sets and virtual servers (boxed: it holds six tables).
+        tracer: Box<IpvsTracer>,
+        /// The backend whose tools were read.
+        backend: Backend,
+        /// Other programs' rules in the filter, nat and mangle tables, left out of the trace.
         foreign_rules: usize,
     },
     /// The ebpf mode's maps, read through their pins (nothing is loaded or attached).
@@ -86,17 +97,6 @@ impl Live {
     }
 }
 
-/// The modes `explain` and `status` read from the kernel, and why the others are not.
-pub fn unsupported_reason(mode: ProxyMode) -> Option<&'static str> {
-    match mode {
-        ProxyMode::Nftables | ProxyMode::Iptables | ProxyMode::Ebpf | ProxyMode::Userspace => None,
-        ProxyMode::Ipvs => Some(
-            "ipvs mode is not covered yet: its virtual servers are read over IPVS netlink, and \
-             there is no tracer over them (use `ipvsadm -Ln` and `iptables-save`)",
-        ),
-    }
-}
-
 /// Reads `mode`'s rules from the kernel into its tracer; `local` are the node's addresses;
 /// `cfg` the proxy's flags (ebpf mode: `--bpf-pin-dir`).
 pub fn read(mode: ProxyMode, cfg: &Config, local: Vec<IpAddr>) -> Result<Live, String> {
@@ -112,24 +112,52 @@ pub fn read(mode: ProxyMode, cfg: &Config, local: Vec<IpAddr>) -> Result<Live, S
             Ok(Live::Nftables { tracer })
         }
         ProxyMode::Iptables => {
-            let backend = kp_iptables::detect_backend(None);
-            let cmd = IptablesCommand::new();
+            let (saved, backend, foreign_rules) =
+                kube_chains(&["filter", "nat"], &kp_iptables_test::save::is_kube_chain)?;
             let mut tracer = IptablesTracer::new(local).with_ingress(node_links());
-            let mut foreign_rules = 0;
-            for f in IpFamily::ALL {
-                let save = match cmd.save(backend, f, None) {
-                    Ok(s) => s,
-                    // A node without IPv6 tables (no ip6tables module) holds nothing of ours.
-                    Err(_) if f == IpFamily::V6 => continue,
-                    Err(e) => return Err(format!("reading {} save: {e}", backend.as_str())),
-                };
-                let kept = kp_iptables_test::save::kube_rules(&save);
-                foreign_rules += kept.foreign_rules;
+            for (f, restore) in &saved {
                 tracer
-                    .apply(f, &kept.restore)
+                    .apply(*f, restore)
                     .map_err(|e| format!("reading {f:?} iptables-save: {e}"))?;
             }
             Ok(Live::Iptables {
+                tracer: Box::new(tracer),
+                backend,
+                foreign_rules,
+            })
+        }
+        ProxyMode::Ipvs => {
+            let (saved, backend, foreign_rules) =
+                kube_chains(&["filter", "nat", "mangle"], &|c: &str| {
+                    kp_iptables_test::save::is_kube_chain(c)
+                        || kp_ipvs_plan::rules::is_owned_chain(c)
+                })?;
+            let ipset = Command::new("ipset")
+                .arg("save")
+                .output()
+                .map_err(|e| format!("cannot run ipset: {e}"))?;
+            if !ipset.status.success() {
+                return Err(format!(
+                    "ipset save: {}",
+                    String::from_utf8_lossy(&ipset.stderr).trim()
+                ));
+            }
+            let ipset = String::from_utf8_lossy(&ipset.stdout);
+            let sets = IpFamily::ALL
+                .map(|f| kp_ipvs_plan::ipset::Sets::parse_save(f, &ipset))
+                .to_vec();
+            let dump = kp_ipvs::Client::open(None)
+                .and_then(|mut c| c.dump())
+                .map_err(|e| format!("reading IPVS over netlink: {e}"))?;
+            let node = IpvsNode::new(
+                sets,
+                dump.into_iter()
+                    .map(|(s, d)| (s, d.into_iter().map(|d| d.destination).collect())),
+            );
+            // The addresses bound to kube-ipvs0 are among the interfaces' (`local`).
+            let tracer = IpvsTracer::new(local, node, &saved, Some(node_links()))
+                .map_err(|e| format!("reading iptables-save: {e}"))?;
+            Ok(Live::Ipvs {
                 tracer: Box::new(tracer),
                 backend,
                 foreign_rules,
@@ -187,10 +215,33 @@ pub fn read(mode: ProxyMode, cfg: &Config, local: Vec<IpAddr>) -> Result<Live, S
                 synced: false,
             })
         }
-        other => Err(unsupported_reason(other)
-            .unwrap_or("not covered")
-            .to_string()),
     }
+}
+
+/// kube-proxy's chains (those `ours` names) and the jumps into them, of each family's
+/// `iptables-save` (its `tables`) of the backend the node uses, as `iptables-restore` input;
+/// the backend; how many rules of other programs were left out.
+#[allow(clippy::type_complexity)] // Private; the three parts are named above.
+fn kube_chains(
+    tables: &[&str],
+    ours: &dyn Fn(&str) -> bool,
+) -> Result<(Vec<(IpFamily, String)>, Backend, usize), String> {
+    let backend = kp_iptables::detect_backend(None);
+    let cmd = IptablesCommand::new();
+    let mut saved = Vec::new();
+    let mut foreign_rules = 0;
+    for f in IpFamily::ALL {
+        let save = match cmd.save(backend, f, None) {
+            Ok(s) => s,
+            // A node without IPv6 tables (no ip6tables module) holds nothing of ours.
+            Err(_) if f == IpFamily::V6 => continue,
+            Err(e) => return Err(format!("reading {} save: {e}", backend.as_str())),
+        };
+        let kept = kp_iptables_test::save::kube_rules_of(&save, tables, ours);
+        foreign_rules += kept.foreign_rules;
+        saved.push((f, kept.restore));
+    }
+    Ok((saved, backend, foreign_rules))
 }
 
 /// The socket hooks whose link is pinned in `dir`, and the interfaces whose tc link is.

@@ -5,9 +5,10 @@
 //! ebpf mode's maps opened through their pins); the planner's full plan for the objects the
 //! proxy would read is what the live state is compared with.
 //!
-//! Covered: nftables, iptables, ebpf and userspace (its redirect table from the kernel; where
-//! a redirected connection goes, from the balancer synced with the objects, as the proxy's
-//! choice). Not covered yet, and said so at run time: ipvs ([`live::unsupported_reason`]).
+//! Covered: every mode. nftables, iptables, ipvs (its chains, ipsets, and IPVS's virtual
+//! servers over netlink: `kp-ipvs-test`'s tracer), ebpf and userspace (its redirect table from
+//! the kernel; where a redirected connection goes, from the balancer synced with the objects,
+//! as the proxy's choice).
 
 mod explain;
 mod live;
@@ -31,14 +32,17 @@ pub fn is_subcommand(arg: &str) -> bool {
 const COVERAGE: &str = "\
 Modes covered: nftables (reads `nft list table ip|ip6 kube-proxy`), iptables (reads
 `iptables-save`/`ip6tables-save` of the backend the node uses, keeping the KUBE-* chains and
-the jumps into them; other programs' rules are counted, not traced) and ebpf (reads the maps
+the jumps into them; other programs' rules are counted, not traced), ipvs (reads the same
+chains and its own in mangle, `ipset save`, and IPVS's virtual servers and real servers over
+netlink: a connection a virtual server takes goes to one of its real servers of weight above
+zero, as likely as its weight says; one without any is answered with ICMP port unreachable),
+ebpf (reads the maps
 pinned in --bpf-pin-dir, default /sys/fs/bpf/kube-proxy-rs, without loading or attaching
 anything: pass the proxy's --bpf-pin-dir; the node's and its pods' connections meet the socket
 hooks, --origin external packets the tc path) and userspace (reads `nft list table inet
 kube-proxy-userspace`; a redirected connection's endpoint is the running proxy's choice, so
 explain lists the endpoints its balancer picks from only when the proxy flags name the object
-source, and a redirect to a port nothing listens on is refused). Not covered yet: ipvs (the
-command says so and exits 3).";
+source, and a redirect to a port nothing listens on is refused).";
 
 const STATUS_HELP: &str = "\
 kube-proxy status: what the running proxy and the kernel say.
@@ -57,7 +61,7 @@ Service port's frontends traced from this node through the live rules.
   NAMESPACE/NAME        only this Service in the per-Service list
   PROXY FLAGS           the proxy's own flags (first one starting with --), as it runs
 
-Exit status: 0, or 1 when drift was found, 3 when the mode is not covered, 64 on bad usage.
+Exit status: 0, or 1 when drift was found, 64 on bad usage.
 ";
 
 const EXPLAIN_HELP: &str = "\
@@ -83,8 +87,7 @@ each of the Service's frontends from this node and needs the object source (PROX
   PROXY FLAGS           the proxy's own flags (first one starting with --): they name the
                         object source, used to name the Service and the reason
 
-Exit status: 0, 3 when the mode is not covered, 1 when the rules cannot be read, 64 on bad
-usage.
+Exit status: 0, 1 when the rules cannot be read, 64 on bad usage.
 ";
 
 /// Options common to both commands.
@@ -235,13 +238,7 @@ fn run_status(c: &Common, cfg: &Config) -> ExitCode {
     } else {
         out(&status::to_text(&r.json));
     }
-    let uncovered = r.json["mode"]
-        .as_str()
-        .and_then(|m| ProxyMode::ALL.into_iter().find(|x| x.as_str() == m))
-        .is_some_and(|m| live::unsupported_reason(m).is_some());
-    if uncovered {
-        ExitCode::from(3)
-    } else if r.drift == Some(true) {
+    if r.drift == Some(true) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
@@ -302,10 +299,6 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(why) = live::unsupported_reason(mode) {
-        eprintln!("kube-proxy explain: {why}");
-        return ExitCode::from(3);
-    }
     let local = live::local_addresses();
     let mut live = match live::read(mode, cfg, local.clone()) {
         Ok(l) => l,
@@ -434,6 +427,9 @@ fn run_explain(c: &Common, cfg: &Config) -> ExitCode {
         match &live {
             Live::Iptables { foreign_rules, .. } if *foreign_rules > 0 => {
                 text.push_str(&format!("note:    {foreign_rules} rules of other programs in the filter and nat tables are not traced\n"));
+            }
+            Live::Ipvs { foreign_rules, .. } if *foreign_rules > 0 => {
+                text.push_str(&format!("note:    {foreign_rules} rules of other programs in the filter, nat and mangle tables are not traced\n"));
             }
             Live::Ebpf {
                 pin_dir,

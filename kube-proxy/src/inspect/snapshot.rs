@@ -11,6 +11,7 @@ use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::{Kind, ProxyState, SourceEvent};
 use kp_ebpf_test::EbpfTracer;
 use kp_iptables_test::IptablesTracer;
+use kp_ipvs_test::IpvsTracer;
 use kp_metrics::Metrics;
 use kp_nftables_test::NftTracer;
 use kp_proxy::config::Config;
@@ -233,4 +234,65 @@ pub fn userspace_differences(
         &planner.expected_sets(),
         &kernel,
     ))
+}
+
+/// The ipvs planner's full plan for `state` (what a full sync programs: chains, sets, virtual
+/// servers and the addresses bound to `kube-ipvs0`), in a tracer over the node's addresses
+/// `local`. NodePorts go on the addresses the dataplane finds (every interface's but
+/// `kube-ipvs0`'s, loopback and IPv6 link-local, filtered by `nodePortAddresses`), as its syncs
+/// do.
+pub fn plan_ipvs(
+    cfg: &Config,
+    state: &ProxyState,
+    local: &[IpAddr],
+) -> Result<(kp_ipvs_plan::planner::Planner, IpvsTracer), String> {
+    use kp_ipvs_plan::addresses::DUMMY_INTERFACE;
+    let settings = kp_proxy::modes::ipvs_settings(cfg, None).map_err(|e| e.to_string())?;
+    let resolve = settings
+        .resolve
+        .as_ref()
+        .ok_or("the ipvs settings resolve the node at each sync")?;
+    let node = NodeContext::resolve(&resolve.detect_local, &resolve.node_ports, state);
+    let interfaces = match kp_ipvs::link::Dummy::find(None, DUMMY_INTERFACE) {
+        Ok(Some(mut dummy)) => dummy
+            .node_addresses()
+            .map_err(|e| format!("reading the node's addresses: {e}"))?,
+        // No kube-ipvs0: every address is an interface's.
+        Ok(None) => local
+            .iter()
+            .copied()
+            .filter(|ip| match ip {
+                IpAddr::V4(a) => !a.is_loopback(),
+                IpAddr::V6(a) => !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80,
+            })
+            .collect(),
+        Err(e) => return Err(format!("reading {DUMMY_INTERFACE}: {e}")),
+    };
+    let node_ports =
+        kp_ipvs::dataplane::node_port_addresses(&resolve.node_ports, &node, &interfaces);
+    let mut planner = kp_ipvs_plan::planner::Planner::new(&settings.families);
+    let mut delta = planner.untracked();
+    planner.set_all(
+        state.service_keys().map(|k| (k, state.service_state(k))),
+        &node_ports,
+        &node,
+        &settings.ipvs,
+        &mut delta,
+    );
+    let config = |f| {
+        let mut pc = kp_iptables_plan::PlanConfig::new(f);
+        pc.masquerade_bit = settings.masquerade_bit;
+        pc.masquerade_all = settings.masquerade_all;
+        pc
+    };
+    let interfaces: Vec<IpAddr> = interfaces.into_iter().collect();
+    let tracer = IpvsTracer::planned(
+        &planner,
+        &interfaces,
+        config,
+        &node,
+        Some(super::live::node_links()),
+    )
+    .map_err(|e| format!("replaying the plan: {e}"))?;
+    Ok((planner, tracer))
 }

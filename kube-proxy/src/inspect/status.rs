@@ -111,6 +111,28 @@ pub fn counts(live: &Live) -> Value {
                 "iptablesBackend": backend.as_str(),
             })
         }
+        Live::Ipvs {
+            tracer,
+            foreign_rules,
+            backend,
+        } => {
+            let vs = tracer.node().virtual_servers();
+            let reals = |d: &[kp_ipvs_test::Destination]| d.iter().filter(|d| d.weight > 0).count();
+            let entries: usize = tracer
+                .node()
+                .sets()
+                .iter()
+                .flat_map(|s| kp_ipvs_plan::ipset::SetName::ALL.map(|n| s.get(n).len()))
+                .sum();
+            json!({
+                "virtualServersWithRealServers": vs.values().filter(|(_, d)| reals(d) > 0).count(),
+                "virtualServersWithoutRealServers": vs.values().filter(|(_, d)| reals(d) == 0).count(),
+                "realServers": vs.values().map(|(_, d)| d.len()).sum::<usize>(),
+                "ipsetEntries": entries,
+                "otherProgramsRules": foreign_rules,
+                "iptablesBackend": backend.as_str(),
+            })
+        }
         Live::Userspace {
             tracer,
             ports,
@@ -176,6 +198,10 @@ pub fn drift(
                 .flat_map(|f| tracer.differences(&planned, f))
                 .collect())
         }
+        Live::Ipvs { tracer, .. } => {
+            let (planner, planned) = snapshot::plan_ipvs(cfg, state, local)?;
+            Ok(ipvs_differences(tracer, &planned, &planner))
+        }
         Live::Userspace { ports, .. } => {
             // The plan for the port the table redirects to (the running proxy's, a free one
             // it took at start), as the mode's own verify compares it.
@@ -212,6 +238,90 @@ pub fn drift(
             Ok(out)
         }
     }
+}
+
+/// Where the ipvs mode's live state differs from the plan: virtual servers and their real
+/// servers (draining ones, weight 0, are the mode's and not counted), the addresses bound to
+/// `kube-ipvs0`, the ipsets' entries and the chains.
+fn ipvs_differences(
+    live: &kp_ipvs_test::IpvsTracer,
+    planned: &kp_ipvs_test::IpvsTracer,
+    planner: &kp_ipvs_plan::planner::Planner,
+) -> Vec<String> {
+    use kp_ipvs_plan::addresses::DUMMY_INTERFACE;
+    let mut out = Vec::new();
+    let (kernel, plan) = (
+        live.node().virtual_servers(),
+        planned.node().virtual_servers(),
+    );
+    let serving = |d: &[kp_ipvs_test::Destination]| -> BTreeSet<String> {
+        d.iter()
+            .filter(|d| d.weight > 0)
+            .map(|d| {
+                format!(
+                    "{} weight {}",
+                    std::net::SocketAddr::new(d.addr, d.port),
+                    d.weight
+                )
+            })
+            .collect()
+    };
+    for key in kernel.keys().chain(plan.keys()).collect::<BTreeSet<_>>() {
+        match (kernel.get(key), plan.get(key)) {
+            (Some(_), None) => out.push(format!(
+                "ipvs: virtual server {key} is in the kernel but not planned"
+            )),
+            (None, Some(_)) => out.push(format!(
+                "ipvs: virtual server {key} is missing from the kernel"
+            )),
+            (Some((ks, kd)), Some((ps, pd))) => {
+                if ks != ps {
+                    out.push(format!(
+                        "ipvs: virtual server {key}: the kernel has {ks:?}, the plan {ps:?}"
+                    ));
+                }
+                let (kd, pd) = (serving(kd), serving(pd));
+                for d in kd.difference(&pd) {
+                    out.push(format!(
+                        "ipvs: {key}: real server {d} is in the kernel but not planned"
+                    ));
+                }
+                for d in pd.difference(&kd) {
+                    out.push(format!(
+                        "ipvs: {key}: real server {d} is missing from the kernel"
+                    ));
+                }
+            }
+            (None, None) => {}
+        }
+    }
+    let bound: BTreeSet<IpAddr> = match kp_ipvs::link::Dummy::find(None, DUMMY_INTERFACE) {
+        Ok(Some(mut d)) => d.addresses().unwrap_or_default(),
+        _ => BTreeSet::new(),
+    };
+    let a = kp_ipvs_plan::addresses::diff(planner.bind_addresses(), &bound);
+    out.extend(
+        a.bind
+            .iter()
+            .map(|ip| format!("{DUMMY_INTERFACE}: {ip} is missing")),
+    );
+    out.extend(
+        a.unbind
+            .iter()
+            .map(|ip| format!("{DUMMY_INTERFACE}: {ip} is bound but not planned")),
+    );
+    for (want, have) in planned.node().sets().iter().zip(live.node().sets()) {
+        for c in kp_ipvs_plan::ipset::diff(want, have) {
+            out.push(format!("ipset: the kernel needs {c:?}"));
+        }
+    }
+    let ours = |c: &str| {
+        kp_iptables_test::save::is_kube_chain(c) || kp_ipvs_plan::rules::is_owned_chain(c)
+    };
+    for f in IpFamily::ALL {
+        out.extend(live.iptables().differences_of(planned.iptables(), f, &ours));
+    }
+    out
 }
 
 /// Every frontend of the Services in `state` (those of `only`, if given), traced from this node
@@ -324,13 +434,6 @@ pub fn report(cfg: &Config, forced: Option<ProxyMode>, only: Option<&str>) -> Re
             drift: None,
         };
     };
-    if let Some(why) = live::unsupported_reason(mode) {
-        j["error"] = json!(why);
-        return Report {
-            json: j,
-            drift: None,
-        };
-    }
     let local = live::local_addresses();
     let mut live = match live::read(mode, cfg, local.clone()) {
         Ok(l) => l,

@@ -584,7 +584,7 @@ fn commit_refuses_jumps_to_missing_chains_loops_and_misplaced_nat() {
 fn unknown_tables_commands_matches_options_and_targets_are_refused() {
     let mut t = tracer();
     for (text, line) in [
-        ("*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n", 1),
+        ("*raw\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n", 1),
         (
             "*nat\n-A KUBE-SERVICES -m owner --uid-owner 0 -j RETURN\nCOMMIT\n",
             2,
@@ -934,7 +934,7 @@ fn tokenizer_follows_iptables_restore_quoting() {
 fn mark_targets_follow_the_kernel_arithmetic() {
     let parse = |rule: &str| {
         let args = tokenize(rule).unwrap();
-        parse_rule(V4, Table::Nat, &args).unwrap().target
+        parse_rule(V4, Table::Nat.into(), &args).unwrap().target
     };
     let apply = |t: Target, mark: u32| match t {
         Target::Mark { value, mask } => (mark & !mask) ^ value,
@@ -1062,7 +1062,7 @@ fn kernel_cases() -> Vec<(IpFamily, Kernel, String)> {
                 "-A KUBE-UNUSED -m comment --comment {long} -j RETURN"
             )),
         ),
-        (V4, Stricter, "*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n".into()),
+        (V4, Stricter, "*raw\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n".into()),
         (V4, Agrees, "*nat\n-A KUBE-UNUSED -j RETURN\n".into()),
         (V4, Agrees, filter("-A KUBE-SERVICES -p tcp -j REJECT --reject-with tcp-reset")),
         (V4, Agrees, filter("-A KUBE-SERVICES -j REJECT --reject-with tcp-reset")),
