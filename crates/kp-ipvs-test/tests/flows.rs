@@ -3,6 +3,7 @@
 //! runs with real packets on a real IPVS kernel in `kp-ipvs`'s `flows_vm` test.)
 
 use kp_core::model::IpFamily;
+use kp_core::node::NodeContext;
 use kp_iptables_plan::PlanConfig;
 use kp_ipvs_plan::ipset::{Entry, SetName, Sets};
 use kp_ipvs_plan::planner::Planner;
@@ -13,14 +14,17 @@ use kp_netlink::ipvs::{Destination, Service};
 /// What the dataplane plans at its first sync of the fixture, with the settings of the
 /// real-kernel test.
 fn planner() -> Planner {
+    planner_for(&kp_flows::node_context())
+}
+
+fn planner_for(node: &NodeContext) -> Planner {
     let state = kp_flows::state();
-    let node = kp_flows::node_context();
     let mut planner = Planner::new(&IpFamily::ALL);
     let mut delta = planner.untracked();
     planner.set_all(
         state.service_keys().map(|k| (k, state.service_state(k))),
         &node.node_ips,
-        &node,
+        node,
         &Config::new("rr", 0, Vec::new()).expect("config"),
         &mut delta,
     );
@@ -191,4 +195,22 @@ fn a_set_lookup_takes_the_packet_fields_its_directions_name_in_the_set_types_ord
     // Another family's set, or one that does not exist, holds nothing.
     assert!(!node.set_contains("KUBE-6-LOOP-BACK", &[Dst, Dst, Src], &hairpin));
     assert!(!node.set_contains("KUBE-NO-SUCH-SET", &[Dst], &hairpin));
+}
+
+/// Detect-local by interface (the chains match `-i`, and the `Local` policies' mangle rules
+/// too): every row passes with each form, as with the cluster CIDRs.
+#[test]
+fn every_flow_row_passes_with_detect_local_by_interface() {
+    kp_flows::check_detect_local_by_interface(|detect, links| {
+        let node = kp_flows::node_context_with(detect);
+        let planner = planner_for(&node);
+        IpvsTracer::planned(
+            &planner,
+            &kp_flows::node_addresses(),
+            config,
+            &node,
+            Some(links),
+        )
+        .expect("the planned chains load")
+    });
 }
