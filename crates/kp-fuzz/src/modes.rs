@@ -381,6 +381,21 @@ impl ModePlanners {
             cfg.family = family;
             let rules = ipvs::rules::render_with(s, &cfg, node, Some(desired.local()));
             ok &= text("ipvs iptables-restore input", &rules, i, report);
+            // The chains and jumps as the mode loads them, replayed into the ipvs tracer's
+            // iptables model: what it refuses, iptables-restore or the kernel would.
+            let input = kp_ipvs_test::restore_input(s, &cfg, node, desired.local());
+            if let Err(e) = kp_iptables_test::IptablesTracer::new(Vec::new()).apply(family, &input)
+            {
+                report.violation(
+                    Check::TracerRefused,
+                    i,
+                    &format!(
+                        "ipvs {family:?}: {e}\n{}",
+                        crate::report::short(&input, 300)
+                    ),
+                );
+                ok = false;
+            }
         }
         for j in ipvs::rules::jump_rules() {
             ok &= text("ipvs jump rule", &j.args, i, report);

@@ -29,6 +29,7 @@ use kp_core::node::NodeContext;
 use kp_iptables_plan::PlanConfig;
 use kp_iptables_test::tracer::{Beyond, IptablesTracer, Probe, Scheduled, SetSide, TraceError};
 use kp_ipvs_plan::ipset::{Entry, SetName, SetType, Sets};
+use kp_ipvs_plan::local::LocalPolicy;
 use kp_ipvs_plan::planner::Planner;
 use kp_ipvs_plan::{rules, Planned as _};
 use kp_netlink::ipvs::{abi, Protocol};
@@ -173,15 +174,15 @@ pub struct IpvsTracer {
 }
 
 /// What the mode's iptables holds for one family: the chains as `iptables-restore` input (nat,
-/// filter, mangle) and the jump rules from the built-in chains, each inserted first in turn as
-/// the mode makes sure of them.
+/// filter, and mangle with the `Local` policies of `local`) and the jump rules from the
+/// built-in chains, each inserted first in turn as the mode makes sure of them.
 pub fn restore_input(
     sets: &Sets,
     config: &PlanConfig,
     node: &NodeContext,
-    planner: &Planner,
+    local: &LocalPolicy,
 ) -> String {
-    let mut text = rules::render_with(sets, config, node, Some(planner.local()));
+    let mut text = rules::render_with(sets, config, node, Some(local));
     for table in ["nat", "filter", "mangle"] {
         text.push_str(&format!("*{table}\n"));
         for j in rules::jump_rules().iter().filter(|j| j.table == table) {
@@ -231,7 +232,10 @@ impl IpvsTracer {
             .iter()
             .map(|s| {
                 let family = s.family();
-                (family, restore_input(s, &config_of(family), node, planner))
+                (
+                    family,
+                    restore_input(s, &config_of(family), node, planner.local()),
+                )
             })
             .collect();
         let virtual_servers = planner

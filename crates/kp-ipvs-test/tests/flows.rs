@@ -78,7 +78,7 @@ fn tracer_over(planner: &Planner, node: IpvsNode) -> IpvsTracer {
         .iter()
         .map(|s| {
             let f = s.family();
-            (f, restore_input(s, &config(f), &node_ctx, planner))
+            (f, restore_input(s, &config(f), &node_ctx, planner.local()))
         })
         .collect();
     IpvsTracer::new(local, node, &restore, Some(kp_flows::ingress())).expect("chains load")
