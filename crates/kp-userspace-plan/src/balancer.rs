@@ -29,18 +29,18 @@ pub struct BalancerConfig {
     /// `masqueradeAll`: every ClusterIP connection leaves with the node's address.
     pub masquerade_all: bool,
     /// Detect-local: with [`DetectLocal::None`] ClusterIP traffic keeps its source; otherwise
-    /// sources outside [`NodeContext::local_cidrs`] (as resolved at each sync) are masqueraded,
-    /// and sources inside count as pods for the `Local` policy's short-circuit.
+    /// traffic that is not a pod's is masqueraded, and a pod's counts for the `Local` policy's
+    /// short-circuit. Which traffic is a pod's depends on the form:
     ///
-    /// With detect-local by interface (`BridgeInterface`, `InterfaceNamePrefix`) no source
-    /// counts as a pod here: the balancer decides per connection from the accepted socket,
-    /// which gives the client's address but not the interface its packets arrived on, and a
-    /// source address says nothing about that interface (the reason to configure an interface
-    /// at all). So every ClusterIP connection is masqueraded (the endpoint sees the node, as
-    /// every connection did in upstream's userspace proxier, which had no detect-local), and
-    /// only the node's own connections are short-circuited for the `Local` policy: a pod
-    /// reaching a `Local` external frontend gets this node's endpoints, or is dropped without
-    /// one. The redirect table does match the interface (`iifname`) where it decides.
+    /// - by CIDR (`ClusterCIDR`, `NodeCIDR`): a source inside [`NodeContext::local_cidrs`] (as
+    ///   resolved at each sync);
+    /// - by interface (`BridgeInterface`, `InterfaceNamePrefix`): a connection that arrived on
+    ///   the pods' interface(s), [`Arrival::PodInterface`]. The accepted socket gives the
+    ///   client's address but not the interface, and the address says nothing about it (the
+    ///   reason to configure an interface at all), so the redirect table tells: it sends what
+    ///   arrives there (`iifname`) to the pod port ([`crate::RedirectConfig::pod_port`]), and
+    ///   the proxy passes what it accepted there to [`Balancer::pick_via`] as such. The
+    ///   node's own connections never arrive on an interface; any other source is not a pod's.
     pub detect_local: DetectLocal,
     /// How long an endpoint that refused or timed out is tried last (passive health).
     pub quarantine: Duration,
@@ -65,6 +65,20 @@ pub enum Source {
     Node,
     /// The client's own (a transparent socket bound to the client's address).
     Client,
+}
+
+/// How a connection reached the proxy, as far as the proxy can tell (see
+/// [`BalancerConfig::detect_local`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arrival {
+    /// The node's own: its source is one of the node's addresses.
+    Node,
+    /// Arrived on the pods' interface(s): accepted on the pod port, where the redirect table
+    /// sends only that with detect-local by interface.
+    PodInterface,
+    /// Anything else (accepted on the proxy port): from outside, or with detect-local by CIDR
+    /// from anywhere (the source address decides).
+    Other,
 }
 
 /// One endpoint to try, and with which source.
@@ -526,9 +540,13 @@ impl Balancer {
         Some(slot)
     }
 
-    /// Whether `ip` is a pod's address by detect-local's networks; always false with
-    /// detect-local by interface (see [`BalancerConfig::detect_local`]).
-    fn is_pod(&self, ip: IpAddr) -> bool {
+    /// Whether a connection from `ip` that reached the proxy by `arrival` is a pod's (see
+    /// [`BalancerConfig::detect_local`]): by detect-local's networks, or with detect-local by
+    /// interface, by the interface it arrived on.
+    fn is_pod(&self, ip: IpAddr, arrival: Arrival) -> bool {
+        if self.config.detect_local.interface().is_some() {
+            return arrival == Arrival::PodInterface;
+        }
         self.local_cidrs.iter().any(|n| n.contains(&ip))
     }
 
@@ -550,7 +568,9 @@ impl Balancer {
     }
 
     /// What to do with a new TCP connection / UDP session to `original_dst` from `client`.
-    /// `client_is_node`: the client address is one of this node's own addresses.
+    /// `client_is_node`: the client address is one of this node's own addresses. Otherwise the
+    /// connection counts as [`Arrival::Other`] (not from the pods' interface): see
+    /// [`Balancer::pick_via`].
     pub fn pick(
         &mut self,
         protocol: Protocol,
@@ -559,6 +579,25 @@ impl Balancer {
         client_is_node: bool,
         now: Instant,
     ) -> Pick {
+        let arrival = if client_is_node {
+            Arrival::Node
+        } else {
+            Arrival::Other
+        };
+        self.pick_via(protocol, original_dst, client, arrival, now)
+    }
+
+    /// [`Balancer::pick`] for a connection that reached the proxy by `arrival`: the node's own,
+    /// accepted on the pod port (a pod's, with detect-local by interface), or else.
+    pub fn pick_via(
+        &mut self,
+        protocol: Protocol,
+        original_dst: SocketAddr,
+        client: SocketAddr,
+        arrival: Arrival,
+        now: Instant,
+    ) -> Pick {
+        let client_is_node = arrival == Arrival::Node;
         let Some(entry) = self.entry(protocol, original_dst) else {
             return Pick::NotAService;
         };
@@ -568,7 +607,7 @@ impl Balancer {
                 return Pick::Drop;
             }
         }
-        let from_pod = self.is_pod(client_ip);
+        let from_pod = self.is_pod(client_ip, arrival);
         let masquerade = entry.masquerade;
         // `externalTrafficPolicy: Local`: pods and the node itself short-circuit to every
         // endpoint, as if through the load balancer to any node.

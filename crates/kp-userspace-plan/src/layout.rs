@@ -7,7 +7,7 @@
 //! | prerouting (-150) | `mangle-prerouting` | marks packets for the proxy's transparent sockets |
 //! | prerouting (-110) | `filter-prerouting` | source ranges; `Local` policy without local endpoints drops outside clients |
 //! | output (-110) | `filter-output-pre-dnat` | source ranges; no-endpoint verdicts |
-//! | prerouting, output (-100) | `nat-prerouting`, `nat-output` | redirects every frontend to the proxy port |
+//! | prerouting, output (-100) | `nat-prerouting`, `nat-output` | redirects every frontend to the proxy port (with detect-local by interface, what arrives on the pods' interface(s) to the pod port) |
 //! | input, forward (-110) | `filter-input`, `filter-forward` | no-endpoint verdicts |
 //! | forward (-110), output (-90) | `filter-forward`, `filter-output-post-dnat` | unknown ClusterIP ports reject, unallocated ClusterIPs drop |
 
@@ -30,6 +30,22 @@ pub struct RedirectConfig {
     /// (`nodePortAddresses` configured, or `primary`); otherwise on every local address but
     /// loopback.
     pub node_ports_restricted: bool,
+}
+
+impl RedirectConfig {
+    /// The pod port: with detect-local by interface, connections that arrive on the pods'
+    /// interface(s) are redirected here instead of to the proxy port, and the proxy, which
+    /// listens on both, takes what it accepts here for a pod's (see [`pod_port`]).
+    pub fn pod_port(&self) -> Option<u16> {
+        pod_port(self.proxy_port)
+    }
+}
+
+/// The pod port of proxy port `proxy_port`: its sibling, `proxy_port + 1`; `None` for 65535,
+/// which has none (the proxy does not take it with detect-local by interface, and a table
+/// planned for it redirects every connection to the proxy port, as without the interface).
+pub fn pod_port(proxy_port: u16) -> Option<u16> {
+    proxy_port.checked_add(1)
 }
 
 /// The role of a set: with an IP family, a [`SetId`].
@@ -269,7 +285,10 @@ const NODEPORT_KEY: &str = "meta l4proto . th dport";
 /// The fixed rules of the table, in order (chain by chain, in the order each chain holds
 /// them). Each rule's id is its comment. `local`: detect-local by interface, which decides
 /// what the `Local` policy's check lets through as pod traffic (`iifname "veth*"`) instead of
-/// the `pod-cidrs` sets.
+/// the `pod-cidrs` sets, and sends what arrives on that interface to the pod port
+/// ([`RedirectConfig::pod_port`]; `redirect-pod-*` rules, before the others): the proxy cannot
+/// tell the interface of a connection it accepts, only the port it accepted it on. The node's
+/// own connections (output hook: no input interface) go to the proxy port.
 pub fn rules(cfg: &RedirectConfig, local: Option<&LocalInterface>) -> Vec<RuleDef> {
     let mut rules = Vec::new();
     let mut add =
@@ -336,6 +355,7 @@ pub fn rules(cfg: &RedirectConfig, local: Option<&LocalInterface>) -> Vec<RuleDe
         Some(i) => i.nft(true),
         None => format!("{ip} saddr != @{POD_CIDRS}-{s}"),
     };
+    let pod_port = local.zip(cfg.pod_port());
     for family in IpFamily::ALL {
         let e = Expr::of(family);
         let (ip, s) = (e.ip, e.suffix);
@@ -343,6 +363,20 @@ pub fn rules(cfg: &RedirectConfig, local: Option<&LocalInterface>) -> Vec<RuleDe
         let np = e.nodeport(cfg);
         // TCP and UDP only: the proxy has no SCTP socket (SCTP frontends are rejected).
         let redirect = format!("meta l4proto {{ tcp, udp }} redirect to :{port}");
+        if let Some((i, pod)) = pod_port {
+            let iif = i.nft(false);
+            let to_pod = format!("meta l4proto {{ tcp, udp }} redirect to :{pod}");
+            add(
+                SERVICES,
+                format!("redirect-pod-vips-{s}"),
+                format!("{iif} {vip} @{REDIRECT_VIPS}-{s} {to_pod}"),
+            );
+            add(
+                SERVICES,
+                format!("redirect-pod-nodeports-{s}"),
+                format!("{iif} {np} {NODEPORT_KEY} @{REDIRECT_NODEPORTS}-{s} {to_pod}"),
+            );
+        }
         add(
             SERVICES,
             format!("redirect-vips-{s}"),
@@ -398,11 +432,20 @@ pub fn rules(cfg: &RedirectConfig, local: Option<&LocalInterface>) -> Vec<RuleDe
     rules
 }
 
+/// The start of the table's comment, before the proxy port.
+const COMMENT_PREFIX: &str = "kube-proxy-rs userspace port ";
+
 /// The table's comment: names the layout and its configuration, so a restarted proxy can tell
-/// whether the table in the kernel was made by the same rules.
-pub fn table_comment(cfg: &RedirectConfig) -> String {
+/// whether the table in the kernel was made by the same rules, and the proxy's ports, with
+/// the pod port when `local` (detect-local by interface) sends connections there
+/// ([`comment_ports`] reads them back).
+pub fn table_comment(cfg: &RedirectConfig, local: Option<&LocalInterface>) -> String {
+    let pod = match local.and(cfg.pod_port()) {
+        Some(p) => format!(" pod-port {p}"),
+        None => String::new(),
+    };
     format!(
-        "kube-proxy-rs userspace port {} mark {:#x}{}",
+        "{COMMENT_PREFIX}{}{pod} mark {:#x}{}",
         cfg.proxy_port,
         cfg.transparent_mark,
         if cfg.node_ports_restricted {
@@ -411,4 +454,16 @@ pub fn table_comment(cfg: &RedirectConfig) -> String {
             ""
         }
     )
+}
+
+/// The proxy port and the pod port (if the table has one) that a table comment
+/// ([`table_comment`]) names; `None` for a comment of another shape.
+pub fn comment_ports(comment: &str) -> Option<(u16, Option<u16>)> {
+    let mut words = comment.strip_prefix(COMMENT_PREFIX)?.split_whitespace();
+    let proxy = words.next()?.parse().ok()?;
+    let pod = match words.next() {
+        Some("pod-port") => Some(words.next()?.parse().ok()?),
+        _ => None,
+    };
+    Some((proxy, pod))
 }

@@ -1,6 +1,7 @@
 //! The pure half of kube-proxy-rs's userspace mode: the kernel redirects every Service
-//! frontend to one proxy port, and the proxy (`kp-userspace`) relays each connection to an
-//! endpoint, trying another when one refuses.
+//! frontend to one proxy port (with detect-local by interface, what arrives on the pods'
+//! interface(s) to the pod port, its sibling), and the proxy (`kp-userspace`) relays each
+//! connection to an endpoint, trying another when one refuses.
 //!
 //! - [`balancer`]: every frontend's route ([`kp_core::frontend::Frontends`]), IPVS's
 //!   schedulers ([`schedule`]), ClientIP affinity and passive health: what the proxy asks for
@@ -21,7 +22,8 @@ pub mod redirect;
 pub mod schedule;
 
 pub use balancer::{
-    Attempt, Balancer, BalancerConfig, BalancerStats, Outcome, Pick, RouteId, Source, SyncStats,
+    Arrival, Attempt, Balancer, BalancerConfig, BalancerStats, Outcome, Pick, RouteId, Source,
+    SyncStats,
 };
 pub use layout::{RedirectConfig, SetId, SetKind};
 pub use redirect::{RedirectPlanner, Transaction};

@@ -138,7 +138,7 @@ impl RedirectPlanner {
         w.line(format!("delete table {FAMILY} {TABLE}"));
         w.line(format!(
             "add table {FAMILY} {TABLE} {{ comment \"{}\"; }}",
-            layout::table_comment(&self.cfg)
+            layout::table_comment(&self.cfg, self.local_interface.as_ref())
         ));
         for chain in layout::chains() {
             match chain.hook {

@@ -476,6 +476,60 @@ fn masquerade_follows_each_frontend_kind() {
     assert_eq!(source(&mut none, web(), node, true), Source::Node);
 }
 
+/// Detect-local by interface: a connection is a pod's when it arrived on the pods'
+/// interface(s) (accepted on the pod port), whatever its address; one from the same pod
+/// address accepted on the proxy port is not (it came in elsewhere), and with detect-local by
+/// CIDR the address decides, not the port.
+#[test]
+fn with_detect_local_by_interface_the_arrival_decides_what_is_a_pods() {
+    let now = Instant::now();
+    let pod = sa(POD4, 1);
+    let client = sa(kp_flows::CLIENT, 1);
+    for (detect, _) in kp_flows::interface_detect_locals() {
+        let mut b = Balancer::new(BalancerConfig {
+            detect_local: detect.clone(),
+            ..config(Scheduler::RoundRobin)
+        });
+        b.sync(
+            &kp_flows::state(),
+            &kp_flows::node_context_with(&detect),
+            &Changes::default(),
+            true,
+        );
+        let mut source = |dst: SocketAddr, from: SocketAddr, arrival: Arrival| {
+            connect(b.pick_via(Protocol::Tcp, dst, from, arrival, now)).1[0].source
+        };
+        // ClusterIP: a pod's keeps its source, anything else is masqueraded.
+        assert_eq!(source(web(), pod, Arrival::PodInterface), Source::Client);
+        assert_eq!(source(web(), pod, Arrival::Other), Source::Node);
+        assert_eq!(source(web(), client, Arrival::Other), Source::Node);
+        assert_eq!(
+            source(web(), sa(kp_flows::NODE_IP, 1), Arrival::Node),
+            Source::Node
+        );
+        // `Local` policy without local endpoints: a pod short-circuits to every endpoint,
+        // what arrived elsewhere is dropped.
+        let np = sa(kp_flows::NODE_IP, 30071);
+        let (_, attempts) = connect(b.pick_via(Protocol::Tcp, np, pod, Arrival::PodInterface, now));
+        assert_eq!(pod_name(attempts[0].endpoint), "remote-1");
+        assert_eq!(
+            b.pick_via(Protocol::Tcp, np, pod, Arrival::Other, now),
+            Pick::Drop,
+            "{detect:?}"
+        );
+        // `pick` is the proxy port's: never a pod's.
+        let (_, attempts) = connect(b.pick(Protocol::Tcp, web(), pod, false, now));
+        assert_eq!(attempts[0].source, Source::Node);
+    }
+    // By CIDR the address decides: an outside client is not a pod wherever it was accepted.
+    let mut b = synced(config(Scheduler::RoundRobin));
+    let (_, attempts) =
+        connect(b.pick_via(Protocol::Tcp, web(), client, Arrival::PodInterface, now));
+    assert_eq!(attempts[0].source, Source::Node);
+    let (_, attempts) = connect(b.pick_via(Protocol::Tcp, web(), pod, Arrival::Other, now));
+    assert_eq!(attempts[0].source, Source::Client);
+}
+
 #[test]
 fn terminating_endpoints_serve_only_when_none_is_ready() {
     let mut b = synced(config(Scheduler::RoundRobin));

@@ -301,5 +301,75 @@ fn detect_local_by_interface_checks_iifname() {
                 .expected_elements(set(SetKind::PodCidrs, family))
                 .is_empty());
         }
+        // What arrives on the pods' interface(s) goes to the pod port, the proxy port's
+        // sibling, ahead of the rules that send the rest to the proxy port; the comment names
+        // both ports, and the record names the rules for the read-back.
+        let services: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("add rule inet kube-proxy-userspace services "))
+            .collect();
+        let is_pod = |l: &str| l.contains("comment \"redirect-pod-");
+        assert_eq!(services.iter().filter(|l| is_pod(l)).count(), 4, "{text}");
+        for l in services.iter().filter(|l| is_pod(l)) {
+            let iif = not_pod.replace(" != ", " ");
+            assert!(l.contains(&format!("services {iif} ")), "{l}");
+            assert!(l.contains("redirect to :31001 comment"), "{l}");
+        }
+        for l in services.iter().filter(|l| !is_pod(l)) {
+            assert!(l.contains("redirect to :31000 comment"), "{l}");
+            assert!(!l.contains("iifname"), "{l}");
+        }
+        for family in ["v4", "v6"] {
+            for kind in ["vips", "nodeports"] {
+                let at = |id: &str| {
+                    services
+                        .iter()
+                        .position(|l| l.ends_with(&format!("comment \"{id}\"")))
+                        .unwrap_or_else(|| panic!("no rule {id}: {text}"))
+                };
+                assert!(
+                    at(&format!("redirect-pod-{kind}-{family}"))
+                        < at(&format!("redirect-{kind}-{family}"))
+                );
+            }
+        }
+        assert!(
+            text.contains("comment \"kube-proxy-rs userspace port 31000 pod-port 31001 mark"),
+            "{text}"
+        );
+        let ids = &p.expected_chains()[crate::names::SERVICES];
+        assert!(ids.contains(&"redirect-pod-vips-v6".to_string()), "{ids:?}");
     }
+}
+
+/// Without detect-local by interface the table has no pod port; a proxy port of 65535 has no
+/// sibling, so its table redirects everything there, as without the interface. The comment
+/// reads back as the ports it names.
+#[test]
+fn the_pod_port_is_only_in_a_table_that_detects_local_by_interface() {
+    use kp_core::node::{DetectLocal, InterfaceName};
+    let state = kp_flows::state();
+    let (_, _, tx) = planned();
+    assert!(!tx.text.contains("redirect-pod-"), "{}", tx.text);
+    assert!(!tx.text.contains(":31001"), "{}", tx.text);
+    let comment = crate::layout::table_comment(&config(), None);
+    assert_eq!(crate::layout::comment_ports(&comment), Some((31000, None)));
+    let veth = kp_core::node::LocalInterface::Prefix(InterfaceName::new("veth").unwrap());
+    let comment = crate::layout::table_comment(&config(), Some(&veth));
+    assert_eq!(
+        crate::layout::comment_ports(&comment),
+        Some((31000, Some(31001)))
+    );
+    assert_eq!(crate::layout::comment_ports("kube-proxy-rs nftables"), None);
+    let last = RedirectConfig {
+        proxy_port: u16::MAX,
+        ..config()
+    };
+    assert_eq!(last.pod_port(), None);
+    let detect = DetectLocal::InterfaceNamePrefix(InterfaceName::new("veth").unwrap());
+    let text = RedirectPlanner::new(last)
+        .full(&state, &kp_flows::node_context_with(&detect))
+        .text;
+    assert!(!text.contains("redirect-pod-"), "{text}");
+    assert!(!text.contains("pod-port"), "{text}");
 }
