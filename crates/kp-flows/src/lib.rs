@@ -39,8 +39,8 @@ pub use fixture::{
     web_slice, Pod, POD_BRIDGE, POD_VETH_PREFIX,
 };
 pub use table::{
-    cases, check_detect_local_by_interface, check_tracer, check_tracer_for, expected_verdict,
-    node_addresses, Case, Expect, Support, NODE_FROM_LB_IP,
+    cases, check_detect_local_by_interface, check_detect_local_by_interface_for, check_tracer,
+    check_tracer_for, expected_verdict, node_addresses, Case, Expect, Support, NODE_FROM_LB_IP,
 };
 
 /// This node's name.

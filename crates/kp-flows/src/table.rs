@@ -800,8 +800,17 @@ pub fn check_tracer(tracer: &impl Tracer) -> Vec<String> {
 pub fn check_detect_local_by_interface<T: Tracer>(
     traced: impl Fn(&kp_core::node::DetectLocal, kp_core::flow::Ingress) -> T,
 ) {
+    check_detect_local_by_interface_for(Support::ALL, traced);
+}
+
+/// [`check_detect_local_by_interface`] for a mode with `support`: each row as
+/// [`Case::for_mode`] makes it.
+pub fn check_detect_local_by_interface_for<T: Tracer>(
+    support: Support,
+    traced: impl Fn(&kp_core::node::DetectLocal, kp_core::flow::Ingress) -> T,
+) {
     for (detect, links) in crate::interface_detect_locals() {
-        let failures = check_tracer(&traced(&detect, links));
+        let failures = check_tracer_for(&traced(&detect, links), support);
         assert!(
             failures.is_empty(),
             "{detect:?}: {} rows failed:\n{}",
@@ -812,7 +821,7 @@ pub fn check_detect_local_by_interface<T: Tracer>(
     let elsewhere = kp_core::node::DetectLocal::InterfaceNamePrefix(
         kp_core::node::InterfaceName::new("cali").expect("interface name"),
     );
-    let failures = check_tracer(&traced(&elsewhere, crate::ingress()));
+    let failures = check_tracer_for(&traced(&elsewhere, crate::ingress()), support);
     assert!(!failures.is_empty(), "prefix cali changed no row");
     for f in &failures {
         assert!(f.contains("Pod "), "only rows from pods change: {f}");

@@ -2,7 +2,8 @@
 //! planner (`kp-userspace-plan`) renders into its own model of the `inet kube-proxy-userspace`
 //! table, follows a connection's first packet through it, and for a packet the table
 //! redirects to the proxy asks the balancer which endpoints the proxy may connect to and with
-//! which source. It answers in `kp_core::flow` terms, so the packet-flow table (`kp-flows`)
+//! which source (a connection redirected to the pod port that the table's comment names, with
+//! detect-local by interface, as a pod's, as the proxy takes what it accepts there). It answers in `kp_core::flow` terms, so the packet-flow table (`kp-flows`)
 //! runs over it.
 //!
 //! Used by tests, and by `kube-proxy status` and `explain`, which replay the live table's

@@ -21,8 +21,9 @@ use kp_nftables_plan::element::{Atom, NoEndpointVerdict, Tuple};
 use kp_nftables_test::elements::{lookup, Elements};
 pub use kp_nftables_test::transaction::TraceError;
 use kp_nftables_test::transaction::{self, statements, Hook, RuleModel, SetModel};
+use kp_userspace_plan::layout::comment_ports;
 use kp_userspace_plan::names::{FAMILY, REJECT_PACKET, TABLE};
-use kp_userspace_plan::{Balancer, Pick, Source};
+use kp_userspace_plan::{Arrival, Balancer, Pick, Source};
 
 /// One component of a concatenated selector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +146,9 @@ pub struct UserspaceTracer {
     local: Vec<IpAddr>,
     /// The node's links, for `iifname` ([`UserspaceTracer::with_ingress`]).
     ingress: Option<Ingress>,
+    /// The pod port the table's comment names (detect-local by interface): what the proxy
+    /// accepts there arrived on the pods' interface(s).
+    pod_port: Option<u16>,
     balancer: RefCell<Balancer>,
     now: Instant,
 }
@@ -158,6 +162,7 @@ impl UserspaceTracer {
             table: None,
             local,
             ingress: None,
+            pod_port: None,
             balancer: RefCell::new(balancer),
             now: Instant::now(),
         }
@@ -206,12 +211,18 @@ impl UserspaceTracer {
                     if !st.rest.is_empty() && st.table_comment().is_none() {
                         return Err(st.unsupported("table"));
                     }
+                    match st.table_comment() {
+                        Some(c) => self.pod_port = comment_ports(c).and_then(|(_, pod)| pod),
+                        None if self.table.is_none() => self.pod_port = None,
+                        None => {}
+                    }
                     self.table.get_or_insert_with(Table::default);
                 }
                 ("delete", "table") => {
                     self.table
                         .take()
                         .ok_or_else(|| st.invalid("delete of a missing table".into()))?;
+                    self.pod_port = None;
                 }
                 _ => self
                     .table
@@ -334,14 +345,23 @@ impl UserspaceTracer {
         }
     }
 
-    /// The walk's end: what the proxy does with a redirected connection, per the balancer.
-    fn redirected(&self, p: &Packet) -> Verdict {
+    /// The walk's end: what the proxy does with a connection redirected to `port`, per the
+    /// balancer. As the proxy, it knows the node's own connections by their source, and takes
+    /// what it accepts on the pod port for a pod's.
+    fn redirected(&self, p: &Packet, port: u16) -> Verdict {
+        let arrival = if p.origin == Origin::Node {
+            Arrival::Node
+        } else if self.pod_port == Some(port) {
+            Arrival::PodInterface
+        } else {
+            Arrival::Other
+        };
         let mut balancer = self.balancer.borrow_mut();
-        let pick = balancer.pick(
+        let pick = balancer.pick_via(
             p.protocol,
             SocketAddr::new(p.dst, p.dport),
             SocketAddr::new(p.src, 40000),
-            p.origin == Origin::Node,
+            arrival,
             self.now,
         );
         match pick {
@@ -382,7 +402,7 @@ impl Tracer for UserspaceTracer {
             Walked::Untouched => Verdict::Untouched,
             Walked::Drop => Verdict::Drop,
             Walked::Reject => Verdict::Reject,
-            Walked::Redirected(_) => self.redirected(p),
+            Walked::Redirected(port) => self.redirected(p, port),
         }
     }
 }
@@ -399,7 +419,14 @@ impl UserspaceTracer {
         names
     }
 
-    /// The proxy ports the table's rules redirect to.
+    /// The pod port the table's comment names: with detect-local by interface, the rules send
+    /// what arrives on the pods' interface(s) there, and the proxy takes what it accepts there
+    /// for a pod's. `None` without one (or without a table).
+    pub fn pod_port(&self) -> Option<u16> {
+        self.pod_port
+    }
+
+    /// The proxy ports the table's rules redirect to (with a pod port, both).
     pub fn redirect_ports(&self) -> BTreeSet<u16> {
         let chains = self.table.iter().flat_map(|t| t.chains.values());
         chains

@@ -179,48 +179,86 @@ fn the_proxy_refusing_a_connection_the_kernel_redirected_reads_as_a_reject() {
     assert_eq!(tracer.trace(&p), Verdict::Reject);
 }
 
-/// Detect-local by interface: the table's `Local`-policy check matches `iifname`, and the
-/// balancer, which sees a connection's source address but not the interface it came in on,
-/// counts no source as a pod (see `BalancerConfig::detect_local`). So every row from outside or
-/// from the node passes as with the cluster CIDRs, and only rows from pods differ: their
-/// ClusterIP connections are masqueraded.
-#[test]
-fn with_detect_local_by_interface_only_rows_from_pods_differ() {
+/// The fixture's full table and balancer with detect-local `detect`, over the node's links
+/// `links`, as the proxy programs them.
+fn traced_by_interface(
+    detect: &kp_core::node::DetectLocal,
+    links: kp_core::flow::Ingress,
+) -> UserspaceTracer {
     let state = kp_flows::state();
+    let node = kp_flows::node_context_with(detect);
+    let mut planner = RedirectPlanner::new(redirect_config(true));
+    let text = planner.full(&state, &node).text;
+    let mut balancer = Balancer::new(BalancerConfig {
+        detect_local: detect.clone(),
+        ..balancer_config()
+    });
+    balancer.sync(&state, &node, &Changes::default(), true);
+    let mut tracer = UserspaceTracer::new(kp_flows::node_addresses(), balancer).with_ingress(links);
+    tracer
+        .apply(&text)
+        .expect("the tracer replays the full table");
+    tracer
+}
+
+/// Detect-local by interface: the table sends what arrives on the pods' interface(s) to the
+/// pod port, and the balancer takes what the proxy accepts there for a pod's, so every row
+/// passes as with the cluster CIDRs (the mode's one declared difference, no SCTP, aside); with
+/// a prefix no pod interface has, only rows from pods differ.
+#[test]
+fn the_flow_table_passes_with_detect_local_by_interface() {
+    kp_flows::check_detect_local_by_interface_for(kp_flows::Support::NO_SCTP, traced_by_interface);
+}
+
+/// Where each origin is redirected under detect-local by interface: a pod's connection to the
+/// pod port, an outside client's and the node's own to the proxy port; a pod's connection
+/// keeps its source at a ClusterIP. A table without the pod port's comment (another
+/// version's) leaves the tracer, as the proxy, without a pod port: the pod is masqueraded.
+#[test]
+fn with_detect_local_by_interface_pods_are_redirected_to_the_pod_port() {
     for (detect, links) in kp_flows::interface_detect_locals() {
-        let node = kp_flows::node_context_with(&detect);
-        let mut planner = RedirectPlanner::new(redirect_config(true));
-        let text = planner.full(&state, &node).text;
-        assert!(
-            text.contains(&node.local_interface.clone().unwrap().nft(true)),
-            "{text}"
+        let tracer = traced_by_interface(&detect, links.clone());
+        assert_eq!(tracer.pod_port(), Some(31001));
+        assert_eq!(tracer.redirect_ports(), BTreeSet::from([31000, 31001]));
+        let packet = |origin, src: &str| Packet {
+            origin,
+            src: src.parse().expect("ip"),
+            protocol: Protocol::Tcp,
+            dst: "10.96.0.10".parse().expect("ip"),
+            dport: 80,
+        };
+        let pod = packet(Origin::Pod, "10.244.1.14");
+        assert_eq!(tracer.walk(&pod), Walked::Redirected(31001), "{detect:?}");
+        assert_eq!(
+            tracer.walk(&packet(Origin::External, kp_flows::CLIENT)),
+            Walked::Redirected(31000)
         );
-        assert!(!text.contains("saddr != @pod-cidrs"), "{text}");
+        assert_eq!(
+            tracer.walk(&packet(Origin::Node, kp_flows::NODE_IP)),
+            Walked::Redirected(31000)
+        );
+        match tracer.trace(&pod) {
+            Verdict::Dnat { masquerade, .. } => assert!(!masquerade, "{detect:?}"),
+            other => panic!("{other:?}"),
+        }
+        // The same table under a comment that names no pod port.
+        let node = kp_flows::node_context_with(&detect);
+        let text = RedirectPlanner::new(redirect_config(true))
+            .full(&kp_flows::state(), &node)
+            .text
+            .replace(" pod-port 31001", "");
         let mut balancer = Balancer::new(BalancerConfig {
             detect_local: detect.clone(),
             ..balancer_config()
         });
-        balancer.sync(&state, &node, &Changes::default(), true);
-        let mut tracer =
+        balancer.sync(&kp_flows::state(), &node, &Changes::default(), true);
+        let mut unnamed =
             UserspaceTracer::new(kp_flows::node_addresses(), balancer).with_ingress(links);
-        tracer
-            .apply(&text)
-            .expect("the tracer replays the full table");
-        let failures = kp_flows::check_tracer_for(&tracer, kp_flows::Support::NO_SCTP);
-        assert!(!failures.is_empty(), "{detect:?}");
-        for f in &failures {
-            assert!(
-                f.contains("Pod "),
-                "{detect:?}: only rows from pods differ: {f}"
-            );
-        }
-        let to_web = kp_flows::cases()
-            .into_iter()
-            .find(|c| c.from == "pod-4" && c.packet.dst.to_string() == "10.96.0.10")
-            .expect("a row from pod-4 to the web ClusterIP");
-        match tracer.trace(&to_web.packet) {
-            Verdict::Dnat { masquerade, .. } => assert!(masquerade, "{}", to_web.name),
-            other => panic!("{}: {other:?}", to_web.name),
+        unnamed.apply(&text).expect("replays");
+        assert_eq!(unnamed.pod_port(), None);
+        match unnamed.trace(&pod) {
+            Verdict::Dnat { masquerade, .. } => assert!(masquerade, "{detect:?}"),
+            other => panic!("{other:?}"),
         }
     }
 }
