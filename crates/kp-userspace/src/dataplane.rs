@@ -15,7 +15,7 @@ use kp_core::node::{NodeContext, NodePortAddresses};
 use kp_core::track::{Changes, ProxyState};
 use kp_metrics::Metrics;
 use kp_nftables::NftCommand;
-use kp_userspace_plan::{Balancer, BalancerConfig};
+use kp_userspace_plan::{Arrival, Balancer, BalancerConfig};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::runtime::Runtime;
 
@@ -85,23 +85,42 @@ impl Default for UserspaceConfig {
     }
 }
 
-/// The four listening sockets, on one port.
+/// The listening sockets: TCP and UDP, IPv4 and IPv6, on the proxy port, and with
+/// detect-local by interface the same four on the pod port
+/// ([`kp_userspace_plan::RedirectConfig::pod_port`]), where the redirect table sends what
+/// arrives on the pods' interface(s).
 pub struct Listeners {
     /// The proxy port.
     pub port: u16,
+    /// The pod port, when bound: the proxy port's sibling.
+    pub pod_port: Option<u16>,
+    /// Each socket with how what it accepts arrived (the pod port's:
+    /// [`Arrival::PodInterface`]).
+    tcp: Vec<(std::net::TcpListener, Arrival)>,
+    udp: Vec<(std::net::UdpSocket, Arrival)>,
+}
+
+/// The four sockets on one port.
+struct PortSockets {
+    port: u16,
     tcp: Vec<std::net::TcpListener>,
     udp: Vec<std::net::UdpSocket>,
 }
 
 impl Listeners {
     /// Binds TCP and UDP, IPv4 and IPv6, on one port of `range` (any free port when `None`),
-    /// in the calling thread's network namespace. A family the namespace does not have (IPv6
+    /// in the calling thread's network namespace, and with `pod_port` the same on its sibling,
+    /// which must be free too (and in the range). A family the namespace does not have (IPv6
     /// disabled) is left out.
-    pub fn bind(range: Option<&RangeInclusive<u16>>) -> Result<Listeners, Error> {
+    pub fn bind(range: Option<&RangeInclusive<u16>>, pod_port: bool) -> Result<Listeners, Error> {
         match range {
             Some(r) => {
                 for port in r.clone() {
-                    if let Ok(l) = Listeners::bind_port(port) {
+                    let sibling = kp_userspace_plan::layout::pod_port(port);
+                    if pod_port && !sibling.is_some_and(|p| r.contains(&p)) {
+                        continue;
+                    }
+                    if let Ok(l) = Listeners::bind_port(port, pod_port) {
                         return Ok(l);
                     }
                 }
@@ -112,7 +131,7 @@ impl Listeners {
             None => {
                 let mut last = None;
                 for _ in 0..PORT_TRIES {
-                    match Listeners::bind_port(0) {
+                    match Listeners::bind_port(0, pod_port) {
                         Ok(l) => return Ok(l),
                         Err(e) => last = Some(e),
                     }
@@ -124,8 +143,42 @@ impl Listeners {
         }
     }
 
+    /// All four on `port` (0: the kernel picks one), and with `pod_port` all four on its
+    /// sibling too.
+    fn bind_port(port: u16, pod_port: bool) -> Result<Listeners, Error> {
+        let main = PortSockets::bind(port)?;
+        let pod = match pod_port {
+            false => None,
+            true => {
+                let sibling = kp_userspace_plan::layout::pod_port(main.port).ok_or_else(|| {
+                    Error::NoPort {
+                        range: format!("{} and the next", main.port),
+                    }
+                })?;
+                Some(PortSockets::bind(sibling)?)
+            }
+        };
+        let mut l = Listeners {
+            port: main.port,
+            pod_port: pod.as_ref().map(|p| p.port),
+            tcp: Vec::new(),
+            udp: Vec::new(),
+        };
+        for (sockets, arrival) in [Some(main), pod]
+            .into_iter()
+            .flatten()
+            .zip([Arrival::Other, Arrival::PodInterface])
+        {
+            l.tcp.extend(sockets.tcp.into_iter().map(|t| (t, arrival)));
+            l.udp.extend(sockets.udp.into_iter().map(|u| (u, arrival)));
+        }
+        Ok(l)
+    }
+}
+
+impl PortSockets {
     /// All four on `port` (0: the kernel picks the first one's, and the rest follow).
-    fn bind_port(port: u16) -> Result<Listeners, Error> {
+    fn bind(port: u16) -> Result<PortSockets, Error> {
         let at = |ip: IpAddr, port| SocketAddr::new(ip, port);
         let v4 = at(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
         let fail = |addr| move |source| Error::Listen { addr, source };
@@ -149,7 +202,7 @@ impl Listeners {
             }
             Err(source) => return Err(Error::Listen { addr: v6, source }),
         }
-        Ok(Listeners { port, tcp, udp })
+        Ok(PortSockets { port, tcp, udp })
     }
 }
 
@@ -216,6 +269,8 @@ pub struct UserspaceDataplane {
     /// Stops the UDP listeners (after the drain: they relay the open sessions until then).
     stop_udp: Option<tokio::sync::watch::Sender<bool>>,
     port: Option<u16>,
+    /// The pod port, once started with detect-local by interface.
+    pod_port: Option<u16>,
     table: Table,
     next_expire: Instant,
     /// SCTP Service ports already warned about (once each).
@@ -264,6 +319,7 @@ impl UserspaceDataplane {
             stop_tcp: None,
             stop_udp: None,
             port: None,
+            pod_port: None,
             next_expire: Instant::now() + EXPIRE_EVERY,
             sctp_warned: HashSet::new(),
         }
@@ -272,6 +328,12 @@ impl UserspaceDataplane {
     /// The proxy port, once started.
     pub fn port(&self) -> Option<u16> {
         self.port
+    }
+
+    /// The pod port, once started with detect-local by interface: where the redirect table
+    /// sends what arrives on the pods' interface(s).
+    pub fn pod_port(&self) -> Option<u16> {
+        self.pod_port
     }
 
     /// The last nft text sent (tests and debugging).
@@ -341,20 +403,23 @@ impl UserspaceDataplane {
         let rt = self.build_runtime()?;
         self.runtime = Some(rt);
         let range = self.cfg.port_range.clone();
-        let listeners = self.on_runtime(move || Listeners::bind(range.as_ref()))??;
-        let port = listeners.port;
+        // With detect-local by interface the table sends what arrives on the pods'
+        // interface(s) to the pod port: what is accepted there is a pod's.
+        let pod_port = self.cfg.balancer.detect_local.interface().is_some();
+        let listeners = self.on_runtime(move || Listeners::bind(range.as_ref(), pod_port))??;
+        let (port, pod_port) = (listeners.port, listeners.pod_port);
         self.cfg.routing.install(self.netns.as_deref())?;
         let (tcp_tx, tcp_rx) = tokio::sync::watch::channel(false);
         let (udp_tx, udp_rx) = tokio::sync::watch::channel(false);
         let shared = self.shared.clone();
         let registered = self.on_runtime(move || -> std::io::Result<()> {
-            for t in listeners.tcp {
+            for (t, arrival) in listeners.tcp {
                 let l = TcpListener::from_std(t)?;
-                tokio::spawn(tcp::serve(l, shared.clone(), tcp_rx.clone()));
+                tokio::spawn(tcp::serve(l, arrival, shared.clone(), tcp_rx.clone()));
             }
-            for u in listeners.udp {
+            for (u, arrival) in listeners.udp {
                 let u = Arc::new(UdpSocket::from_std(u)?);
-                tokio::spawn(udp::serve(u, shared.clone(), udp_rx.clone()));
+                tokio::spawn(udp::serve(u, arrival, shared.clone(), udp_rx.clone()));
             }
             Ok(())
         })?;
@@ -365,8 +430,10 @@ impl UserspaceDataplane {
         self.stop_tcp = Some(tcp_tx);
         self.stop_udp = Some(udp_tx);
         self.port = Some(port);
+        self.pod_port = pod_port;
         tracing::info!(
             port,
+            pod_port,
             "userspace proxy listening (TCP and UDP, IPv4 and IPv6)"
         );
         Ok(port)
@@ -534,7 +601,8 @@ impl UserspaceDataplane {
         if let Some(port) = self.port.take() {
             let nft = self.table.nft();
             let left = crate::leftovers::port(nft);
-            if left.as_ref().ok() == Some(&crate::leftovers::Port::ReturnPath(port)) {
+            let ours = matches!(left, Ok(crate::leftovers::Port::ReturnPath(p)) if p.proxy == port);
+            if ours {
                 match crate::leftovers::delete_all(nft, &self.cfg.routing, self.netns.as_deref()) {
                     Ok(()) => {
                         tracing::info!("removed the return path kept for this proxy's relays")

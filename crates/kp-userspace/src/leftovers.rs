@@ -4,9 +4,9 @@
 //! A relay that keeps the client's address answers from a transparent socket: the endpoint's
 //! replies reach it only through the table's reply mark (`mangle-prerouting`) and the policy
 //! routing. Removing those while the old proxy still relays would send the replies on to the
-//! client, which resets the connection. So while TCP sockets on the old proxy's port are open,
+//! client, which resets the connection. So while TCP sockets on the old proxy's ports are open,
 //! the table is replaced, in one transaction, by its return path alone (the mark rule, whose
-//! comment names the port); the old proxy deletes it at its exit, and a later removal deletes
+//! comment names the port, and the pod port of a proxy with detect-local by interface); the old proxy deletes it at its exit, and a later removal deletes
 //! it once no relay is left (a proxy that was killed).
 
 use kp_nftables::NftCommand;
@@ -17,6 +17,8 @@ use crate::Error;
 
 /// The comment of the return path's rule, before the port.
 const RETURN_PATH: &str = "return-path-port-";
+/// In that comment, before the pod port (when the proxy had one).
+const RETURN_PATH_POD: &str = "-pod-";
 
 /// What [`remove`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,20 +29,60 @@ pub enum Removed {
     ReturnPathKept {
         /// The old proxy's port.
         port: u16,
-        /// TCP connections open on it.
+        /// TCP connections open on it (and on its pod port, if it had one).
         relays: usize,
     },
 }
 
-/// What the kernel's table says about the proxy port.
+/// A proxy's ports: the proxy port, and with detect-local by interface the pod port, where the
+/// table sends what arrives on the pods' interface(s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ports {
+    /// The proxy port.
+    pub proxy: u16,
+    /// The pod port.
+    pub pod: Option<u16>,
+}
+
+impl Ports {
+    /// Each port.
+    fn each(self) -> impl Iterator<Item = u16> {
+        std::iter::once(self.proxy).chain(self.pod)
+    }
+
+    /// The return path rule's comment naming them.
+    fn comment(self) -> String {
+        match self.pod {
+            Some(pod) => format!("{RETURN_PATH}{}{RETURN_PATH_POD}{pod}", self.proxy),
+            None => format!("{RETURN_PATH}{}", self.proxy),
+        }
+    }
+
+    /// The ports a return path rule's comment names.
+    fn of_comment(comment: &str) -> Option<Ports> {
+        let rest = comment.strip_prefix(RETURN_PATH)?;
+        Some(match rest.split_once(RETURN_PATH_POD) {
+            Some((proxy, pod)) => Ports {
+                proxy: proxy.parse().ok()?,
+                pod: Some(pod.parse().ok()?),
+            },
+            None => Ports {
+                proxy: rest.parse().ok()?,
+                pod: None,
+            },
+        })
+    }
+}
+
+/// What the kernel's table says about the proxy's ports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Port {
     /// No table.
     None,
-    /// A whole table whose redirect rules send connections to this port.
-    Redirect(u16),
-    /// Only the return path of a proxy on this port is left.
-    ReturnPath(u16),
+    /// A whole table whose redirect rules send connections to these ports.
+    Redirect(Ports),
+    /// Only the return path of a proxy on these ports is left.
+    ReturnPath(Ports),
     /// A table that names no port (an empty one, or another version's).
     Unknown,
 }
@@ -63,23 +105,33 @@ fn parse_port(json: &str) -> Result<Port, Error> {
     let doc: serde_json::Value = serde_json::from_str(json)
         .map_err(|e| kp_nftables::Error::Parse(format!("nft -j list table: {e}")))?;
     let items = doc["nftables"].as_array().into_iter().flatten();
-    let mut found = Port::Unknown;
+    let mut kept = None;
+    let (mut proxy, mut pod) = (None, None);
     for rule in items.filter_map(|i| i.get("rule")) {
+        let comment = rule["comment"].as_str().unwrap_or_default();
         if rule["chain"].as_str() == Some(SERVICES) {
             let exprs = rule["expr"].as_array().into_iter().flatten();
             if let Some(p) = exprs.filter_map(|e| e["redirect"]["port"].as_u64()).next() {
-                return Ok(u16::try_from(p).map_or(Port::Unknown, Port::Redirect));
+                let Ok(p) = u16::try_from(p) else {
+                    return Ok(Port::Unknown);
+                };
+                // The pod port's rules (`redirect-pod-*`) come first; the others name the
+                // proxy port.
+                let slot = if comment.starts_with("redirect-pod-") {
+                    &mut pod
+                } else {
+                    &mut proxy
+                };
+                slot.get_or_insert(p);
             }
         }
-        let kept = rule["comment"]
-            .as_str()
-            .and_then(|c| c.strip_prefix(RETURN_PATH))
-            .and_then(|p| p.parse().ok());
-        if let Some(p) = kept {
-            found = Port::ReturnPath(p);
-        }
+        kept = kept.or(Ports::of_comment(comment));
     }
-    Ok(found)
+    Ok(match (proxy, kept) {
+        (Some(proxy), _) => Port::Redirect(Ports { proxy, pod }),
+        (None, Some(ports)) => Port::ReturnPath(ports),
+        (None, None) => Port::Unknown,
+    })
 }
 
 /// TCP sockets with local port `port` that are not listening or closed (the client side of
@@ -132,18 +184,21 @@ pub fn remove(
     routing: &PolicyRouting,
     netns: Option<&str>,
 ) -> Result<Removed, Error> {
-    let port = match port(nft)? {
+    let ports = match port(nft)? {
         Port::Redirect(p) | Port::ReturnPath(p) => Some(p),
         Port::None | Port::Unknown => None,
     };
-    let relays = match port {
-        Some(p) => open_relays(netns, p)?,
-        None => 0,
-    };
-    match port {
-        Some(port) if relays > 0 => {
-            nft.run(&return_path_only(port, routing.mark))?;
-            Ok(Removed::ReturnPathKept { port, relays })
+    let mut relays = 0;
+    for p in ports.iter().flat_map(|p| p.each()) {
+        relays += open_relays(netns, p)?;
+    }
+    match ports {
+        Some(ports) if relays > 0 => {
+            nft.run(&return_path_only(ports, routing.mark))?;
+            Ok(Removed::ReturnPathKept {
+                port: ports.proxy,
+                relays,
+            })
         }
         _ => {
             delete_all(nft, routing, netns)?;
@@ -164,14 +219,16 @@ pub(crate) fn delete_all(
     routing.remove(netns)
 }
 
-/// One transaction: the table replaced by its reply-mark rule alone.
-fn return_path_only(port: u16, mark: u32) -> String {
+/// One transaction: the table replaced by its reply-mark rule alone, whose comment names the
+/// proxy's ports.
+fn return_path_only(ports: Ports, mark: u32) -> String {
+    let comment = ports.comment();
     format!(
         "add table {FAMILY} {TABLE}\n\
          delete table {FAMILY} {TABLE}\n\
          add table {FAMILY} {TABLE}\n\
          add chain {FAMILY} {TABLE} {MANGLE_PREROUTING} {{ type filter hook prerouting priority -150; policy accept; }}\n\
-         add rule {FAMILY} {TABLE} {MANGLE_PREROUTING} meta l4proto {{ tcp, udp }} socket transparent 1 meta mark set {mark:#x} accept comment \"{RETURN_PATH}{port}\"\n"
+         add rule {FAMILY} {TABLE} {MANGLE_PREROUTING} meta l4proto {{ tcp, udp }} socket transparent 1 meta mark set {mark:#x} accept comment \"{comment}\"\n"
     )
 }
 
@@ -210,17 +267,53 @@ mod tests {
                 r#"{"redirect": {"port": 40001}}"#,
             ),
         ]);
-        assert_eq!(parse_port(&whole).unwrap(), Port::Redirect(40001));
+        let ports = |proxy, pod| Ports { proxy, pod };
+        assert_eq!(
+            parse_port(&whole).unwrap(),
+            Port::Redirect(ports(40001, None))
+        );
+        // With detect-local by interface the pod port's rules come first.
+        let with_pod = doc(&[
+            rule(
+                SERVICES,
+                "redirect-pod-vips-v4",
+                r#"{"redirect": {"port": 40002}}"#,
+            ),
+            rule(
+                SERVICES,
+                "redirect-vips-v4",
+                r#"{"redirect": {"port": 40001}}"#,
+            ),
+        ]);
+        assert_eq!(
+            parse_port(&with_pod).unwrap(),
+            Port::Redirect(ports(40001, Some(40002)))
+        );
         let left = doc(&[rule(
             MANGLE_PREROUTING,
             "return-path-port-40001",
             r#"{"accept": null}"#,
         )]);
-        assert_eq!(parse_port(&left).unwrap(), Port::ReturnPath(40001));
+        assert_eq!(
+            parse_port(&left).unwrap(),
+            Port::ReturnPath(ports(40001, None))
+        );
         assert_eq!(parse_port(&doc(&[])).unwrap(), Port::Unknown);
-        // The transaction that leaves the return path names the port and the mark.
-        let tx = return_path_only(40001, 0x4000_0000);
+        // The transaction that leaves the return path names the ports and the mark, and
+        // reads back as them.
+        let tx = return_path_only(ports(40001, None), 0x4000_0000);
         assert!(tx.contains("mark set 0x40000000 accept comment \"return-path-port-40001\""));
+        let tx_pod = return_path_only(ports(40001, Some(40002)), 0x4000_0000);
+        let comment = "return-path-port-40001-pod-40002";
+        assert!(
+            tx_pod.contains(&format!("accept comment \"{comment}\"")),
+            "{tx_pod}"
+        );
+        let left = doc(&[rule(MANGLE_PREROUTING, comment, r#"{"accept": null}"#)]);
+        assert_eq!(
+            parse_port(&left).unwrap(),
+            Port::ReturnPath(ports(40001, Some(40002)))
+        );
         assert!(tx.contains("delete table inet kube-proxy-userspace"));
     }
 }

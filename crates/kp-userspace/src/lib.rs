@@ -3,7 +3,8 @@
 //! the next one when an endpoint refuses or does not answer.
 //!
 //! - Four sockets at any scale: one TCP and one UDP listener per IP family on the proxy port
-//!   ([`Listeners`]). TCP recovers the frontend with `SO_ORIGINAL_DST` /
+//!   ([`Listeners`]), and with detect-local by interface four more on the pod port, where the
+//!   table sends what arrives on the pods' interface(s) (what is accepted there is a pod's). TCP recovers the frontend with `SO_ORIGINAL_DST` /
 //!   `IP6T_SO_ORIGINAL_DST` ([`sys`]); UDP with one ctnetlink GET per new session ([`udp`]).
 //! - [`tcp`]: connects to the balancer's attempts in order with upstream's timeouts (250 ms,
 //!   500 ms, 1 s, 2 s), resets the client only when every endpoint failed, and relays with

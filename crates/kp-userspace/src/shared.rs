@@ -10,7 +10,7 @@ use std::time::Duration;
 use kp_core::model::{ServiceKey, ServicePortName};
 use kp_core::track::{Changes, ProxyState};
 use kp_metrics::{Metrics, UserspacePortSeries};
-use kp_userspace_plan::Balancer;
+use kp_userspace_plan::{Arrival, Balancer};
 
 use crate::relay::Copying;
 
@@ -143,6 +143,16 @@ impl Shared {
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .contains(&ip)
+    }
+
+    /// How a connection from `ip` accepted by a listener for `listener` arrived: the node's
+    /// own when `ip` is one of the node's addresses, else the listener's.
+    pub fn arrival(&self, ip: IpAddr, listener: Arrival) -> Arrival {
+        if self.is_node_address(ip) {
+            Arrival::Node
+        } else {
+            listener
+        }
     }
 
     /// Counts a relay of the Service port of `series` as running until the guard is dropped.

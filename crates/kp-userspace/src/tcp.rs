@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kp_core::model::Protocol;
-use kp_userspace_plan::{Attempt, Outcome, Pick, Source};
+use kp_userspace_plan::{Arrival, Attempt, Outcome, Pick, Source};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::relay;
@@ -28,9 +28,13 @@ pub fn connect_timeout(i: usize) -> Duration {
     CONNECT_TIMEOUTS[i.min(CONNECT_TIMEOUTS.len() - 1)]
 }
 
-/// Accepts until `stop` says so; each connection is handled on a task of its own.
+/// Accepts until `stop` says so; each connection is handled on a task of its own. `arrival`:
+/// how what this listener accepts arrived ([`Arrival::PodInterface`] on the pod port,
+/// [`Arrival::Other`] on the proxy port); a connection from the node's own address is the
+/// node's wherever it was accepted.
 pub async fn serve(
     listener: TcpListener,
+    arrival: Arrival,
     shared: Arc<Shared>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -39,7 +43,7 @@ pub async fn serve(
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
                     let shared = shared.clone();
-                    tokio::spawn(async move { handle(stream, peer, shared).await });
+                    tokio::spawn(async move { handle(stream, peer, arrival, shared).await });
                 }
                 Err(e) => {
                     // EMFILE and friends: wait a moment instead of spinning.
@@ -58,7 +62,7 @@ fn reset(s: TcpStream) {
     drop(s);
 }
 
-async fn handle(client: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+async fn handle(client: TcpStream, peer: SocketAddr, arrival: Arrival, shared: Arc<Shared>) {
     let local = match client.local_addr() {
         Ok(l) => l,
         Err(_) => return,
@@ -70,11 +74,11 @@ async fn handle(client: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
             return reset(client);
         }
     };
-    let is_node = shared.is_node_address(peer.ip());
+    let arrival = shared.arrival(peer.ip(), arrival);
     // The pick and its Service port's series under one lock (see `Shared::port_series`).
     let (pick, series) = {
         let mut balancer = shared.balancer();
-        let pick = balancer.pick(Protocol::Tcp, frontend, peer, is_node, Instant::now());
+        let pick = balancer.pick_via(Protocol::Tcp, frontend, peer, arrival, Instant::now());
         let series = match &pick {
             Pick::Connect { route, .. } => Some(shared.port_series(&route.service_port)),
             _ => None,

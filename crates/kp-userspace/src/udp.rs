@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use kp_core::model::Protocol;
 use kp_metrics::UserspacePortSeries;
-use kp_userspace_plan::{Outcome, Pick, RouteId, Source};
+use kp_userspace_plan::{Arrival, Outcome, Pick, RouteId, Source};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
@@ -41,9 +41,12 @@ struct Session {
 
 type Sessions = Mutex<HashMap<(SocketAddr, IpAddr), Arc<Session>>>;
 
-/// Receives until `stop` says so.
+/// Receives until `stop` says so. `arrival`: how what this socket receives arrived
+/// ([`Arrival::PodInterface`] on the pod port, [`Arrival::Other`] on the proxy port), as for
+/// TCP ([`crate::tcp::serve`]).
 pub async fn serve(
     listener: Arc<UdpSocket>,
+    arrival: Arrival,
     shared: Arc<Shared>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -75,7 +78,16 @@ pub async fn serve(
         }
         let session = match existing {
             Some(s) => s,
-            None => match open(&listener, &shared, &sessions, got.peer, got.local, port).await {
+            None => match open(
+                &listener,
+                &shared,
+                &sessions,
+                (got.peer, arrival),
+                got.local,
+                port,
+            )
+            .await
+            {
                 Some(s) => s,
                 None => continue,
             },
@@ -97,13 +109,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Opens a session for `peer`'s datagrams that arrived at `local`: finds the frontend, picks
+/// Opens a session for `peer`'s datagrams that arrived at `local` (by `arrival`, the
+/// listener's): finds the frontend, picks
 /// the endpoint, connects a socket to it and starts returning its replies.
 async fn open(
     listener: &Arc<UdpSocket>,
     shared: &Arc<Shared>,
     sessions: &Arc<Sessions>,
-    peer: SocketAddr,
+    (peer, arrival): (SocketAddr, Arrival),
     local: IpAddr,
     port: u16,
 ) -> Option<Arc<Session>> {
@@ -121,12 +134,12 @@ async fn open(
             return None;
         }
     };
-    let is_node = shared.is_node_address(peer.ip());
+    let arrival = shared.arrival(peer.ip(), arrival);
     // The pick, the generation it was made in and its Service port's series, under one lock
     // (see `Shared::synced` and `Shared::port_series`).
     let (pick, generation, series) = {
         let mut balancer = shared.balancer();
-        let pick = balancer.pick(Protocol::Udp, frontend, peer, is_node, Instant::now());
+        let pick = balancer.pick_via(Protocol::Udp, frontend, peer, arrival, Instant::now());
         let (generation, series) = match &pick {
             Pick::Connect { route, .. } => (
                 shared.generation(&route.service_port.service),

@@ -75,6 +75,106 @@ fn the_flow_table_passes_with_real_packets_through_the_userspace_proxy() {
     dp.cleanup().expect("second cleanup");
 }
 
+/// Detect-local by interface with real packets: `InterfaceNamePrefix` `veth` (the lab's pods
+/// sit behind `vethI`). The table sends what arrives on a pod's veth to the pod port, so a
+/// pod's connection to a ClusterIP reaches the endpoint from the pod's own address, and an
+/// outside client's is masqueraded: every row passes as with the cluster CIDRs, TCP and UDP,
+/// and the kernel reads back as planned. With a prefix no pod interface has, the pod's
+/// connection arrives on the proxy port and is masqueraded: the interface decides.
+#[test]
+#[ignore = "needs root"]
+fn with_detect_local_by_interface_a_pods_connection_keeps_its_address_through_the_proxy() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let state = kp_flows::state();
+    let by_prefix = |prefix: &str| {
+        let cfg = UserspaceConfig {
+            balancer: kp_userspace_plan::BalancerConfig {
+                detect_local: kp_core::node::DetectLocal::InterfaceNamePrefix(
+                    kp_core::node::InterfaceName::new(prefix).unwrap(),
+                ),
+                ..config().balancer
+            },
+            ..config()
+        };
+        let metrics = Arc::new(Metrics::new());
+        let mut dp = UserspaceDataplane::new(cfg, Some(lab.node().name()), metrics.clone());
+        let port = dp.start().expect("start");
+        assert_eq!(dp.pod_port(), Some(port + 1));
+        dp.sync(&state, &Changes::default(), true)
+            .expect("first sync");
+        let diffs = dp.verify().expect("read back");
+        assert!(diffs.is_empty(), "{diffs:?}");
+        assert!(
+            dp.last_transaction().contains(&format!(
+                "iifname \"{prefix}*\" ip daddr . meta l4proto . th dport @redirect-vips-v4 meta l4proto {{ tcp, udp }} redirect to :{}",
+                port + 1
+            )),
+            "{}",
+            dp.last_transaction()
+        );
+        (dp, metrics)
+    };
+    let (mut veth, metrics) = by_prefix(kp_flows::POD_VETH_PREFIX);
+    let rows = kp_flows::cases();
+    let row = |from: &str, proto: kp_core::model::Protocol| {
+        rows.iter()
+            .find(|c| {
+                c.from == from
+                    && c.packet.protocol == proto
+                    && c.packet.dst.to_string() == "10.96.0.10"
+                    && matches!(c.expect, kp_flows::Expect::Pods { .. })
+            })
+            .unwrap_or_else(|| panic!("a {proto:?} row from {from} to the web ClusterIP"))
+            .clone()
+    };
+    let pod_to_web = row("pod-4", kp_core::model::Protocol::Tcp);
+    let client_to_web = row("client", kp_core::model::Protocol::Tcp);
+    assert!(matches!(
+        pod_to_web.expect,
+        kp_flows::Expect::Pods {
+            masquerade: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        client_to_web.expect,
+        kp_flows::Expect::Pods {
+            masquerade: true,
+            ..
+        }
+    ));
+    for case in [&pod_to_web, &client_to_web] {
+        kp_test::flows::check(&lab, case).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    }
+    let failures = kp_test::flows::check_all_for(&lab, kp_flows::Support::NO_SCTP);
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // The rows went through the proxy, TCP and UDP.
+    assert!(metrics.userspace_connections.get() > 0);
+    assert!(metrics.userspace_udp_sessions_created.get() > 0);
+    veth.shutdown();
+    veth.cleanup().expect("cleanup");
+
+    let (mut elsewhere, _) = by_prefix("cali");
+    assert!(kp_test::flows::check(&lab, &pod_to_web).is_err());
+    let mut masqueraded = pod_to_web.clone();
+    if let kp_flows::Expect::Pods { masquerade, .. } = &mut masqueraded.expect {
+        *masquerade = true;
+    }
+    kp_test::flows::check(&lab, &masqueraded).unwrap_or_else(|e| panic!("{e}"));
+    kp_test::flows::check(&lab, &client_to_web).unwrap_or_else(|e| panic!("{e}"));
+    elsewhere.shutdown();
+    elsewhere.cleanup().expect("cleanup");
+}
+
 /// The Service of the retry tests: `10.96.50.50:80` → port 8080 of pods 0, 1 and 2.
 const RETRY_VIP: &str = "10.96.50.50";
 
@@ -358,24 +458,45 @@ fn the_listeners_take_one_port_of_the_range_for_tcp_and_udp_of_both_families() {
     let bound = kp_netlink::netns::run_in(ns.name(), "ports", || {
         // Port 20000's UDP is taken, so the four sockets go to 20001 together.
         let _taken = std::net::UdpSocket::bind("0.0.0.0:20000").map_err(|e| e.to_string())?;
-        let l = kp_userspace::Listeners::bind(Some(&(20000..=20002))).map_err(|e| e.to_string())?;
-        let udp = ns_listening("-u");
-        let tcp = ns_listening("-t");
-        Ok::<_, String>((l.port, tcp, udp))
+        let l = kp_userspace::Listeners::bind(Some(&(20000..=20002)), false)
+            .map_err(|e| e.to_string())?;
+        let single = (l.port, l.pod_port, ns_listening("-t"), ns_listening("-u"));
+        drop(l);
+        // With a pod port its sibling must be free too, and in the range: 20002's TCP taken as
+        // well, 20001 has no free sibling and 20002 is taken, so the pair is 20003 and 20004;
+        // in a range ending at 20003 there is none.
+        let _also = std::net::TcpListener::bind("0.0.0.0:20002").map_err(|e| e.to_string())?;
+        let l = kp_userspace::Listeners::bind(Some(&(20000..=20004)), true)
+            .map_err(|e| e.to_string())?;
+        let pair = (l.port, l.pod_port, ns_listening("-t"), ns_listening("-u"));
+        drop(l);
+        let none = kp_userspace::Listeners::bind(Some(&(20000..=20003)), true).map(|l| l.port);
+        Ok::<_, String>((single, pair, none))
     })
     .expect("namespace");
-    let (port, tcp, udp) = bound.expect("bind");
-    assert_eq!(port, 20001);
-    for (what, list) in [("tcp", &tcp), ("udp", &udp)] {
-        assert!(list.contains("0.0.0.0:20001"), "{what}: {list}");
-        assert!(list.contains("[::]:20001"), "{what}: {list}");
-    }
+    let (single, pair, none) = bound.expect("bind");
+    let listens = |(tcp, udp): (&String, &String), port: u16| {
+        for (what, list) in [("tcp", tcp), ("udp", udp)] {
+            assert!(list.contains(&format!("0.0.0.0:{port}")), "{what}: {list}");
+            assert!(list.contains(&format!("[::]:{port}")), "{what}: {list}");
+        }
+    };
+    assert_eq!((single.0, single.1), (20001, None));
+    listens((&single.2, &single.3), 20001);
+    assert!(!single.2.contains(":20002"), "{}", single.2);
+    assert_eq!((pair.0, pair.1), (20003, Some(20004)));
+    listens((&pair.2, &pair.3), 20003);
+    listens((&pair.2, &pair.3), 20004);
+    assert!(
+        matches!(&none, Err(kp_userspace::Error::NoPort { range }) if range == "20000-20003"),
+        "{none:?}"
+    );
     // Every port of the range taken: a clear error naming the range.
     let err = kp_netlink::netns::run_in(ns.name(), "ports", || {
         let _t: Vec<_> = (20000..=20001)
             .map(|p| std::net::TcpListener::bind(("0.0.0.0", p)))
             .collect();
-        kp_userspace::Listeners::bind(Some(&(20000..=20001))).map(|l| l.port)
+        kp_userspace::Listeners::bind(Some(&(20000..=20001)), false).map(|l| l.port)
     })
     .expect("namespace");
     assert!(
