@@ -469,6 +469,68 @@ fn explain_and_status_read_the_live_userspace_table() {
     );
 }
 
+/// userspace mode with detect-local by interface (`InterfaceNamePrefix` `veth`, the lab's pods'
+/// side): the table redirects what arrives on a pod's veth to the pod port, where the proxy
+/// listens too, so explain names every row as with the cluster CIDRs (a pod's ClusterIP
+/// connection keeps its source), status plans both ports and finds no drift, and the pod
+/// port's redirect rule deleted behind the stopped proxy's back is drift.
+#[test]
+#[ignore = "needs root"]
+fn explain_and_status_read_the_live_userspace_table_with_detect_local_by_interface() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let extra: Vec<String> = [
+        "--detect-local-mode=InterfaceNamePrefix",
+        "--pod-interface-name-prefix=veth",
+    ]
+    .map(String::from)
+    .into();
+    check_mode_in(
+        &lab,
+        "userspace",
+        Support::NO_SCTP,
+        &extra,
+        &|lab: &Lab| {
+            let listing = lab
+                .node()
+                .run(&[
+                    "nft",
+                    "-a",
+                    "list",
+                    "chain",
+                    "inet",
+                    "kube-proxy-userspace",
+                    "services",
+                ])
+                .expect("list the services chain");
+            let rule = listing
+                .lines()
+                .find(|l| l.contains("comment \"redirect-pod-vips-v4\""))
+                .unwrap_or_else(|| panic!("no pod port rule in {listing}"));
+            let handle = rule
+                .rsplit("# handle ")
+                .next()
+                .map(str::trim)
+                .expect("a handle");
+            lab.node()
+                .run(&[
+                    "nft",
+                    "delete",
+                    "rule",
+                    "inet",
+                    "kube-proxy-userspace",
+                    "services",
+                    "handle",
+                    handle,
+                ])
+                .expect("delete behind the proxy");
+        },
+        "redirect-pod-vips-v4",
+    );
+}
+
 /// ipvs mode, in the kp-vm guest (Debian's kernel has IPVS; this machine's has not): its
 /// chains, ipsets and IPVS's virtual servers read into its tracer, every row explained as it
 /// goes with real packets (`ipvs_vm_e2e`), and a virtual server deleted behind the stopped

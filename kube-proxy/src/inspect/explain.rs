@@ -428,10 +428,16 @@ fn userspace(a: &mut Answer, tracer: &UserspaceTracer, listening: &[u16], synced
         }
         Walked::Redirected(port) => port,
     };
+    let role = if tracer.pod_port() == Some(port) {
+        "the userspace proxy's pod port, for what arrives on the pods' interface(s): a pod's \
+         connection, which keeps its source at a ClusterIP"
+    } else {
+        "the userspace proxy's port"
+    };
     a.decided_by.insert(
         0,
         format!(
-            "table inet {}: redirect to :{port} (the userspace proxy's port)",
+            "table inet {}: redirect to :{port} ({role})",
             kp_userspace_plan::names::TABLE
         ),
     );

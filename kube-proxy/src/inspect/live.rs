@@ -67,7 +67,8 @@ pub enum Live {
     Userspace {
         /// The table, replayed from its listing, and the balancer.
         tracer: Box<UserspaceTracer>,
-        /// The proxy ports its rules redirect to (one while a proxy runs or after it stopped).
+        /// The proxy ports its rules redirect to (one while a proxy runs or after it stopped;
+        /// with detect-local by interface two: the proxy port and its pod port).
         ports: Vec<u16>,
         /// The ports of those a TCP socket listens on (the running proxy).
         listening: Vec<u16>,

@@ -204,7 +204,9 @@ pub fn drift(
         }
         Live::Userspace { ports, .. } => {
             // The plan for the port the table redirects to (the running proxy's, a free one
-            // it took at start), as the mode's own verify compares it.
+            // it took at start), as the mode's own verify compares it. With detect-local by
+            // interface the table redirects to the pod port too, the proxy port's sibling
+            // above it, which the plan for the proxy port holds: the lowest is the proxy's.
             let Some(port) = ports.first() else {
                 return Ok(vec![format!(
                     "table inet {}: no rule redirects to a proxy port (the table is missing or \
