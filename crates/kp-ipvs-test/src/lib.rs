@@ -70,6 +70,16 @@ impl IpvsNode {
         }
     }
 
+    /// What `planner` planned: its sets and virtual servers.
+    pub fn planned(planner: &Planner) -> IpvsNode {
+        IpvsNode::new(
+            planner.sets().to_vec(),
+            planner
+                .virtual_servers()
+                .map(|(_, vs)| (vs.service.clone(), vs.destinations.values().collect())),
+        )
+    }
+
     /// The sets, one per family.
     pub fn sets(&self) -> &[Sets] {
         &self.sets
@@ -225,6 +235,20 @@ impl IpvsTracer {
         node: &NodeContext,
         ingress: Option<Ingress>,
     ) -> Result<IpvsTracer, TraceError> {
+        let held = IpvsNode::planned(planner);
+        IpvsTracer::planned_over(planner, interface_addresses, config_of, node, ingress, held)
+    }
+
+    /// [`IpvsTracer::planned`]'s chains and addresses over sets and virtual servers `held`
+    /// (the planner's, or others: what a node whose IPVS or sets went wrong would hold).
+    pub fn planned_over(
+        planner: &Planner,
+        interface_addresses: &[IpAddr],
+        config_of: impl Fn(IpFamily) -> PlanConfig,
+        node: &NodeContext,
+        ingress: Option<Ingress>,
+        held: IpvsNode,
+    ) -> Result<IpvsTracer, TraceError> {
         let mut local: Vec<IpAddr> = interface_addresses.to_vec();
         local.extend(planner.bind_addresses().iter().copied());
         let restore: Vec<(IpFamily, String)> = planner
@@ -238,12 +262,7 @@ impl IpvsTracer {
                 )
             })
             .collect();
-        let virtual_servers = planner
-            .virtual_servers()
-            .map(|(_, vs)| (vs.service.clone(), vs.destinations.values().collect()))
-            .collect::<Vec<_>>();
-        let node = IpvsNode::new(planner.sets().to_vec(), virtual_servers);
-        IpvsTracer::new(local, node, &restore, ingress)
+        IpvsTracer::new(local, held, &restore, ingress)
     }
 
     /// The iptables tracer underneath (its chains, and every branch of a trace with the rules

@@ -7,8 +7,8 @@ use kp_core::node::NodeContext;
 use kp_iptables_plan::PlanConfig;
 use kp_ipvs_plan::ipset::{Entry, SetName, Sets};
 use kp_ipvs_plan::planner::Planner;
-use kp_ipvs_plan::{Config, Planned as _};
-use kp_ipvs_test::{restore_input, IpvsNode, IpvsTracer};
+use kp_ipvs_plan::Config;
+use kp_ipvs_test::{IpvsNode, IpvsTracer};
 use kp_netlink::ipvs::{Destination, Service};
 
 /// What the dataplane plans at its first sync of the fixture, with the settings of the
@@ -69,25 +69,23 @@ fn every_flow_row_passes_through_the_planned_chains_sets_and_virtual_servers() {
 
 /// The same planned chains over another IPVS and other sets: a tracer that could not fail
 /// would pass these too.
-fn tracer_over(planner: &Planner, node: IpvsNode) -> IpvsTracer {
-    let node_ctx = kp_flows::node_context();
-    let mut local = kp_flows::node_addresses();
-    local.extend(planner.bind_addresses().iter().copied());
-    let restore: Vec<(IpFamily, String)> = planner
-        .sets()
-        .iter()
-        .map(|s| {
-            let f = s.family();
-            (f, restore_input(s, &config(f), &node_ctx, planner.local()))
-        })
-        .collect();
-    IpvsTracer::new(local, node, &restore, Some(kp_flows::ingress())).expect("chains load")
+fn tracer_over(planner: &Planner, held: IpvsNode) -> IpvsTracer {
+    IpvsTracer::planned_over(
+        planner,
+        &kp_flows::node_addresses(),
+        config,
+        &kp_flows::node_context(),
+        Some(kp_flows::ingress()),
+        held,
+    )
+    .expect("the planned chains load")
 }
 
 fn planned_virtual_servers(planner: &Planner) -> Vec<(Service, Vec<Destination>)> {
-    planner
+    IpvsNode::planned(planner)
         .virtual_servers()
-        .map(|(_, vs)| (vs.service.clone(), vs.destinations.values().collect()))
+        .values()
+        .cloned()
         .collect()
 }
 
