@@ -209,8 +209,9 @@ pub(crate) struct Flags {
     pub ipvs_strict_arp: Option<bool>,
 
     /// Range of host ports (begin-end, a single port, or begin+offset, inclusive) that the
-    /// userspace mode may listen on; empty, 0 or 0-0 picks ports at random. No effect in other
-    /// modes.
+    /// userspace mode may listen on; empty, 0 or 0-0 picks ports at random. With detect-local
+    /// by interface it takes two neighbouring ports of the range (the second for pods'
+    /// connections). No effect in other modes.
     #[arg(long, value_name = "RANGE", value_parser = parse_port_range_flag)]
     pub proxy_port_range: Option<String>,
 
