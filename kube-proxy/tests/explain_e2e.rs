@@ -531,6 +531,78 @@ fn explain_and_status_read_the_live_userspace_table_with_detect_local_by_interfa
     );
 }
 
+/// userspace mode with the `sh` scheduler (`--ipvs-scheduler=sh`): the proxy's first choice
+/// is a hash of the client's address, so `explain` names it (probability 1, the others listed
+/// at 0 as fallbacks), and a real connection from that client reaches that very endpoint.
+#[test]
+#[ignore = "needs root"]
+fn explain_names_the_endpoint_the_userspace_source_hashing_scheduler_picks() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    let dir = temp_dir("explain-userspace-sh");
+    write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
+    let extra = vec!["--ipvs-scheduler=sh".to_string()];
+    let mut proxy = start(&lab, "userspace", &dir.0, &extra);
+    let flags = proxy_flags("userspace", &dir.0, &extra);
+    let mut picked = BTreeSet::new();
+    for pod in kp_flows::pods()
+        .into_iter()
+        .filter(|p| p.node == kp_flows::NODE)
+    {
+        let mut args: Vec<String> = ["explain", "-o", "json", "--from", pod.v4, "tcp"]
+            .map(String::from)
+            .into();
+        args.push("10.96.0.10:80".into());
+        args.extend(flags.iter().cloned());
+        let (code, out) = run(&lab, &args);
+        assert_eq!(code, 0, "{out}");
+        let j = json(&out);
+        let endpoints = j["endpoints"].as_array().expect("endpoints");
+        assert_eq!(endpoints.len(), 3, "{out}");
+        let first: Vec<&str> = endpoints
+            .iter()
+            .filter(|e| e["probability"].as_f64() == Some(1.0))
+            .map(|e| e["ip"].as_str().unwrap())
+            .collect();
+        assert_eq!(first.len(), 1, "one endpoint is the scheduler's: {out}");
+        assert!(
+            j["reason"].as_str().unwrap_or("").contains("sh hashes"),
+            "{out}"
+        );
+        // The real connection from that client, through the running proxy.
+        let index: usize = pod
+            .name
+            .trim_start_matches("pod-")
+            .parse()
+            .expect("pod index");
+        let reached = match lab.request(
+            lab.pod(index),
+            kp_test::echo::Proto::Tcp,
+            "10.96.0.10".parse().unwrap(),
+            80,
+        ) {
+            kp_test::echo::Outcome::Answered { backend, .. } => backend,
+            other => panic!("{}: {other}", pod.name),
+        };
+        let reached_ip = kp_flows::pods()
+            .into_iter()
+            .find(|p| p.name == reached)
+            .map(|p| p.v4)
+            .unwrap_or_else(|| panic!("no fixture pod {reached}"));
+        assert_eq!(
+            first[0], reached_ip,
+            "{}: explain named {} but the proxy connected to {reached}",
+            pod.name, first[0]
+        );
+        picked.insert(reached_ip);
+    }
+    proxy.terminate(Duration::from_secs(5)).unwrap();
+    eprintln!("the clients' endpoints: {picked:?}");
+}
+
 /// ipvs mode, in the kp-vm guest (Debian's kernel has IPVS; this machine's has not): its
 /// chains, ipsets and IPVS's virtual servers read into its tracer, every row explained as it
 /// goes with real packets (`ipvs_vm_e2e`), and a virtual server deleted behind the stopped

@@ -23,7 +23,7 @@ pub use kp_nftables_test::transaction::TraceError;
 use kp_nftables_test::transaction::{self, statements, Hook, RuleModel, SetModel};
 use kp_userspace_plan::layout::comment_ports;
 use kp_userspace_plan::names::{FAMILY, REJECT_PACKET, TABLE};
-use kp_userspace_plan::{Arrival, Balancer, Pick, Source};
+use kp_userspace_plan::{Arrival, Balancer, Pick, Scheduler, Source};
 
 /// One component of a concatenated selector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,6 +179,30 @@ impl UserspaceTracer {
     /// The balancer, to sync it along with the table.
     pub fn balancer_mut(&mut self) -> &mut Balancer {
         self.balancer.get_mut()
+    }
+
+    /// The scheduler the balancer picks with.
+    pub fn scheduler(&self) -> Scheduler {
+        self.balancer.borrow().config().scheduler
+    }
+
+    /// The endpoints the balancer tries for `p`'s connection, in order (its scheduler's or
+    /// affinity's choice first), when the table redirects `p` to the proxy and the balancer
+    /// has a route for it; `None` otherwise. Like a connection, it moves the balancer's
+    /// round-robin position.
+    pub fn attempts(&self, p: &Packet) -> Option<Vec<(IpAddr, u16)>> {
+        let Walked::Redirected(port) = self.walk(p) else {
+            return None;
+        };
+        match self.pick(p, port) {
+            Pick::Connect { attempts, .. } => Some(
+                attempts
+                    .iter()
+                    .map(|a| (a.endpoint.ip(), a.endpoint.port()))
+                    .collect(),
+            ),
+            _ => None,
+        }
     }
 
     /// Moves the tracer's clock (affinity and quarantine expire with it).
@@ -348,7 +372,9 @@ impl UserspaceTracer {
     /// The walk's end: what the proxy does with a connection redirected to `port`, per the
     /// balancer. As the proxy, it knows the node's own connections by their source, and takes
     /// what it accepts on the pod port for a pod's.
-    fn redirected(&self, p: &Packet, port: u16) -> Verdict {
+    /// What the balancer does with `p`'s connection redirected to `port`: the proxy takes what
+    /// it accepts on the pod port for a pod's.
+    fn pick(&self, p: &Packet, port: u16) -> Pick {
         let arrival = if p.origin == Origin::Node {
             Arrival::Node
         } else if self.pod_port == Some(port) {
@@ -356,14 +382,18 @@ impl UserspaceTracer {
         } else {
             Arrival::Other
         };
-        let mut balancer = self.balancer.borrow_mut();
-        let pick = balancer.pick_via(
+        self.balancer.borrow_mut().pick_via(
             p.protocol,
             SocketAddr::new(p.dst, p.dport),
             SocketAddr::new(p.src, 40000),
             arrival,
             self.now,
-        );
+        )
+    }
+
+    fn redirected(&self, p: &Packet, port: u16) -> Verdict {
+        let pick = self.pick(p, port);
+        let balancer = self.balancer.borrow();
         match pick {
             Pick::Connect { route, attempts } => Verdict::Dnat {
                 endpoints: attempts

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use kp_core::flow::{Origin, Packet, Tracer, Verdict};
 use kp_core::model::{IpFamily, Protocol, ServicePort};
@@ -17,6 +17,7 @@ use kp_iptables_test::IptablesTracer;
 use kp_nftables_plan::element::{Atom, Tuple};
 use kp_nftables_test::elements::{atom_matches, Elements};
 use kp_nftables_test::NftTracer;
+use kp_userspace_plan::Scheduler;
 use kp_userspace_test::{UserspaceTracer, Walked};
 use serde_json::{json, Value};
 
@@ -459,13 +460,48 @@ fn userspace(a: &mut Answer, tracer: &UserspaceTracer, listening: &[u16], synced
     }
     let v = tracer.trace(p);
     if let Verdict::Dnat { endpoints, .. } = &v {
-        let share = 1.0 / endpoints.len().max(1) as f64;
-        a.endpoints = endpoints.iter().map(|e| (*e, share)).collect();
-        a.reason = Some(format!(
-            "redirected to the userspace proxy on port {port}, which connects to one of the \
-             Service's ready endpoints: its scheduler's choice, not the kernel's (the shares \
-             shown are an even spread)"
-        ));
+        let scheduler = tracer.scheduler();
+        // The hashing schedulers pick from the client's or the frontend's address alone, so
+        // the proxy's first choice is known here; the others depend on its live state (its
+        // turn, its connection counts).
+        let first = matches!(
+            scheduler,
+            Scheduler::SourceHashing | Scheduler::DestinationHashing
+        )
+        .then(|| tracer.attempts(p))
+        .flatten()
+        .and_then(|tries| tries.first().copied());
+        match first {
+            Some(ep) => {
+                // Every endpoint stays listed (the verdict's), the others at no share: tried
+                // only when the first fails.
+                a.endpoints = endpoints
+                    .iter()
+                    .map(|e| (*e, if *e == ep { 1.0 } else { 0.0 }))
+                    .collect();
+                let hashed = if scheduler == Scheduler::SourceHashing {
+                    "the client's address"
+                } else {
+                    "the frontend's address"
+                };
+                a.reason = Some(format!(
+                    "redirected to the userspace proxy on port {port}, whose scheduler \
+                     {scheduler} hashes {hashed}: it connects to {} first (the Service's \
+                     other ready endpoints only when that one fails or is quarantined)",
+                    SocketAddr::new(ep.0, ep.1)
+                ));
+            }
+            None => {
+                let share = 1.0 / endpoints.len().max(1) as f64;
+                a.endpoints = endpoints.iter().map(|e| (*e, share)).collect();
+                a.reason = Some(format!(
+                    "redirected to the userspace proxy on port {port}, which connects to one \
+                     of the Service's ready endpoints: its scheduler {scheduler}'s choice, \
+                     which depends on the running proxy's state (the shares shown are an even \
+                     spread)"
+                ));
+            }
+        }
     }
     a.verdict = Some(v);
 }
