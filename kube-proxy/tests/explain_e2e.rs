@@ -432,15 +432,7 @@ fn explain_and_status_read_the_live_userspace_table() {
         &[],
         &|lab: &Lab| {
             lab.node()
-                .run(&[
-                    "nft",
-                    "delete",
-                    "element",
-                    "inet",
-                    "kube-proxy-userspace",
-                    "redirect-vips-v4",
-                    "{ 10.96.0.10 . tcp . 80 }",
-                ])
+                .run(common::DELETE_USERSPACE_WEB_REDIRECT)
                 .expect("delete behind the proxy");
         },
         "redirect-vips-v4",

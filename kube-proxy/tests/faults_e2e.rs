@@ -549,15 +549,7 @@ fn userspace_mode_repairs_an_element_deleted_behind_its_back() {
     tampering_is_repaired_within_one_sync_period(
         "userspace",
         false,
-        Tamper::Commands(&[&[
-            "nft",
-            "delete",
-            "element",
-            "inet",
-            "kube-proxy-userspace",
-            "redirect-vips-v4",
-            "{ 10.96.0.10 . tcp . 80 }",
-        ]]),
+        Tamper::Commands(&[common::DELETE_USERSPACE_WEB_REDIRECT]),
         Repairs::LogLines(USERSPACE_DRIFT),
     );
 }

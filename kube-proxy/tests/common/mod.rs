@@ -19,6 +19,18 @@ pub const PROGRAMMED: &str = "programmed the kernel";
 /// nothing of them is left.
 pub const LEFTOVERS_GONE: &str = "no other mode's rules are left";
 
+/// Deletes the web ClusterIP's element from the userspace mode's redirect set, behind the
+/// proxy's back (what the tampering and drift tests break).
+pub const DELETE_USERSPACE_WEB_REDIRECT: &[&str] = &[
+    "nft",
+    "delete",
+    "element",
+    "inet",
+    "kube-proxy-userspace",
+    "redirect-vips-v4",
+    "{ 10.96.0.10 . tcp . 80 }",
+];
+
 /// Starts kube-proxy in the lab node with the flags every e2e test uses, plus `source` (how it
 /// finds its objects: `--manifests DIR` or `--master URL`). `prefix` goes before the binary
 /// (`env -u …`).
