@@ -37,7 +37,6 @@ pub fn kube_rules(save: &str) -> Kept {
 /// [`kube_rules`] for another layout: the `tables` kept, and the chains `ours` says are
 /// kube-proxy's (the ipvs mode's also fill `mangle`, with chains of its own).
 pub fn kube_rules_of(save: &str, tables: &[&str], ours: &dyn Fn(&str) -> bool) -> Kept {
-    let is_kube_chain = ours;
     let mut kept = Kept::default();
     let mut keep_table = false;
     for raw in save.lines() {
@@ -62,7 +61,7 @@ pub fn kube_rules_of(save: &str, tables: &[&str], ours: &dyn Fn(&str) -> bool) -
         }
         if let Some(decl) = l.strip_prefix(':') {
             let name = decl.split_whitespace().next().unwrap_or("");
-            if is_kube_chain(name) || BUILTIN.contains(&name) {
+            if ours(name) || BUILTIN.contains(&name) {
                 push(&mut kept.restore, l);
             }
             continue;
@@ -75,12 +74,12 @@ pub fn kube_rules_of(save: &str, tables: &[&str], ours: &dyn Fn(&str) -> bool) -
                 continue;
             }
         };
-        let ours = if BUILTIN.contains(&chain) {
-            target.is_some_and(is_kube_chain)
+        let keep = if BUILTIN.contains(&chain) {
+            target.is_some_and(ours)
         } else {
-            is_kube_chain(chain)
+            ours(chain)
         };
-        if ours {
+        if keep {
             push(&mut kept.restore, l);
         } else {
             kept.foreign_rules += 1;
