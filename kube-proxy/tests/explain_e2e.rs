@@ -485,38 +485,13 @@ fn explain_and_status_read_the_live_userspace_table_with_detect_local_by_interfa
         Support::NO_SCTP,
         &extra,
         &|lab: &Lab| {
-            let listing = lab
-                .node()
-                .run(&[
-                    "nft",
-                    "-a",
-                    "list",
-                    "chain",
-                    "inet",
-                    "kube-proxy-userspace",
-                    "services",
-                ])
-                .expect("list the services chain");
-            let rule = listing
-                .lines()
-                .find(|l| l.contains("comment \"redirect-pod-vips-v4\""))
-                .unwrap_or_else(|| panic!("no pod port rule in {listing}"));
-            let handle = rule
-                .rsplit("# handle ")
-                .next()
-                .map(str::trim)
-                .expect("a handle");
             lab.node()
-                .run(&[
-                    "nft",
-                    "delete",
-                    "rule",
+                .delete_nft_rule(
                     "inet",
                     "kube-proxy-userspace",
                     "services",
-                    "handle",
-                    handle,
-                ])
+                    "redirect-pod-vips-v4",
+                )
                 .expect("delete behind the proxy");
         },
         "redirect-pod-vips-v4",

@@ -262,36 +262,8 @@ fn a_table_of_another_structure_is_replaced_and_ends_equal_to_the_plan() {
     assert!(!chains.contains("intruder"), "{chains}");
 
     // A rule deleted behind our back.
-    let listing = lab
-        .node()
-        .run(&[
-            "nft",
-            "-a",
-            "list",
-            "chain",
-            "ip",
-            "kube-proxy",
-            "masquerading",
-        ])
-        .expect("list chain");
-    let handle = listing
-        .lines()
-        .find(|l| l.contains("\"hairpin\""))
-        .and_then(|l| l.rsplit("# handle ").next())
-        .map(str::trim)
-        .expect("the hairpin rule and its handle")
-        .to_string();
     lab.node()
-        .run(&[
-            "nft",
-            "delete",
-            "rule",
-            "ip",
-            "kube-proxy",
-            "masquerading",
-            "handle",
-            &handle,
-        ])
+        .delete_nft_rule("ip", "kube-proxy", "masquerading", "hairpin")
         .unwrap();
     let (mut dp, _) = restart(&lab, &state);
     assert!(

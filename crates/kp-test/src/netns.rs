@@ -112,6 +112,34 @@ impl Netns {
         run(&mut self.command(args))
     }
 
+    /// Deletes the rule of nftables chain `family table chain` whose comment is `comment`
+    /// (found by its handle in `nft -a list chain`), as something behind the proxy's back
+    /// would. [`Error::InvalidArgument`] when the chain holds no such rule.
+    pub fn delete_nft_rule(
+        &self,
+        family: &str,
+        table: &str,
+        chain: &str,
+        comment: &str,
+    ) -> Result<()> {
+        let listing = self.run(&["nft", "-a", "list", "chain", family, table, chain])?;
+        let quoted = format!("comment \"{comment}\"");
+        let handle = listing
+            .lines()
+            .find(|l| l.contains(&quoted))
+            .and_then(|l| l.rsplit_once("# handle "))
+            .map(|(_, h)| h.trim().to_string())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "no rule commented {comment:?} in {family} {table} {chain}:\n{listing}"
+                ))
+            })?;
+        self.run(&[
+            "nft", "delete", "rule", family, table, chain, "handle", &handle,
+        ])?;
+        Ok(())
+    }
+
     /// Runs `ip -n NAME args...` (iproute2 inside this namespace) and returns standard output.
     pub fn ip(&self, args: &[&str]) -> Result<String> {
         run(Command::new("ip").args(["-n", &self.name]).args(args))
