@@ -15,8 +15,10 @@ use std::process::ExitCode;
 
 /// mimalloc instead of glibc's malloc: at 100k Services glibc spent most of the first sync
 /// consolidating freed chunks, and every thread's arena kept a read-back's worth of freed memory
-/// resident (BENCHMARKS.md). The `system-allocator` feature keeps glibc's, for heap profilers
-/// that watch malloc (heaptrack; scripts/profile.sh builds it so for its memory profiles).
+/// resident (BENCHMARKS.md). Its defaults are changed before it starts so that freed memory
+/// leaves the resident set at once (crates/kp-alloc). The `system-allocator` feature keeps
+/// glibc's, for heap profilers that watch malloc (heaptrack; scripts/profile.sh builds it so for
+/// its memory profiles).
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -36,6 +38,15 @@ fn main() -> ExitCode {
         }
     };
     logging::init(loaded.config.verbosity, loaded.config.logging_format);
+    #[cfg(not(feature = "system-allocator"))]
+    {
+        let alloc = kp_alloc::settings();
+        tracing::debug!(
+            arena_eager_commit = alloc.arena_eager_commit,
+            purge_delay_ms = alloc.purge_delay_ms,
+            "mimalloc settings (MIMALLOC_ARENA_EAGER_COMMIT and MIMALLOC_PURGE_DELAY change them)"
+        );
+    }
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
