@@ -27,6 +27,15 @@ pub const RANGE_DATA_SIZE: usize = 20;
 pub const CT_KEY_SIZE: usize = 40;
 /// Size of a connection-table value (`struct kp_ct_val`).
 pub const CT_VALUE_SIZE: usize = 40;
+/// Size of the socket hooks' affinity key (`struct kp_aff_key`: network namespace cookie (8),
+/// reverse-NAT id (2), padding).
+pub const AFFINITY_KEY_SIZE: usize = 16;
+/// Size of the tc path's affinity key (`struct kp_aff_out_key`: the client's address (16,
+/// IPv4-mapped), reverse-NAT id (2), padding).
+pub const AFFINITY_OUTSIDE_KEY_SIZE: usize = 20;
+/// Size of both affinity maps' value (`struct kp_aff_val`: backend id (4), slot (2), padding,
+/// last use in ns (8)).
+pub const AFFINITY_VALUE_SIZE: usize = 16;
 
 /// [`ServiceValue::flags`]: a frontend without backends drops (its Local policy has endpoints
 /// on other nodes only) instead of rejecting.

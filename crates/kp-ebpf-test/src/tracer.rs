@@ -7,8 +7,8 @@
 //! - `{destination, port, protocol, slot 0}` in the services map is a frontend: a count of 0
 //!   refuses (`ETIMEDOUT` with the drop flag, read as a drop; `ECONNREFUSED` without, a
 //!   reject); otherwise slots `1..=count` name the backends a connect may be sent to, each
-//!   equally likely, or the one the client's network namespace sticks to when the frontend has
-//!   an affinity timeout;
+//!   equally likely, or the one the client's network namespace (from outside the node, through
+//!   the tc path: its address) sticks to when the frontend has an affinity timeout;
 //! - a destination that is no frontend meets the address map's longest prefix: a ClusterIP
 //!   rejects, a Service CIDR drops, anything else passes untouched;
 //! - nothing rewrites a source: the backend sees the socket's own address, which for the node's
@@ -324,7 +324,8 @@ impl EbpfTracer {
     /// TCP and UDP only; the frontend's outside entry, else its socket one; source ranges
     /// (a miss drops); no backend drops (no reject is built in tc); what no frontend matches
     /// drops where the address map rejects or drops, and passes otherwise. Masqueraded unless
-    /// the entry keeps the source; no affinity from outside.
+    /// the entry keeps the source; the entry's affinity timeout sticks the client's address to
+    /// one of its backends (`kp_affinity_out`), as the socket hooks stick its namespace.
     pub fn trace_outside(&self, p: &Packet) -> Verdict {
         if p.protocol == Protocol::Sctp {
             return Verdict::Untouched;
@@ -367,7 +368,7 @@ impl EbpfTracer {
                     .map(|b| (b.ip, b.port))
                     .collect::<BTreeSet<_>>(),
                 masquerade: head.flags & FLAG_KEEP_SOURCE == 0,
-                affinity: None,
+                affinity: (head.affinity != 0).then_some(head.affinity),
             },
         }
     }

@@ -92,6 +92,17 @@ struct kp_aff_key {
 	__u16 pad[3];
 };
 
+/* ClientIP affinity from outside the node (the tc path): the client is the source address
+ * its packets arrive with (IPv4-mapped), as upstream keys it. A map of its own: the socket
+ * hooks' key has no room for an address, and a pinned kp_affinity keeps its key size. */
+struct kp_aff_out_key {
+	__u32 addr[4];
+	__u16 rev_nat;
+	__u16 pad;
+};
+
+/* Both affinity maps' value: the backend and the slot it was given in, and when the client
+ * last opened a connection to the frontend. */
 struct kp_aff_val {
 	__u32 backend_id;
 	__u16 slot;
@@ -176,6 +187,13 @@ struct {
 	__type(key, struct kp_aff_key);
 	__type(value, struct kp_aff_val);
 } kp_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct kp_aff_out_key);
+	__type(value, struct kp_aff_val);
+} kp_affinity_out SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);

@@ -74,15 +74,17 @@ static __always_inline enum verdict unmatched(const __u32 *addr)
 	return PASS;
 }
 
-/* The backend this client (its network namespace) was last given, while its affinity lasts and
- * the backend still holds the slot it was given in. Returns the slot, or 0. */
-static __always_inline __u16 sticky(struct kp_svc_key *key, const struct kp_svc_val *svc,
-				    struct kp_aff_key *aff, __u64 now)
+/* The backend this client was last given, while its affinity lasts and the backend still holds
+ * the slot it was given in: `aff` is its key in `map`, kp_affinity (the socket hooks: the
+ * client's network namespace) or kp_affinity_out (the tc path: its address). `key` is the
+ * frontend's slot-0 key, `svc` its value. Returns the slot, or 0. */
+static __always_inline __u16 sticky(void *map, struct kp_svc_key *key,
+				    const struct kp_svc_val *svc, const void *aff, __u64 now)
 {
 	struct kp_aff_val *a;
 	struct kp_svc_val *slot;
 
-	a = bpf_map_lookup_elem(&kp_affinity, aff);
+	a = bpf_map_lookup_elem(map, aff);
 	if (!a || a->slot == 0 || a->slot > svc->count)
 		return 0;
 	if (now - a->last_ns > (__u64)svc->affinity * 1000000000ULL)
@@ -124,7 +126,7 @@ static __always_inline struct kp_backend *pick(void *ctx, struct kp_svc_key *key
 		aff.netns = bpf_get_netns_cookie(ctx);
 		aff.rev_nat = svc->rev_nat;
 		now = bpf_ktime_get_ns();
-		n = sticky(key, svc, &aff, now);
+		n = sticky(&kp_affinity, key, svc, &aff, now);
 	}
 	if (n == 0)
 		n = (bpf_get_prandom_u32() % svc->count) + 1;

@@ -9,21 +9,25 @@
  * A new connection to a frontend looks up its outside scope entry first (a LoadBalancer with
  * source ranges, an externalTrafficPolicy Local frontend: local endpoints only, the client's
  * address kept), then the shared socket scope entry (everything else: masqueraded). Source
- * ranges are checked in kp_src_ranges (a miss drops). A backend is picked at random and the
- * choice is written to kp_ct twice: the client's tuple, so the flow's later packets follow it
- * (a new TCP SYN picks again), and the backend's reply tuple, so replies are given the
- * frontend back. Only a SYN starts a TCP connection here: a later packet of one kp_ct does not
- * hold (netfilter's, from before the mode started) goes to the stack untouched. Masquerading takes the address the kernel would send from towards the backend
- * (bpf_fib_lookup with BPF_FIB_LOOKUP_SRC) and keeps the client's port unless another
- * connection holds it (then a random one of 32768-60999).
+ * ranges are checked in kp_src_ranges (a miss drops). A backend is picked at random, or with
+ * ClientIP affinity (the entry's timeout) the one the client's address was last given by that
+ * entry (kp_affinity_out, keyed by {source address, the entry's rev_nat}) while the client
+ * comes back within the timeout and the backend holds its slot still; the choice is written to
+ * kp_ct twice: the client's tuple, so the flow's later packets follow it (a new TCP SYN picks
+ * again), and the backend's reply tuple, so replies are given the frontend back. Only a SYN
+ * starts a TCP connection here: a later packet of one kp_ct does not hold (netfilter's, from
+ * before the mode started) goes to the stack untouched. Masquerading takes the address the
+ * kernel would send from towards the backend (bpf_fib_lookup with BPF_FIB_LOOKUP_SRC) and
+ * keeps the client's port unless another connection holds it (then a random one of
+ * 32768-60999).
  *
  * Translated packets are sent on with bpf_redirect_neigh to the interface the FIB names: the
  * stack would refuse a packet arriving with one of the node's own addresses as its source
  * (a masqueraded request, or a reply given back the NodePort's address).
  *
  * Not done here: a frontend that upstream rejects (no endpoints, a ClusterIP's unknown port)
- * is dropped, as no TCP reset or ICMP error is built; ClientIP affinity is not applied to
- * outside clients; the TTL is not decremented. Needs Linux 6.8 (BPF_FIB_LOOKUP_SRC). */
+ * is dropped, as no TCP reset or ICMP error is built; the TTL is not decremented. Needs Linux
+ * 6.8 (BPF_FIB_LOOKUP_SRC). */
 
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -309,8 +313,11 @@ static __always_inline int outside(struct __sk_buff *skb)
 	struct kp_ct_key k;
 	struct kp_ct_val *held;
 	struct kp_ct_val fwd;
-	__u32 ifindex = 0;
-	__u16 rev_nat, n;
+	struct kp_aff_out_key aff;
+	struct kp_aff_val chosen;
+	__u64 now = 0;
+	__u32 ifindex = 0, affinity, backend_id;
+	__u16 rev_nat, n = 0;
 	int masquerade, rc;
 
 	__builtin_memset(&p, 0, sizeof(p));
@@ -353,12 +360,25 @@ static __always_inline int outside(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (svc->count == 0)
 		return TC_ACT_SHOT;
-	n = (bpf_get_prandom_u32() % svc->count) + 1;
+	/* ClientIP affinity: the client's address sticks to the backend it was last given from
+	 * this entry (its rev_nat: the outside entry's own where there is one) while it comes back
+	 * within the timeout and that backend still holds its slot. */
+	affinity = svc->affinity;
+	__builtin_memset(&aff, 0, sizeof(aff));
+	if (affinity) {
+		__builtin_memcpy(aff.addr, p.src, 16);
+		aff.rev_nat = rev_nat;
+		now = bpf_ktime_get_ns();
+		n = sticky(&kp_affinity_out, &key, svc, &aff, now);
+	}
+	if (n == 0)
+		n = (bpf_get_prandom_u32() % svc->count) + 1;
 	key.slot = n;
 	slot = bpf_map_lookup_elem(&kp_services, &key);
 	if (!slot)
 		return TC_ACT_SHOT;
-	be = bpf_map_lookup_elem(&kp_backends, &slot->backend_id);
+	backend_id = slot->backend_id;
+	be = bpf_map_lookup_elem(&kp_backends, &backend_id);
 	if (!be)
 		return TC_ACT_SHOT;
 	__builtin_memset(&fwd, 0, sizeof(fwd));
@@ -374,6 +394,14 @@ static __always_inline int outside(struct __sk_buff *skb)
 	}
 	if (claim(&fwd, &p, rev_nat, masquerade) < 0)
 		return TC_ACT_SHOT;
+	if (affinity) {
+		/* The choice, and this connection as the client's last use. */
+		__builtin_memset(&chosen, 0, sizeof(chosen));
+		chosen.backend_id = backend_id;
+		chosen.slot = n;
+		chosen.last_ns = now;
+		bpf_map_update_elem(&kp_affinity_out, &aff, &chosen, BPF_ANY);
+	}
 	bpf_map_update_elem(&kp_ct, &k, &fwd, BPF_ANY);
 	return translate(skb, &p, &fwd);
 }

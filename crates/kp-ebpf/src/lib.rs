@@ -87,16 +87,28 @@ pub mod names {
     pub const SK_REV: &str = "kp_sk_rev";
     /// Prefix → reject (a ClusterIP's other ports) or drop (a Service CIDR) (LPM trie).
     pub const ADDRS: &str = "kp_addrs";
-    /// `{client netns, frontend}` → the backend it sticks to (LRU), written by the programs.
+    /// `{client netns, frontend}` → the backend it sticks to (LRU), written by the socket
+    /// hooks.
     pub const AFFINITY: &str = "kp_affinity";
+    /// `{client address, frontend}` → the backend it sticks to (LRU), written by the tc path for
+    /// clients outside the node. Sized as [`AFFINITY`] (`MapSizes::affinity`).
+    pub const AFFINITY_OUTSIDE: &str = "kp_affinity_out";
     /// `{frontend id, source prefix}`: the sources a LoadBalancer frontend admits from outside
     /// (LPM trie).
     pub const SRC_RANGES: &str = "kp_src_ranges";
     /// The tc path's connection table (LRU), written by the programs.
     pub const CT: &str = "kp_ct";
     /// Every map, for pinning.
-    pub const ALL: [&str; 8] = [
-        SERVICES, BACKENDS, REV_NAT, SK_REV, ADDRS, AFFINITY, SRC_RANGES, CT,
+    pub const ALL: [&str; 9] = [
+        SERVICES,
+        BACKENDS,
+        REV_NAT,
+        SK_REV,
+        ADDRS,
+        AFFINITY,
+        AFFINITY_OUTSIDE,
+        SRC_RANGES,
+        CT,
     ];
 
     /// The pin name of the link that attaches `program` (one of [`super::SOCK_PROGRAMS`]).
@@ -237,7 +249,9 @@ pub struct MapSizes {
     pub sockets: u32,
     /// Address entries: one per ClusterIP and Service CIDR.
     pub addrs: u32,
-    /// Affinity entries (LRU): one per client network namespace and sticky frontend.
+    /// Affinity entries (LRU), of each of the two affinity maps: one per client network
+    /// namespace and sticky frontend (the socket hooks'), one per client address and sticky
+    /// frontend reached from outside the node (the tc path's).
     pub affinity: u32,
     /// Source-range entries: one per LoadBalancer frontend and source range.
     pub src_ranges: u32,
@@ -254,7 +268,7 @@ impl MapSizes {
             names::REV_NAT => self.rev_nat,
             names::SK_REV => self.sockets,
             names::ADDRS => self.addrs,
-            names::AFFINITY => self.affinity,
+            names::AFFINITY | names::AFFINITY_OUTSIDE => self.affinity,
             names::SRC_RANGES => self.src_ranges,
             names::CT => self.connections,
             _ => return None,
@@ -282,7 +296,14 @@ impl MapSizes {
                 names::REV_NAT => sizes.rev_nat = n,
                 names::SK_REV => sizes.sockets = n,
                 names::ADDRS => sizes.addrs = n,
+                // Both sized by one setting; the socket hooks' map (pinned by every version)
+                // decides when they differ.
                 names::AFFINITY => sizes.affinity = n,
+                names::AFFINITY_OUTSIDE => {
+                    if !dir.join(names::AFFINITY).exists() {
+                        sizes.affinity = n;
+                    }
+                }
                 names::SRC_RANGES => sizes.src_ranges = n,
                 _ => sizes.connections = n,
             }
@@ -456,6 +477,7 @@ impl SocketLb {
             .map_max_entries(names::SK_REV, sizes.sockets)
             .map_max_entries(names::ADDRS, sizes.addrs)
             .map_max_entries(names::AFFINITY, sizes.affinity)
+            .map_max_entries(names::AFFINITY_OUTSIDE, sizes.affinity)
             .map_max_entries(names::SRC_RANGES, sizes.src_ranges)
             .map_max_entries(names::CT, sizes.connections);
         if let Some(dir) = pin_dir {

@@ -167,6 +167,90 @@ fn without_its_affinity_timeout_the_sticky_service_fails() {
     assert!(names_row(&failures, "ClientIP affinity sticks"));
 }
 
+/// The affinity a verdict reports, `None` for anything but a DNAT.
+fn affinity_of(v: &Verdict) -> Option<u32> {
+    match v {
+        Verdict::Dnat { affinity, .. } => *affinity,
+        _ => None,
+    }
+}
+
+/// From outside the node the tc path sticks the client's address as the socket hooks stick its
+/// namespace: a packet from outside through a frontend with an affinity timeout reports it,
+/// taken from the entry the tc path uses (the outside-scope one where there is one).
+#[test]
+fn from_outside_a_sticky_frontend_reports_its_affinity_timeout() {
+    let mut tracer = fixture();
+    let from_client = |dst: &str, dport| Packet {
+        origin: Origin::External,
+        src: ip(kp_flows::CLIENT),
+        protocol: Protocol::Tcp,
+        dst: ip(dst),
+        dport,
+    };
+    // sticky's ClusterIP routed to the node (timeout 60 s): its socket-scope entry.
+    let sticky = from_client("10.96.0.30", 80);
+    let v = tracer.trace(&sticky);
+    assert!(
+        matches!(
+            v,
+            Verdict::Dnat {
+                masquerade: true,
+                ..
+            }
+        ),
+        "{v:?}"
+    );
+    assert_eq!(affinity_of(&v), Some(60), "{v:?}");
+    // web (no affinity) from outside reports none.
+    assert_eq!(
+        affinity_of(&tracer.trace(&from_client(kp_flows::NODE_IP, 30080))),
+        None
+    );
+
+    // The Local-policy NodePort (30070) has an outside-scope entry beside its socket one; the
+    // tc path reads the outside one's timeout only.
+    let local = from_client(kp_flows::NODE_IP, 30070);
+    let head = |scope| ServiceKey {
+        frontend: FrontendAddr {
+            ip: local.dst,
+            port: local.dport,
+            protocol: Protocol::Tcp,
+            scope,
+        },
+        slot: 0,
+    };
+    let outside = head(kp_ebpf_plan::Scope::Outside);
+    let socket = head(kp_ebpf_plan::Scope::Socket);
+    assert!(tracer.maps().services.contains_key(&outside));
+    assert_eq!(affinity_of(&tracer.trace(&local)), None);
+    tracer
+        .maps_mut()
+        .services
+        .get_mut(&socket)
+        .expect("socket entry")
+        .affinity = 30;
+    assert_eq!(affinity_of(&tracer.trace(&local)), None);
+    tracer
+        .maps_mut()
+        .services
+        .get_mut(&outside)
+        .expect("outside entry")
+        .affinity = 20;
+    let v = tracer.trace(&local);
+    assert!(
+        matches!(
+            v,
+            Verdict::Dnat {
+                masquerade: false,
+                ..
+            }
+        ),
+        "{v:?}"
+    );
+    assert_eq!(affinity_of(&v), Some(20), "{v:?}");
+}
+
 #[test]
 fn a_dangling_slot_is_a_problem_and_refuses_its_frontend() {
     let mut tracer = fixture();

@@ -1,0 +1,260 @@
+//! ClientIP affinity from outside the node, with real packets through the tc path.
+//!
+//! The fixture's `web` Service (NodePort 30080 on the node's address, three endpoints on the
+//! node: pod-1..3) in kp_test's one-node lab. The socket hooks go on a cgroup of the test's own
+//! (no client of this test is in it), the maps are pinned on a bpffs of its own, and
+//! `kp-tc-attach` attaches the tc programs inside the lab's node namespace only (`kp_tc_outside`
+//! on its uplink `eth0`, `kp_tc_reply` on the pod veths). Every connection comes from the lab's
+//! client namespace, which stands for another host:
+//!
+//! - without affinity, 12 new connections from one address spread over more than one endpoint
+//!   (so the rest of the test can fail);
+//! - with `sessionAffinity: ClientIP`, 12 new connections from one address reach one endpoint,
+//!   and 12 more later the same one; twelve client addresses stick each to one endpoint, not all
+//!   to the same, and `kp_affinity_out` holds one entry per address;
+//! - with a 1 s timeout, connections in quick succession still stick, and after the timeout
+//!   the client is given a new pick: over ten such rounds more than one endpoint answers.
+//!
+//! Everything (cgroup, bpffs and so the links, lab) goes on drop, also when an assertion fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::time::Duration;
+
+use aya::maps::{HashMap, Map, MapData, MapInfo};
+use kp_core::dataplane::Dataplane;
+use kp_core::node::NodePortAddresses;
+use kp_core::track::{Changes, Object, ProxyState, SourceEvent};
+use kp_ebpf::dataplane::{Config, EbpfDataplane};
+use kp_ebpf::{names, MapSizes};
+use kp_ebpf_plan::layout::{AFFINITY_KEY_SIZE, AFFINITY_OUTSIDE_KEY_SIZE, AFFINITY_VALUE_SIZE};
+use kp_test::echo::{Outcome, Proto, Request};
+use kp_test::lab::{Lab, CLIENT_ALIASES, CLIENT_IP, NODE_IP};
+use kp_test::netns::require_root;
+
+mod common;
+use common::{Bpffs, Cgroup};
+
+/// `web`'s NodePort.
+const NODE_PORT: u16 = 30080;
+/// New connections per client in a batch.
+const CONNECTIONS: usize = 12;
+
+/// The fixture's `web` Service, with `sessionAffinity: ClientIP` and `timeout` seconds.
+fn web_with_affinity(timeout: u32) -> Object {
+    let web = kp_flows::fixture::objects()
+        .into_iter()
+        .find(|o| matches!(o, Object::Service(s) if s.metadata.name.as_deref() == Some("web")))
+        .expect("the fixture's web Service");
+    let mut manifest = kp_flows::fixture::manifest(&web);
+    manifest["spec"]["sessionAffinity"] = "ClientIP".into();
+    manifest["spec"]["sessionAffinityConfig"] =
+        serde_json::json!({"clientIP": {"timeoutSeconds": timeout}});
+    Object::Service(Box::new(
+        serde_json::from_value(manifest).expect("web with affinity"),
+    ))
+}
+
+/// Applies `object` to `state` and syncs the changed Service (a partial sync), checking that the
+/// maps are then as planned.
+fn update(dp: &mut EbpfDataplane, state: &mut ProxyState, object: Object) {
+    state
+        .apply(SourceEvent::Upsert(object))
+        .expect("Service update");
+    let changes = state.take_changes();
+    dp.sync(state, &changes, false).expect("partial sync");
+    assert_eq!(dp.verify().expect("verify"), Vec::<String>::new());
+}
+
+/// `count` new TCP connections from `src` (an address of the lab's client) to the NodePort: the
+/// endpoint each reached. Every one must be answered.
+fn connect(lab: &Lab, src: Ipv4Addr, count: usize) -> Vec<String> {
+    let req = Request::new(Proto::Tcp, NODE_IP.into(), NODE_PORT)
+        .src_ip(src.into())
+        .count(count);
+    let outcomes = lab.send(lab.client(), &req);
+    outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::Answered { backend, .. } => backend.clone(),
+            other => panic!("a connection from {src} was not answered ({other}): {outcomes:?}"),
+        })
+        .collect()
+}
+
+/// The distinct endpoints in `answers`.
+fn distinct(answers: &[String]) -> BTreeSet<&str> {
+    answers.iter().map(String::as_str).collect()
+}
+
+/// The client addresses `kp_affinity_out` (pinned in `dir`) holds entries for.
+fn outside_affinity_clients(dir: &Path) -> BTreeSet<IpAddr> {
+    let data = MapData::from_pin(dir.join(names::AFFINITY_OUTSIDE)).expect("open the pin");
+    let map: HashMap<MapData, [u8; AFFINITY_OUTSIDE_KEY_SIZE], [u8; AFFINITY_VALUE_SIZE]> =
+        HashMap::try_from(Map::from_map_data(data).expect("map")).expect("a hash map");
+    map.keys()
+        .map(|k| {
+            let k = k.expect("read a key");
+            let addr: [u8; 16] = k[..16].try_into().expect("16 bytes");
+            let v6 = std::net::Ipv6Addr::from(addr);
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn client_ip_affinity_sticks_an_outside_client_to_one_endpoint_through_the_tc_path() {
+    if !require_root() {
+        return;
+    }
+    let lab = Lab::new(4).expect("lab");
+    let _pods: Vec<_> = (1..=3)
+        .map(|i| {
+            lab.serve_echo(i, &[kp_flows::TCP_PORT], &[])
+                .expect("echo server")
+        })
+        .collect();
+    let cgroup = Cgroup::new();
+    let bpffs = Bpffs::new();
+    let sizes = MapSizes {
+        affinity: 1024,
+        ..MapSizes::default()
+    };
+    let mut dp = EbpfDataplane::new(Config {
+        cgroup: cgroup.path.clone(),
+        pin_dir: Some(bpffs.path.clone()),
+        sizes,
+        nat_hooks: None,
+        node_ports: NodePortAddresses::Primary,
+        // Not in this process's namespace (the machine's own): in the lab node's, below.
+        tc: None,
+        events: Default::default(),
+    });
+    dp.start().expect("load and attach");
+    let mut state = kp_flows::fixture::state();
+    dp.sync(&state, &Changes::default(), true)
+        .expect("full sync");
+
+    // Both affinity maps are pinned, sized by the one setting, with maps.h's layout as
+    // kp-ebpf-plan's layout.rs states it.
+    for (name, key) in [
+        (names::AFFINITY, AFFINITY_KEY_SIZE),
+        (names::AFFINITY_OUTSIDE, AFFINITY_OUTSIDE_KEY_SIZE),
+    ] {
+        let info = MapInfo::from_pin(bpffs.path.join(name)).expect("pinned affinity map");
+        assert_eq!(
+            (info.key_size(), info.value_size(), info.max_entries()),
+            (key as u32, AFFINITY_VALUE_SIZE as u32, 1024),
+            "{name}"
+        );
+    }
+
+    // kp-tc-attach in the lab's node namespace, over the pinned maps.
+    let replies: Vec<String> = (0..lab.pod_count()).map(|i| format!("veth{i}")).collect();
+    let out = lab
+        .node()
+        .run(&[
+            env!("CARGO_BIN_EXE_kp-tc-attach"),
+            &bpffs.path.to_string_lossy(),
+            "eth0",
+            &replies.join(","),
+        ])
+        .expect("kp-tc-attach in the lab's node namespace");
+    assert_eq!(out.trim(), format!("attached {}", replies.len() + 1));
+
+    // Without affinity, one client's new connections spread (all on one of three endpoints:
+    // 3 × 3^-12, about 1 in 177000).
+    let spread = connect(&lab, CLIENT_IP, CONNECTIONS);
+    assert!(
+        distinct(&spread).len() > 1,
+        "without affinity every connection reached one endpoint: {:?}",
+        tally_of(&spread)
+    );
+    assert!(outside_affinity_clients(&bpffs.path).is_empty());
+
+    // With ClientIP affinity, one endpoint per client address.
+    update(&mut dp, &mut state, web_with_affinity(60));
+    let first = connect(&lab, CLIENT_IP, CONNECTIONS);
+    assert_eq!(
+        distinct(&first).len(),
+        1,
+        "with affinity one client reached several endpoints: {:?}",
+        tally_of(&first)
+    );
+    let again = connect(&lab, CLIENT_IP, CONNECTIONS);
+    assert_eq!(
+        distinct(&again),
+        distinct(&first),
+        "a later batch went elsewhere: {:?}",
+        tally_of(&again)
+    );
+
+    // Other client addresses: each sticks to its own pick. Twelve addresses all given the same
+    // endpoint would be 3^-11.
+    for i in 0..8u8 {
+        lab.client()
+            .add_addr("eth0", &format!("192.0.2.{}/24", 100 + i))
+            .expect("client address");
+    }
+    let clients: Vec<Ipv4Addr> = std::iter::once(CLIENT_IP)
+        .chain(CLIENT_ALIASES)
+        .chain((0..8u8).map(|i| Ipv4Addr::new(192, 0, 2, 100 + i)))
+        .collect();
+    let mut picks = BTreeSet::new();
+    for &client in &clients {
+        let answers = connect(&lab, client, 4);
+        let endpoints = distinct(&answers);
+        assert_eq!(
+            endpoints.len(),
+            1,
+            "{client} reached several endpoints: {:?}",
+            tally_of(&answers)
+        );
+        picks.extend(endpoints.into_iter().map(str::to_string));
+    }
+    assert!(
+        picks.len() > 1,
+        "{} client addresses all stuck to {picks:?}: the key is not the address",
+        clients.len()
+    );
+    let held = outside_affinity_clients(&bpffs.path);
+    let want: BTreeSet<IpAddr> = clients.iter().map(|&c| IpAddr::V4(c)).collect();
+    assert_eq!(held, want, "kp_affinity_out");
+
+    // A 1 s timeout: quick connections still stick, one after the timeout may move.
+    update(&mut dp, &mut state, web_with_affinity(1));
+    let mut rounds = BTreeSet::new();
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(1300));
+        let answers = connect(&lab, CLIENT_IP, 3);
+        let endpoints = distinct(&answers);
+        assert_eq!(
+            endpoints.len(),
+            1,
+            "within the timeout the client moved: {:?}",
+            tally_of(&answers)
+        );
+        rounds.extend(endpoints.into_iter().map(str::to_string));
+    }
+    assert!(
+        rounds.len() > 1,
+        "after each timeout the client was given {rounds:?} again and again"
+    );
+
+    dp.cleanup().expect("cleanup");
+    for name in names::ALL {
+        assert!(!bpffs.path.join(name).exists(), "{name} still pinned");
+    }
+    assert!(!bpffs.path.join(names::tc_link("eth0")).exists());
+}
+
+/// Answers counted by endpoint, for messages.
+fn tally_of(answers: &[String]) -> BTreeMap<&str, usize> {
+    let mut counts = BTreeMap::new();
+    for a in answers {
+        *counts.entry(a.as_str()).or_insert(0) += 1;
+    }
+    counts
+}
