@@ -270,8 +270,8 @@ fn maps_pinned_under_bpffs_survive_the_loader_and_are_adopted_by_the_next() {
     assert!(err.to_string().contains(kp_ebpf::names::SERVICES), "{err}");
 }
 
-/// The compat object, for kernels before 5.18, passes the verifier here too and refuses with
-/// EPERM where the default one gives ECONNREFUSED or ETIMEDOUT.
+/// The compat object, for kernels before 5.18, passes the verifier here too (its tc programs
+/// as well) and refuses with EPERM where the default one gives ECONNREFUSED or ETIMEDOUT.
 #[test]
 #[ignore = "needs root"]
 fn the_compat_object_refuses_with_eperm() {
@@ -282,6 +282,11 @@ fn the_compat_object_refuses_with_eperm() {
     let cgroup = Cgroup::new();
     let mut lb = SocketLb::load_as(Refusal::Eperm, MapSizes::default(), None).expect("load");
     assert_eq!(lb.refusal(), Refusal::Eperm);
+    // With no interface named, attach_tc only loads the tc programs: the verifier runs.
+    assert_eq!(
+        lb.attach_tc(&[], &[]).expect("the compat tc programs load"),
+        0
+    );
     lb.attach(&cgroup.path).expect("attach");
     let mut planner = Planner::new();
     let ops = planner
