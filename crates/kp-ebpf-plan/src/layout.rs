@@ -36,6 +36,14 @@ pub const AFFINITY_OUTSIDE_KEY_SIZE: usize = 20;
 /// Size of both affinity maps' value (`struct kp_aff_val`: backend id (4), slot (2), padding,
 /// last use in ns (8)).
 pub const AFFINITY_VALUE_SIZE: usize = 16;
+/// Entries of a Maglev lookup table (`KP_MAGLEV_M` in maps.h), a prime: every skip of a
+/// backend's permutation (1..M) is then coprime with it, so each permutation visits every
+/// entry. 1021 is about 100 entries per backend for 10 backends, where the tables stay within
+/// one entry of an even share (the fill is round robin) and a change of one backend moves few
+/// other clients; a table is 2 KiB (its slots are `u16`), only for frontends under `sh`/`mh`.
+pub const MAGLEV_M: usize = 1021;
+/// Size of a Maglev map value (`struct kp_maglev_val`): [`MAGLEV_M`] slots of 2 bytes.
+pub const MAGLEV_VALUE_SIZE: usize = 2 * MAGLEV_M;
 
 /// [`ServiceValue::flags`]: a frontend without backends drops (its Local policy has endpoints
 /// on other nodes only) instead of rejecting.
@@ -46,6 +54,10 @@ pub const FLAG_KEEP_SOURCE: u8 = 0x2;
 /// [`ServiceValue::flags`]: from outside the node, only sources inside the frontend's
 /// source ranges (the source-range map under its reverse-NAT id) are served; others drop.
 pub const FLAG_SRC_RANGES: u8 = 0x4;
+/// [`ServiceValue::flags`]: a new connection's backend is the one the frontend's Maglev table
+/// (the Maglev map under its reverse-NAT id) gives the client's hash ([`client_hash`]): the
+/// `sh` and `mh` schedulers. Without it (or without the table), a random slot.
+pub const FLAG_MAGLEV: u8 = 0x8;
 
 /// Which traffic a services map entry serves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -393,4 +405,106 @@ impl RevNat {
             port: u16::from_be_bytes(take(b, 16)?),
         })
     }
+}
+
+/// A frontend's Maglev lookup table as the Maglev map holds it (key: the frontend's `u16`
+/// reverse-NAT id, host order): for each of the [`MAGLEV_M`] entries, a backend slot of the
+/// frontend (1..=count). The planner fills it from the backends' names, so it depends only on
+/// the frontend's set of backends; slots encode it, as the programs then reach the backend
+/// (and record ClientIP affinity) exactly as for a random pick.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MaglevTable(Box<[u16]>);
+
+impl MaglevTable {
+    /// A table of these slots; `None` unless there are [`MAGLEV_M`] of them, none 0.
+    pub fn new(slots: Vec<u16>) -> Option<MaglevTable> {
+        (slots.len() == MAGLEV_M && !slots.contains(&0)).then(|| MaglevTable(slots.into()))
+    }
+
+    /// The slots, entry by entry.
+    pub fn slots(&self) -> &[u16] {
+        &self.0
+    }
+
+    /// The slot a client of hash `hash` ([`client_hash`]) is given: entry `hash % M`.
+    pub fn slot_for(&self, hash: u32) -> u16 {
+        self.0[maglev_index(hash)]
+    }
+
+    /// The value's bytes: each slot (2, host order).
+    pub fn to_bytes(&self) -> [u8; MAGLEV_VALUE_SIZE] {
+        let mut b = [0u8; MAGLEV_VALUE_SIZE];
+        for (chunk, slot) in b.chunks_exact_mut(2).zip(self.0.iter()) {
+            chunk.copy_from_slice(&slot.to_ne_bytes());
+        }
+        b
+    }
+
+    /// Reads a value back; `None` for bytes this layout never writes (a slot 0).
+    pub fn from_bytes(b: &[u8]) -> Option<MaglevTable> {
+        if b.len() != MAGLEV_VALUE_SIZE {
+            return None;
+        }
+        MaglevTable::new(
+            b.chunks_exact(2)
+                .map(|c| u16::from_ne_bytes([c[0], c[1]]))
+                .collect(),
+        )
+    }
+
+    /// How many entries each slot holds, by slot.
+    pub fn shares(&self) -> std::collections::BTreeMap<u16, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for s in self.0.iter() {
+            *out.entry(*s).or_insert(0) += 1;
+        }
+        out
+    }
+}
+
+/// Short: the share of each slot, not 1021 numbers.
+impl std::fmt::Debug for MaglevTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MaglevTable(entries by slot {:?})", self.shares())
+    }
+}
+
+/// The Maglev entry a client hash selects (`hash % KP_MAGLEV_M`, as the programs compute it).
+pub fn maglev_index(hash: u32) -> usize {
+    // u32 into usize: lossless on the 32- and 64-bit targets this runs on.
+    (hash % MAGLEV_M as u32) as usize
+}
+
+/// The programs' hash of a client (`client_hash` in sock.c): four 32-bit words, each mixed in
+/// with MurmurHash3's 32-bit finalizer. The contract between the programs and whoever predicts
+/// their pick (the tracer, tests).
+pub fn client_hash(words: [u32; 4]) -> u32 {
+    fn mix(mut h: u32) -> u32 {
+        h ^= h >> 16;
+        h = h.wrapping_mul(0x85eb_ca6b);
+        h ^= h >> 13;
+        h = h.wrapping_mul(0xc2b2_ae35);
+        h ^= h >> 16;
+        h
+    }
+    words.iter().fold(CLIENT_HASH_SEED, |h, w| mix(h ^ w))
+}
+
+/// The seed of [`client_hash`] (`KP_HASH_SEED` in sock.c).
+pub const CLIENT_HASH_SEED: u32 = 0x9e37_79b9;
+
+/// The hash of a client outside the node, by its packets' source address (the tc path; as IPVS
+/// `sh` hashes the source address): the 16 map bytes (IPv4-mapped) as four words in the
+/// machine's order, as the program holds them.
+pub fn address_hash(ip: IpAddr) -> u32 {
+    let b = addr_bytes(ip);
+    let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    client_hash([word(0), word(4), word(8), word(12)])
+}
+
+/// The hash of a client of the socket hooks, by its network namespace's cookie (the key of its
+/// ClientIP affinity too): the low and the high 32 bits, then two zero words.
+pub fn netns_hash(cookie: u64) -> u32 {
+    // Truncations meant: the cookie's two halves.
+    client_hash([cookie as u32, (cookie >> 32) as u32, 0, 0])
 }

@@ -7,7 +7,9 @@
 //! - **reverse NAT**: frontend id → `{address, port}`, what a reply is given back as;
 //! - **addresses** (an LPM trie): what a call to an address no frontend matched meets — a
 //!   ClusterIP refuses its other ports and protocols, a Service CIDR drops what no Service
-//!   holds (upstream nftables' `cluster-ips-check` and unallocated-ClusterIP drop).
+//!   holds (upstream nftables' `cluster-ips-check` and unallocated-ClusterIP drop);
+//! - **Maglev** (with [`Scheduler::Maglev`], the `sh` and `mh` schedulers): frontend id → its
+//!   lookup table ([`maglev`]), the slot each client hash is given.
 //!
 //! [`frontend_specs`] turns one Service port's [`Frontends`] into the frontends these maps
 //! hold; [`Planner`] keeps the ids and slot orders it handed out and returns, for each
@@ -24,6 +26,7 @@
 //! Pure: no I/O, no clock.
 
 pub mod layout;
+pub mod maglev;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -34,9 +37,10 @@ use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::ProxyState;
 
 pub use layout::{
-    AddrKey, AddrVerdict, Backend, FrontendAddr, RangeKey, RevNat, Scope, ServiceKey, ServiceValue,
-    FLAG_DROP_EMPTY, FLAG_KEEP_SOURCE, FLAG_SRC_RANGES,
+    AddrKey, AddrVerdict, Backend, FrontendAddr, MaglevTable, RangeKey, RevNat, Scope, ServiceKey,
+    ServiceValue, FLAG_DROP_EMPTY, FLAG_KEEP_SOURCE, FLAG_MAGLEV, FLAG_SRC_RANGES,
 };
+pub use maglev::Scheduler;
 
 /// What the planner refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -257,8 +261,19 @@ pub fn plan_state(
     node_ports: &NodePortAddresses,
     local: &[IpAddr],
 ) -> Result<Planner, Error> {
+    plan_state_with(state, node_ports, local, Scheduler::Random)
+}
+
+/// [`plan_state`] for the programs' pick `scheduler` (with [`Scheduler::Maglev`], every
+/// frontend with backends has a Maglev table).
+pub fn plan_state_with(
+    state: &ProxyState,
+    node_ports: &NodePortAddresses,
+    local: &[IpAddr],
+    scheduler: Scheduler,
+) -> Result<Planner, Error> {
     let node_addresses = node_port_addresses(node_ports, state, local);
-    let mut planner = Planner::new();
+    let mut planner = Planner::with_scheduler(scheduler);
     for service in state.service_keys() {
         planner.set_service(service, &service_specs(state, service, &node_addresses))?;
     }
@@ -288,6 +303,10 @@ pub enum Op {
     DeleteAddr(AddrKey),
     /// Delete a services entry.
     DeleteService(ServiceKey),
+    /// Write a frontend's Maglev table (by its reverse-NAT id).
+    UpsertMaglev(u16, MaglevTable),
+    /// Delete a frontend's Maglev table.
+    DeleteMaglev(u16),
     /// Delete a reverse-NAT entry.
     DeleteRevNat(u16),
     /// Delete a backend.
@@ -298,7 +317,10 @@ impl Op {
     /// Where this kind of operation goes in a batch: new backends and frontend ids first, so
     /// no slot ever points at a missing backend; backend slots before the count that makes
     /// them reachable; the count (or, for a frontend that goes, its slot 0) before the slots
-    /// it stops covering are deleted; backends last, once no slot points at them.
+    /// it stops covering are deleted; backends last, once no slot points at them. A Maglev
+    /// table is written after the slots it names and before the count and flag that make it
+    /// used, and deleted after them: while a count and its table disagree (a backend added),
+    /// the programs take a table slot beyond the count for none and pick at random.
     fn rank(&self) -> u8 {
         match self {
             Op::UpsertBackend(..) => 0,
@@ -307,16 +329,18 @@ impl Op {
             // deleted once it is gone.
             Op::UpsertRange(..) => 2,
             Op::UpsertService(k, _) if k.slot != 0 => 3,
-            Op::UpsertService(..) => 4,
+            Op::UpsertMaglev(..) => 4,
+            Op::UpsertService(..) => 5,
             // Address entries only act where no frontend matches: after the frontends come,
             // before they go.
-            Op::UpsertAddr(..) => 5,
-            Op::DeleteAddr(..) => 6,
-            Op::DeleteService(k) if k.slot == 0 => 7,
-            Op::DeleteService(..) => 8,
-            Op::DeleteRange(..) => 9,
-            Op::DeleteRevNat(..) => 10,
-            Op::DeleteBackend(..) => 11,
+            Op::UpsertAddr(..) => 6,
+            Op::DeleteAddr(..) => 7,
+            Op::DeleteService(k) if k.slot == 0 => 8,
+            Op::DeleteService(..) => 9,
+            Op::DeleteMaglev(..) => 10,
+            Op::DeleteRange(..) => 11,
+            Op::DeleteRevNat(..) => 12,
+            Op::DeleteBackend(..) => 13,
         }
     }
 }
@@ -333,6 +357,11 @@ struct Programmed {
 }
 
 impl Programmed {
+    /// Whether the frontend has a Maglev table ([`FLAG_MAGLEV`]).
+    fn maglev(&self) -> bool {
+        self.flags & FLAG_MAGLEV != 0
+    }
+
     fn head(&self) -> ServiceValue {
         ServiceValue {
             backend_id: 0,
@@ -357,6 +386,8 @@ pub struct Contents {
     pub addrs: BTreeMap<AddrKey, AddrVerdict>,
     /// Source-range map entries.
     pub ranges: BTreeSet<RangeKey>,
+    /// Maglev map entries, by reverse-NAT id.
+    pub maglev: BTreeMap<u16, MaglevTable>,
 }
 
 impl Contents {
@@ -392,6 +423,12 @@ impl Contents {
             }
             Op::DeleteBackend(id) => {
                 self.backends.remove(id);
+            }
+            Op::UpsertMaglev(id, t) => {
+                self.maglev.insert(*id, t.clone());
+            }
+            Op::DeleteMaglev(id) => {
+                self.maglev.remove(id);
             }
         }
     }
@@ -429,16 +466,48 @@ pub struct Planner {
     ip_refs: HashMap<IpAddr, usize>,
     /// The Service CIDRs.
     cidrs: BTreeSet<AddrKey>,
+    /// How the programs pick a backend: with [`Scheduler::Maglev`], frontends get tables.
+    scheduler: Scheduler,
 }
 
 impl Planner {
-    /// A planner for empty maps.
+    /// A planner for empty maps, whose programs pick backends at random.
     pub fn new() -> Planner {
+        Planner::with_scheduler(Scheduler::Random)
+    }
+
+    /// A planner for empty maps whose programs pick as `scheduler` says.
+    pub fn with_scheduler(scheduler: Scheduler) -> Planner {
         Planner {
             next_backend: 1,
             next_rev_nat: 1,
+            scheduler,
             ..Planner::default()
         }
+    }
+
+    /// How the programs pick.
+    pub fn scheduler(&self) -> Scheduler {
+        self.scheduler
+    }
+
+    /// The Maglev table over the backends in `slots` (ids by slot, each programmed): for each
+    /// entry, the slot of the backend [`maglev::table`] names there. `None` where the frontend
+    /// has none (no backends, or more than the table has entries).
+    fn maglev_table(&self, slots: &[u32]) -> Option<MaglevTable> {
+        let backends: Vec<Backend> = slots
+            .iter()
+            .map(|id| self.backends.get(id).copied())
+            .collect::<Option<_>>()?;
+        let entries = maglev::table(&backends);
+        MaglevTable::new(
+            entries
+                .into_iter()
+                // Slot numbers fit: a frontend has at most u16::MAX backends, and a table
+                // at most MAGLEV_M.
+                .map(|i| u16::try_from(i + 1).unwrap_or(0))
+                .collect(),
+        )
     }
 
     /// Makes `service`'s frontends `specs` (every port and family of the Service; empty once
@@ -696,6 +765,34 @@ impl Planner {
         if spec.source_ranges.is_some() {
             flags |= FLAG_SRC_RANGES;
         }
+        // The table follows the set of backends, which slots encode: it is computed again only
+        // when they change (one update for the frontend, whatever else moved).
+        let had_table = self
+            .frontends
+            .get(&spec.addr)
+            .is_some_and(Programmed::maglev);
+        let table = match self.scheduler {
+            Scheduler::Maglev if !had_table || old_slots != new_slots => {
+                self.maglev_table(&new_slots)
+            }
+            _ => None,
+        };
+        let has_table = match (&table, self.scheduler) {
+            (Some(t), _) => {
+                ops.push(Op::UpsertMaglev(rev_nat, t.clone()));
+                true
+            }
+            (None, Scheduler::Maglev) if had_table && old_slots == new_slots => true,
+            _ => {
+                if had_table {
+                    ops.push(Op::DeleteMaglev(rev_nat));
+                }
+                false
+            }
+        };
+        if has_table {
+            flags |= FLAG_MAGLEV;
+        }
         let programmed = Programmed {
             rev_nat,
             slots: new_slots,
@@ -733,6 +830,9 @@ impl Planner {
                 rev_nat: p.rev_nat,
                 prefix: *r,
             }));
+        }
+        if p.maglev() {
+            ops.push(Op::DeleteMaglev(p.rev_nat));
         }
         self.rev_nat_used.remove(&p.rev_nat);
         // Not reusable in this batch: its delete is sorted after every write.
@@ -829,6 +929,11 @@ impl Planner {
                 rev_nat: p.rev_nat,
                 prefix: *r,
             }));
+            if p.maglev() {
+                if let Some(t) = self.maglev_table(&p.slots) {
+                    c.maglev.insert(p.rev_nat, t);
+                }
+            }
             for (i, id) in p.slots.iter().enumerate() {
                 c.services.insert(
                     ServiceKey {
@@ -875,6 +980,17 @@ pub fn diff(have: &Contents, want: &Contents) -> Vec<Op> {
             ops.push(Op::UpsertAddr(*k, *v));
         }
     }
+    for (id, t) in &want.maglev {
+        if have.maglev.get(id) != Some(t) {
+            ops.push(Op::UpsertMaglev(*id, t.clone()));
+        }
+    }
+    ops.extend(
+        have.maglev
+            .keys()
+            .filter(|k| !want.maglev.contains_key(k))
+            .map(|k| Op::DeleteMaglev(*k)),
+    );
     ops.extend(
         want.ranges
             .difference(&have.ranges)

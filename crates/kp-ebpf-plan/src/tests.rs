@@ -913,3 +913,283 @@ fn two_specs_for_one_address_in_one_call_leave_the_last_one_whole() {
         assert_eq!(backends_of(&maps, vip), want);
     }
 }
+
+/// The backends a frontend's Maglev table names, entry by entry (through its slots), checking
+/// that every entry is a slot within the count.
+fn maglev_backends(maps: &Contents, addr: FrontendAddr) -> Vec<Backend> {
+    let head = maps.services[&ServiceKey {
+        frontend: addr,
+        slot: 0,
+    }];
+    assert_ne!(
+        head.flags & FLAG_MAGLEV,
+        0,
+        "{addr:?} is not flagged Maglev"
+    );
+    let table = &maps.maglev[&head.rev_nat];
+    table
+        .slots()
+        .iter()
+        .map(|&slot| {
+            assert!(
+                (1..=head.count).contains(&slot),
+                "{addr:?}: slot {slot} of {}",
+                head.count
+            );
+            maps.backends[&maps.services[&ServiceKey {
+                frontend: addr,
+                slot,
+            }]
+                .backend_id]
+        })
+        .collect()
+}
+
+fn addresses(n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("10.244.1.{i}")).collect()
+}
+
+#[test]
+fn with_maglev_each_frontend_with_backends_has_a_table_of_its_backends() {
+    let mut planner = Planner::with_scheduler(Scheduler::Maglev);
+    let mut maps = Contents::default();
+    let names = addresses(5);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let ops = planner
+        .set_service(
+            &svc("a"),
+            &[spec("10.96.0.1", &refs), spec("10.96.0.2", &[])],
+        )
+        .expect("plan");
+    apply(&mut maps, &ops);
+    assert_eq!(maps, planner.contents());
+    let named = maglev_backends(&maps, frontend("10.96.0.1", 80));
+    assert_eq!(named.len(), layout::MAGLEV_M);
+    let set: BTreeSet<Backend> = named.iter().copied().collect();
+    assert_eq!(set, backends_of(&maps, frontend("10.96.0.1", 80)));
+    // Without backends: no table, no flag.
+    assert_eq!(maps.maglev.len(), 1);
+    let empty = maps.services[&ServiceKey {
+        frontend: frontend("10.96.0.2", 80),
+        slot: 0,
+    }];
+    assert_eq!(empty.flags & FLAG_MAGLEV, 0);
+
+    // A random planner writes none.
+    let mut random = Planner::new();
+    let ops = random
+        .set_service(&svc("a"), &[spec("10.96.0.1", &refs)])
+        .expect("plan");
+    assert!(!ops
+        .iter()
+        .any(|op| matches!(op, Op::UpsertMaglev(..) | Op::DeleteMaglev(..))));
+    assert!(random.contents().maglev.is_empty());
+}
+
+#[test]
+fn with_maglev_a_one_endpoint_change_rewrites_that_frontends_table_only() {
+    let mut planner = Planner::with_scheduler(Scheduler::Maglev);
+    let mut maps = Contents::default();
+    let names = addresses(10);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let other = ["10.244.2.1", "10.244.2.2"];
+    apply(
+        &mut maps,
+        &planner
+            .set_service(&svc("a"), &[spec("10.96.0.1", &refs)])
+            .expect("plan"),
+    );
+    apply(
+        &mut maps,
+        &planner
+            .set_service(&svc("b"), &[spec("10.96.0.2", &other)])
+            .expect("plan"),
+    );
+    let before = maglev_backends(&maps, frontend("10.96.0.1", 80));
+    let untouched = maps.maglev.clone();
+
+    // One endpoint leaves: its slot is refilled, and one table update follows.
+    let fewer: Vec<&str> = refs
+        .iter()
+        .copied()
+        .filter(|b| *b != "10.244.1.4")
+        .collect();
+    let ops = planner
+        .set_service(&svc("a"), &[spec("10.96.0.1", &fewer)])
+        .expect("plan");
+    let tables: Vec<&Op> = ops
+        .iter()
+        .filter(|op| matches!(op, Op::UpsertMaglev(..) | Op::DeleteMaglev(..)))
+        .collect();
+    assert_eq!(tables.len(), 1, "{ops:?}");
+    apply(&mut maps, &ops);
+    assert_eq!(maps, planner.contents());
+    let after = maglev_backends(&maps, frontend("10.96.0.1", 80));
+    let gone = backend("10.244.1.4");
+    assert!(!after.contains(&gone));
+    let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+    let own = before.iter().filter(|b| **b == gone).count();
+    assert!(
+        moved >= own && moved < 2 * layout::MAGLEV_M / 10,
+        "{moved}, own {own}"
+    );
+    // The other frontend's table is as it was.
+    let b_rev = maps.services[&ServiceKey {
+        frontend: frontend("10.96.0.2", 80),
+        slot: 0,
+    }]
+        .rev_nat;
+    assert_eq!(maps.maglev[&b_rev], untouched[&b_rev]);
+
+    // A change that keeps the backends writes no table.
+    let mut sticky = spec("10.96.0.1", &fewer);
+    sticky.affinity = Some(60);
+    let ops = planner.set_service(&svc("a"), &[sticky]).expect("plan");
+    assert!(
+        !ops.iter().any(|op| matches!(op, Op::UpsertMaglev(..))),
+        "{ops:?}"
+    );
+    apply(&mut maps, &ops);
+
+    // The last endpoints leave: the table goes with the flag; the Service goes: so does b's.
+    let ops = planner
+        .set_service(&svc("a"), &[spec("10.96.0.1", &[])])
+        .expect("plan");
+    assert!(ops.iter().any(|op| matches!(op, Op::DeleteMaglev(..))));
+    apply(&mut maps, &ops);
+    assert_eq!(maps.maglev.len(), 1);
+    apply(
+        &mut maps,
+        &planner.set_service(&svc("b"), &[]).expect("plan"),
+    );
+    assert!(maps.maglev.is_empty());
+    assert_eq!(maps, planner.contents());
+}
+
+#[test]
+fn a_maglev_table_is_the_same_whatever_the_ids_and_order_of_its_backends() {
+    let names = addresses(6);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut first = Planner::with_scheduler(Scheduler::Maglev);
+    let mut first_maps = Contents::default();
+    apply(
+        &mut first_maps,
+        &first
+            .set_service(&svc("a"), &[spec("10.96.0.1", &refs)])
+            .expect("plan"),
+    );
+    // Another planner that handed out other ids first, and lists the backends reversed.
+    let mut second = Planner::with_scheduler(Scheduler::Maglev);
+    let mut second_maps = Contents::default();
+    apply(
+        &mut second_maps,
+        &second
+            .set_service(
+                &svc("z"),
+                &[spec("10.96.0.9", &["10.244.9.1", "10.244.9.2"])],
+            )
+            .expect("plan"),
+    );
+    let reversed: Vec<&str> = refs.iter().rev().copied().collect();
+    apply(
+        &mut second_maps,
+        &second
+            .set_service(&svc("a"), &[spec("10.96.0.1", &reversed)])
+            .expect("plan"),
+    );
+    let id = |maps: &Contents| {
+        maps.services[&ServiceKey {
+            frontend: frontend("10.96.0.1", 80),
+            slot: 1,
+        }]
+            .backend_id
+    };
+    assert_ne!(id(&first_maps), id(&second_maps), "the ids should differ");
+    assert_eq!(
+        maglev_backends(&first_maps, frontend("10.96.0.1", 80)),
+        maglev_backends(&second_maps, frontend("10.96.0.1", 80))
+    );
+}
+
+#[test]
+fn diff_and_a_full_plan_cover_the_maglev_tables() {
+    let mut state_planner = Planner::with_scheduler(Scheduler::Maglev);
+    let mut maps = Contents::default();
+    let names = addresses(3);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    apply(
+        &mut maps,
+        &state_planner
+            .set_service(&svc("a"), &[spec("10.96.0.1", &refs)])
+            .expect("plan"),
+    );
+    let want = state_planner.contents();
+    assert_eq!(diff(&maps, &want), vec![]);
+
+    // A table rewritten behind the planner's back (every entry the first slot) is drift.
+    let (rev, table) = maps.maglev.iter().next().expect("a table");
+    let (rev, table) = (*rev, table.clone());
+    let broken = MaglevTable::new(vec![1; layout::MAGLEV_M]).expect("table");
+    assert_ne!(broken, table);
+    maps.maglev.insert(rev, broken);
+    assert_eq!(diff(&maps, &want), vec![Op::UpsertMaglev(rev, table)]);
+    // So is a table nobody plans, and a missing one.
+    maps.maglev.insert(
+        rev + 100,
+        MaglevTable::new(vec![1; layout::MAGLEV_M]).expect("t"),
+    );
+    maps.maglev.remove(&rev);
+    let ops = diff(&maps, &want);
+    assert!(ops.contains(&Op::DeleteMaglev(rev + 100)), "{ops:?}");
+    assert!(ops
+        .iter()
+        .any(|op| matches!(op, Op::UpsertMaglev(r, _) if *r == rev)));
+    apply(&mut maps, &ops);
+    assert_eq!(maps, want);
+
+    // A random plan of the same Service deletes the table and clears the flag.
+    let mut random = Planner::new();
+    random
+        .set_service(&svc("a"), &[spec("10.96.0.1", &refs)])
+        .expect("plan");
+    let ops = diff(&maps, &random.contents());
+    assert!(ops.contains(&Op::DeleteMaglev(rev)), "{ops:?}");
+    apply(&mut maps, &ops);
+    assert!(maps.maglev.is_empty());
+}
+
+#[test]
+fn a_maglev_table_reads_back_from_its_bytes() {
+    let slots: Vec<u16> = (0..layout::MAGLEV_M).map(|i| (i % 7 + 1) as u16).collect();
+    let t = MaglevTable::new(slots.clone()).expect("table");
+    let bytes = t.to_bytes();
+    assert_eq!(bytes.len(), layout::MAGLEV_VALUE_SIZE);
+    assert_eq!(
+        &bytes[..4],
+        [1u16.to_ne_bytes(), 2u16.to_ne_bytes()].concat()
+    );
+    assert_eq!(MaglevTable::from_bytes(&bytes), Some(t.clone()));
+    assert_eq!(t.slot_for(layout::MAGLEV_M as u32 + 2), 3);
+    // A slot 0 (never written) or another size does not read.
+    let mut zero = bytes;
+    zero[10] = 0;
+    zero[11] = 0;
+    assert_eq!(MaglevTable::from_bytes(&zero), None);
+    assert_eq!(MaglevTable::from_bytes(&bytes[2..]), None);
+    assert_eq!(MaglevTable::new(slots[1..].to_vec()), None);
+}
+
+#[test]
+fn client_hashes_spread_over_the_table() {
+    // Client addresses 192.0.2.0..=255: every entry index in range and far from all alike.
+    let idx: BTreeSet<usize> = (0..=255u8)
+        .map(|i| layout::maglev_index(layout::address_hash(IpAddr::from([192, 0, 2, i]))))
+        .collect();
+    assert!(idx.iter().all(|i| *i < layout::MAGLEV_M));
+    assert!(idx.len() > 200, "{} distinct entries", idx.len());
+    // The address as the programs see it: IPv4-mapped, so v4 and its mapped v6 agree.
+    let v4 = IpAddr::from([192, 0, 2, 7]);
+    let mapped = IpAddr::V6(std::net::Ipv4Addr::new(192, 0, 2, 7).to_ipv6_mapped());
+    assert_eq!(layout::address_hash(v4), layout::address_hash(mapped));
+    assert_ne!(layout::netns_hash(1), layout::netns_hash(1 << 32));
+}

@@ -9,6 +9,10 @@
 //!   reject); otherwise slots `1..=count` name the backends a connect may be sent to, each
 //!   equally likely, or the one the client's network namespace (from outside the node, through
 //!   the tc path: its address) sticks to when the frontend has an affinity timeout;
+//! - with the Maglev flag (`sh`, `mh`) a new connection's slot is the one the frontend's Maglev
+//!   table gives the client's hash: the reachable set is the same (the table names every
+//!   backend), and for a client outside the node, whose hash is its address's,
+//!   [`EbpfTracer::pick_outside`] names the one backend;
 //! - a destination that is no frontend meets the address map's longest prefix: a ClusterIP
 //!   rejects, a Service CIDR drops, anything else passes untouched;
 //! - nothing rewrites a source: the backend sees the socket's own address, which for the node's
@@ -26,9 +30,10 @@ use std::net::IpAddr;
 
 use kp_core::flow::{Origin, Packet, Tracer, Verdict};
 use kp_core::model::Protocol;
+use kp_ebpf_plan::layout::address_hash;
 use kp_ebpf_plan::{
     AddrKey, AddrVerdict, Backend, Contents, FrontendAddr, Op, Scope, ServiceKey, FLAG_DROP_EMPTY,
-    FLAG_KEEP_SOURCE, FLAG_SRC_RANGES,
+    FLAG_KEEP_SOURCE, FLAG_MAGLEV, FLAG_SRC_RANGES,
 };
 
 /// A tracer over the maps' contents.
@@ -111,13 +116,93 @@ impl EbpfTracer {
             .map(|(_, v)| *v)
     }
 
+    /// What the Maglev table of `frontend` (its slot-0 entry `head`) names, entry by entry:
+    /// `None` when it has no table in use (no flag, or none under its reverse-NAT id); an entry
+    /// `None` where the programs would pick at random instead (a slot beyond the count) or a
+    /// slot leads nowhere.
+    fn maglev_entries(
+        &self,
+        frontend: FrontendAddr,
+        head: &kp_ebpf_plan::ServiceValue,
+    ) -> Option<Vec<Option<Backend>>> {
+        if head.flags & FLAG_MAGLEV == 0 {
+            return None;
+        }
+        let table = self.maps.maglev.get(&head.rev_nat)?;
+        Some(
+            table
+                .slots()
+                .iter()
+                .map(|&slot| {
+                    if slot == 0 || slot > head.count {
+                        return None;
+                    }
+                    let v = self.maps.services.get(&ServiceKey { frontend, slot })?;
+                    self.maps.backends.get(&v.backend_id).copied()
+                })
+                .collect(),
+        )
+    }
+
+    /// The backend a new connection from `p.src` outside the node is given by the tc path
+    /// when the frontend it reaches (the outside entry, else the socket one) hashes clients
+    /// (`sh`, `mh`): its Maglev table's entry for the source address's hash. `None` for a
+    /// random pick (no Maglev flag or table, or the entry is beyond the count), and where no
+    /// frontend matches. Affinity, which the tc path applies first, is state of the programs:
+    /// a client's first connection is given this one.
+    pub fn pick_outside(&self, p: &Packet) -> Option<Backend> {
+        let (frontend, head) = [Scope::Outside, Scope::Socket]
+            .into_iter()
+            .find_map(|scope| {
+                let frontend = FrontendAddr {
+                    ip: p.dst,
+                    port: p.dport,
+                    protocol: p.protocol,
+                    scope,
+                };
+                self.maps
+                    .services
+                    .get(&ServiceKey { frontend, slot: 0 })
+                    .map(|v| (frontend, v))
+            })?;
+        let entries = self.maglev_entries(frontend, head)?;
+        entries[kp_ebpf_plan::layout::maglev_index(address_hash(p.src))]
+    }
+
     /// Everything in the maps the programs would stumble on: slots that lead nowhere,
     /// frontends without a reverse-NAT entry (recvmsg and getpeername would show the backend
     /// instead of the frontend), reverse-NAT entries naming another frontend, backend slots
-    /// beyond the count.
+    /// beyond the count, Maglev tables missing for a frontend flagged to use one, naming a slot
+    /// beyond its count, or of no frontend.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
+        let mut tables_used = BTreeSet::new();
         for (k, v) in self.maps.services.iter().filter(|(k, _)| k.slot == 0) {
+            if v.flags & FLAG_MAGLEV != 0 {
+                tables_used.insert(v.rev_nat);
+                match self.maps.maglev.get(&v.rev_nat) {
+                    None => out.push(format!(
+                        "{}: flagged Maglev but kp_maglev has no table under {}",
+                        frontend_text(&k.frontend),
+                        v.rev_nat
+                    )),
+                    Some(t) => {
+                        let beyond = t
+                            .slots()
+                            .iter()
+                            .filter(|s| **s == 0 || **s > v.count)
+                            .count();
+                        if beyond > 0 {
+                            out.push(format!(
+                                "{}: {beyond} Maglev entries name a slot beyond its {} \
+                                 backends",
+                                frontend_text(&k.frontend),
+                                v.count
+                            ));
+                        }
+                    }
+                }
+            }
             if let Slots::Broken(why) = self.slots(k.frontend, v.count) {
                 out.push(why);
             }
@@ -134,6 +219,16 @@ impl EbpfTracer {
                 )),
                 Some(_) => {}
             }
+        }
+        for id in self
+            .maps
+            .maglev
+            .keys()
+            .filter(|id| !tables_used.contains(id))
+        {
+            out.push(format!(
+                "kp_maglev: a table under {id}, which no frontend flagged Maglev has"
+            ));
         }
         for k in self.maps.services.keys().filter(|k| k.slot != 0) {
             let head = ServiceKey { slot: 0, ..*k };
@@ -162,6 +257,8 @@ struct Resolved {
     flags: u8,
     /// The sources it admits from outside (its `kp_src_ranges` entries).
     ranges: BTreeSet<AddrKey>,
+    /// What its Maglev table names, entry by entry (`None`: no table in use).
+    maglev: Option<Vec<Option<Backend>>>,
 }
 
 /// A frontend as an operator reads it: `ADDR:PORT/PROTO (socket|outside)`.
@@ -220,6 +317,7 @@ impl EbpfTracer {
                         .filter(|r| r.rev_nat == head.rev_nat)
                         .map(|r| r.prefix)
                         .collect(),
+                    maglev: self.maglev_entries(k.frontend, head),
                 };
                 (k.frontend, resolved)
             })
@@ -230,8 +328,9 @@ impl EbpfTracer {
     /// contents): each frontend by what it leads to (its backends, reverse-NAT address,
     /// affinity, flags and source ranges), not by the ids and slots that encode it, since
     /// maps adopted across restarts and changed Service by Service keep other ids than a fresh
-    /// plan; then every address entry; then whatever in these maps the programs would stumble
-    /// on ([`EbpfTracer::problems`]). One line per difference, empty when they agree.
+    /// plan, and the backend each entry of its Maglev table names; then every address entry;
+    /// then whatever in these maps the programs would stumble on ([`EbpfTracer::problems`]).
+    /// One line per difference, empty when they agree.
     pub fn differences(&self, planned: &EbpfTracer) -> Vec<String> {
         let (have, want) = (self.resolved(), planned.resolved());
         let mut out = Vec::new();
@@ -272,6 +371,21 @@ impl EbpfTracer {
                      has {}s, {:#x}",
                     h.affinity, h.flags, w.affinity, w.flags
                 ));
+            }
+            match (&h.maglev, &w.maglev) {
+                (Some(a), Some(b)) if a != b => out.push(format!(
+                    "kp_maglev: frontend {name}'s table names another backend than the plan in \
+                     {} of {} entries",
+                    a.iter().zip(b).filter(|(x, y)| x != y).count(),
+                    b.len()
+                )),
+                (None, Some(_)) => out.push(format!(
+                    "kp_maglev: frontend {name} has no Maglev table where the plan has one"
+                )),
+                (Some(_), None) => out.push(format!(
+                    "kp_maglev: frontend {name} has a Maglev table where the plan has none"
+                )),
+                _ => {}
             }
             if h.ranges != w.ranges {
                 let text = |r: &BTreeSet<AddrKey>| {

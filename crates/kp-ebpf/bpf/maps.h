@@ -35,6 +35,9 @@ struct kp_svc_key {
 #define KP_SVC_KEEP_SOURCE 0x2
 /* From outside (tc): only sources in kp_src_ranges under the frontend's rev_nat. */
 #define KP_SVC_SRC_RANGES 0x4
+/* A new connection's slot is the one kp_maglev (under the frontend's rev_nat) gives the
+ * client's hash (the sh and mh schedulers); clear, or without a table: a random slot. */
+#define KP_SVC_MAGLEV 0x8
 
 struct kp_svc_val {
 	__u32 backend_id;
@@ -108,6 +111,15 @@ struct kp_aff_val {
 	__u16 slot;
 	__u16 pad;
 	__u64 last_ns;
+};
+
+/* A frontend's Maglev lookup table: for each of KP_MAGLEV_M entries (a prime), a slot of the
+ * frontend (1..count). The planner fills it from its backends' names (kp-ebpf-plan's maglev.rs);
+ * a client is given entry client_hash % KP_MAGLEV_M. layout.rs MAGLEV_M is the same number. */
+#define KP_MAGLEV_M 1021
+
+struct kp_maglev_val {
+	__u16 slots[KP_MAGLEV_M];
 };
 
 /* loadBalancerSourceRanges: {rev_nat, source prefix}; prefixlen counts the 32 bits of rev_nat
@@ -209,5 +221,15 @@ struct {
 	__type(key, struct kp_ct_key);
 	__type(value, struct kp_ct_val);
 } kp_ct SEC(".maps");
+
+/* rev_nat -> the frontend's Maglev table; only frontends flagged KP_SVC_MAGLEV have one, so
+ * entries are allocated as they come (2 KiB each). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65535);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u16);
+	__type(value, struct kp_maglev_val);
+} kp_maglev SEC(".maps");
 
 #endif

@@ -74,6 +74,53 @@ static __always_inline enum verdict unmatched(const __u32 *addr)
 	return PASS;
 }
 
+/* The programs' hash of a client: four words, each mixed in with MurmurHash3's 32-bit
+ * finalizer. kp-ebpf-plan's layout.rs client_hash is the same function (the tracer and tests
+ * predict the pick with it). */
+#define KP_HASH_SEED 0x9e3779b9
+
+static __always_inline __u32 mix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline __u32 client_hash(__u32 w0, __u32 w1, __u32 w2, __u32 w3)
+{
+	__u32 h = KP_HASH_SEED;
+
+	h = mix32(h ^ w0);
+	h = mix32(h ^ w1);
+	h = mix32(h ^ w2);
+	h = mix32(h ^ w3);
+	return h;
+}
+
+/* The slot the Maglev table of frontend `rev_nat` gives a client of hash `hash`, or 0: no
+ * table, or a slot beyond `count` (a backend was added and its count is not written yet). */
+static __always_inline __u16 maglev_slot(__u16 rev_nat, __u32 hash, __u16 count)
+{
+	struct kp_maglev_val *t;
+	__u16 key = rev_nat;
+	__u32 i = hash % KP_MAGLEV_M;
+	__u16 n;
+
+	t = bpf_map_lookup_elem(&kp_maglev, &key);
+	if (!t)
+		return 0;
+	/* The verifier does not bound a modulo; keep clang from folding away the check that
+	 * does. */
+	asm volatile("" : "+r"(i));
+	if (i >= KP_MAGLEV_M)
+		return 0;
+	n = t->slots[i];
+	return n <= count ? n : 0;
+}
+
 /* The backend this client was last given, while its affinity lasts and the backend still holds
  * the slot it was given in: `aff` is its key in `map`, kp_affinity (the socket hooks: the
  * client's network namespace) or kp_affinity_out (the tc path: its address). `key` is the
@@ -96,8 +143,10 @@ static __always_inline __u16 sticky(void *map, struct kp_svc_key *key,
 	return a->slot;
 }
 
-/* Looks the frontend up and picks a backend: the affinity one, else at random. Returns NULL
- * with *verdict PASS when the address is no frontend, REJECT or DROP when it is refused. */
+/* Looks the frontend up and picks a backend: the affinity one, else the Maglev table's for the
+ * client's network namespace (KP_SVC_MAGLEV: a pod always gets the same backend), else at
+ * random. Returns NULL with *verdict PASS when the address is no frontend, REJECT or DROP when
+ * it is refused. */
 static __always_inline struct kp_backend *pick(void *ctx, struct kp_svc_key *key, __u16 *rev_nat,
 					       enum verdict *verdict)
 {
@@ -107,6 +156,7 @@ static __always_inline struct kp_backend *pick(void *ctx, struct kp_svc_key *key
 	struct kp_aff_key aff;
 	struct kp_aff_val chosen;
 	__u64 now = 0;
+	__u64 netns = 0;
 	__u16 n = 0;
 
 	*verdict = REJECT;
@@ -121,13 +171,18 @@ static __always_inline struct kp_backend *pick(void *ctx, struct kp_svc_key *key
 		*verdict = (svc->flags & KP_SVC_DROP_EMPTY) ? DROP : REJECT;
 		return NULL;
 	}
+	if (svc->affinity || (svc->flags & KP_SVC_MAGLEV))
+		netns = bpf_get_netns_cookie(ctx);
 	if (svc->affinity) {
 		__builtin_memset(&aff, 0, sizeof(aff));
-		aff.netns = bpf_get_netns_cookie(ctx);
+		aff.netns = netns;
 		aff.rev_nat = svc->rev_nat;
 		now = bpf_ktime_get_ns();
 		n = sticky(&kp_affinity, key, svc, &aff, now);
 	}
+	if (n == 0 && (svc->flags & KP_SVC_MAGLEV))
+		n = maglev_slot(svc->rev_nat, client_hash((__u32)netns, (__u32)(netns >> 32), 0, 0),
+				svc->count);
 	if (n == 0)
 		n = (bpf_get_prandom_u32() % svc->count) + 1;
 	key->slot = n;

@@ -9,7 +9,8 @@
  * A new connection to a frontend looks up its outside scope entry first (a LoadBalancer with
  * source ranges, an externalTrafficPolicy Local frontend: local endpoints only, the client's
  * address kept), then the shared socket scope entry (everything else: masqueraded). Source
- * ranges are checked in kp_src_ranges (a miss drops). A backend is picked at random, or with
+ * ranges are checked in kp_src_ranges (a miss drops). A backend is picked at random (with the
+ * KP_SVC_MAGLEV flag: the slot the entry's Maglev table gives the source address's hash), or with
  * ClientIP affinity (the entry's timeout) the one the client's address was last given by that
  * entry (kp_affinity_out, keyed by {source address, the entry's rev_nat}) while the client
  * comes back within the timeout and the backend holds its slot still; the choice is written to
@@ -371,6 +372,11 @@ static __always_inline int outside(struct __sk_buff *skb)
 		now = bpf_ktime_get_ns();
 		n = sticky(&kp_affinity_out, &key, svc, &aff, now);
 	}
+	/* sh/mh: the slot the frontend's Maglev table gives the client's address (as IPVS sh
+	 * hashes the source address). */
+	if (n == 0 && (svc->flags & KP_SVC_MAGLEV))
+		n = maglev_slot(rev_nat, client_hash(p.src[0], p.src[1], p.src[2], p.src[3]),
+				svc->count);
 	if (n == 0)
 		n = (bpf_get_prandom_u32() % svc->count) + 1;
 	key.slot = n;

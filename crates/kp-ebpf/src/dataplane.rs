@@ -24,6 +24,7 @@ use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
 use kp_ebpf_plan::{
     diff, no_local_endpoints, node_port_addresses, service_cidrs, service_specs as specs, Planner,
+    Scheduler,
 };
 
 use crate::nat_hooks::NatHooks;
@@ -50,6 +51,10 @@ pub struct Config {
     /// Who hears of a full map and of pinned maps recreated at a new size (the registry: a log
     /// line and a metric; this crate neither logs nor counts).
     pub events: Events,
+    /// How a new connection's backend is picked (`ipvs.scheduler`): at random, or by the
+    /// client's hash in each frontend's Maglev table (`sh`, `mh`). A change takes effect with
+    /// the first full sync (the tables are written or deleted, the frontends' flags follow).
+    pub scheduler: Scheduler,
 }
 
 /// What the dataplane reports besides its errors.
@@ -158,10 +163,10 @@ impl EbpfDataplane {
     /// A dataplane that loads and attaches nothing until [`Dataplane::start`].
     pub fn new(config: Config) -> EbpfDataplane {
         EbpfDataplane {
-            config,
             lb: None,
-            planner: Planner::new(),
+            planner: Planner::with_scheduler(config.scheduler),
             no_local: HashMap::new(),
+            config,
         }
     }
 
@@ -258,8 +263,13 @@ impl Dataplane for EbpfDataplane {
             }
         }
         let ops = if full {
-            let planner = kp_ebpf_plan::plan_state(state, &self.config.node_ports, &local)
-                .map_err(plan_error)?;
+            let planner = kp_ebpf_plan::plan_state_with(
+                state,
+                &self.config.node_ports,
+                &local,
+                self.config.scheduler,
+            )
+            .map_err(plan_error)?;
             let have = self.lb()?.read_back().map_err(dataplane_error)?;
             let ops = diff(&have, &planner.contents());
             self.planner = planner;
@@ -345,7 +355,7 @@ impl Dataplane for EbpfDataplane {
         // Dropping the loader detaches every program whose link is not pinned and closes the
         // maps; removing the pins detaches the rest.
         self.lb = None;
-        self.planner = Planner::new();
+        self.planner = Planner::with_scheduler(self.config.scheduler);
         self.no_local.clear();
         if let Some(dir) = &self.config.pin_dir {
             crate::remove_pins(dir).map_err(DataplaneError::transient)?;

@@ -20,7 +20,7 @@
 //! - [`MapSizes`] sizes the maps (from the configuration); a pinned map of another size is made
 //!   afresh ([`SocketLb::resized`]), an insert into a full map is [`Error::Full`].
 //!
-//! What is not here yet: Maglev maps, stale UDP socket destruction (README.md).
+//! What is not here yet: stale UDP socket destruction (README.md).
 //!
 //! No unsafe code: aya makes the `bpf()` calls.
 
@@ -42,12 +42,16 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachT
 use aya::util::KernelVersion;
 use aya::{Ebpf, EbpfLoader};
 use kp_ebpf_plan::layout::{
-    ADDR_DATA_SIZE, BACKEND_SIZE, RANGE_DATA_SIZE, REV_NAT_SIZE, SERVICE_KEY_SIZE,
-    SERVICE_VALUE_SIZE,
+    ADDR_DATA_SIZE, BACKEND_SIZE, MAGLEV_VALUE_SIZE, RANGE_DATA_SIZE, REV_NAT_SIZE,
+    SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE,
 };
 use kp_ebpf_plan::{
-    AddrKey, AddrVerdict, Backend, Contents, Op, RangeKey, RevNat, ServiceKey, ServiceValue,
+    AddrKey, AddrVerdict, Backend, Contents, MaglevTable, Op, RangeKey, RevNat, ServiceKey,
+    ServiceValue,
 };
+
+/// How the programs pick a backend (`ipvs.scheduler`): the planner's, for the registry.
+pub use kp_ebpf_plan::Scheduler;
 
 /// The socket load balancer's object file, built by `build.rs`.
 pub static SOCK_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock.o"));
@@ -98,8 +102,11 @@ pub mod names {
     pub const SRC_RANGES: &str = "kp_src_ranges";
     /// The tc path's connection table (LRU), written by the programs.
     pub const CT: &str = "kp_ct";
+    /// Frontend id → its Maglev lookup table (`sh`/`mh`; allocated as filled). Sized as
+    /// [`REV_NAT`] (`MapSizes::rev_nat`): one per frontend at most.
+    pub const MAGLEV: &str = "kp_maglev";
     /// Every map, for pinning.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         SERVICES,
         BACKENDS,
         REV_NAT,
@@ -109,6 +116,7 @@ pub mod names {
         AFFINITY_OUTSIDE,
         SRC_RANGES,
         CT,
+        MAGLEV,
     ];
 
     /// The pin name of the link that attaches `program` (one of [`super::SOCK_PROGRAMS`]).
@@ -243,7 +251,8 @@ pub struct MapSizes {
     pub services: u32,
     /// Backends map entries.
     pub backends: u32,
-    /// Reverse-NAT entries: one per frontend.
+    /// Reverse-NAT entries: one per frontend. The Maglev map (a table per frontend under
+    /// `sh`/`mh`, allocated as filled) has as many.
     pub rev_nat: u32,
     /// Socket reverse entries (LRU): one per live load-balanced socket and backend.
     pub sockets: u32,
@@ -265,7 +274,7 @@ impl MapSizes {
         Some(match name {
             names::SERVICES => self.services,
             names::BACKENDS => self.backends,
-            names::REV_NAT => self.rev_nat,
+            names::REV_NAT | names::MAGLEV => self.rev_nat,
             names::SK_REV => self.sockets,
             names::ADDRS => self.addrs,
             names::AFFINITY | names::AFFINITY_OUTSIDE => self.affinity,
@@ -305,6 +314,12 @@ impl MapSizes {
                     }
                 }
                 names::SRC_RANGES => sizes.src_ranges = n,
+                // Sized as the reverse-NAT map, which decides.
+                names::MAGLEV => {
+                    if !dir.join(names::REV_NAT).exists() {
+                        sizes.rev_nat = n;
+                    }
+                }
                 _ => sizes.connections = n,
             }
         }
@@ -479,7 +494,8 @@ impl SocketLb {
             .map_max_entries(names::AFFINITY, sizes.affinity)
             .map_max_entries(names::AFFINITY_OUTSIDE, sizes.affinity)
             .map_max_entries(names::SRC_RANGES, sizes.src_ranges)
-            .map_max_entries(names::CT, sizes.connections);
+            .map_max_entries(names::CT, sizes.connections)
+            .map_max_entries(names::MAGLEV, sizes.rev_nat);
         if let Some(dir) = pin_dir {
             for name in names::ALL {
                 loader.map_pin_path(name, dir.join(name));
@@ -662,6 +678,14 @@ impl SocketLb {
                 .ranges()?
                 .remove(&Key::new(k.trie_len(), k.data()))
                 .map_err(err(names::SRC_RANGES)),
+            Op::UpsertMaglev(id, t) => self
+                .map::<2, MAGLEV_VALUE_SIZE>(names::MAGLEV)?
+                .insert(id.to_ne_bytes(), t.to_bytes(), 0)
+                .map_err(err(names::MAGLEV)),
+            Op::DeleteMaglev(id) => self
+                .map::<2, MAGLEV_VALUE_SIZE>(names::MAGLEV)?
+                .remove(&id.to_ne_bytes())
+                .map_err(err(names::MAGLEV)),
         }
     }
 
@@ -730,7 +754,8 @@ impl SocketLb {
         })
     }
 
-    /// Reads the services, backends, reverse-NAT and address maps back.
+    /// Reads the maps the planner fills back: services, backends, reverse NAT, source
+    /// ranges, addresses and Maglev tables.
     pub fn read_back(&self) -> Result<Contents, Error> {
         let open = |name: &'static str| self.ebpf.map(name).ok_or(Error::Missing(name));
         read_contents(
@@ -739,6 +764,7 @@ impl SocketLb {
             &typed(names::REV_NAT, open(names::REV_NAT)?)?,
             &typed(names::SRC_RANGES, open(names::SRC_RANGES)?)?,
             &typed(names::ADDRS, open(names::ADDRS)?)?,
+            &typed(names::MAGLEV, open(names::MAGLEV)?)?,
         )
     }
 }
@@ -759,6 +785,7 @@ pub fn read_pinned(dir: &Path) -> Result<Contents, Error> {
         &typed(names::REV_NAT, open(names::REV_NAT)?)?,
         &typed(names::SRC_RANGES, open(names::SRC_RANGES)?)?,
         &typed(names::ADDRS, open(names::ADDRS)?)?,
+        &typed(names::MAGLEV, open(names::MAGLEV)?)?,
     )
 }
 
@@ -770,7 +797,7 @@ where
     T::try_from(map).map_err(|source| Error::Map { name, source })
 }
 
-/// The five maps the planner fills, read into [`Contents`]: what [`SocketLb::read_back`] and
+/// The six maps the planner fills, read into [`Contents`]: what [`SocketLb::read_back`] and
 /// [`read_pinned`] share.
 fn read_contents<T: Borrow<MapData>>(
     services: &HashMap<T, [u8; SERVICE_KEY_SIZE], [u8; SERVICE_VALUE_SIZE]>,
@@ -778,6 +805,7 @@ fn read_contents<T: Borrow<MapData>>(
     rev_nat: &HashMap<T, [u8; 2], [u8; REV_NAT_SIZE]>,
     ranges: &LpmTrie<T, [u8; RANGE_DATA_SIZE], u8>,
     addrs: &LpmTrie<T, [u8; ADDR_DATA_SIZE], u8>,
+    maglev: &HashMap<T, [u8; 2], [u8; MAGLEV_VALUE_SIZE]>,
 ) -> Result<Contents, Error> {
     let mut c = Contents::default();
     let err = |name: &'static str| move |source| Error::Map { name, source };
@@ -810,5 +838,33 @@ fn read_contents<T: Borrow<MapData>>(
         let v = AddrVerdict::from_byte(v).ok_or(Error::Unreadable(names::ADDRS))?;
         c.addrs.insert(k, v);
     }
+    for entry in maglev.iter() {
+        let (k, v) = entry.map_err(err(names::MAGLEV))?;
+        let v = MaglevTable::from_bytes(&v).ok_or(Error::Unreadable(names::MAGLEV))?;
+        c.maglev.insert(u16::from_ne_bytes(k), v);
+    }
     Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    /// maps.h and layout.rs agree on the Maglev table's size (the loader would refuse a value
+    /// of another size only when the map is first written).
+    #[test]
+    fn the_maglev_table_size_is_the_same_in_maps_h_and_layout_rs() {
+        let header = include_str!("../bpf/maps.h");
+        let m: Vec<usize> = header
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define KP_MAGLEV_M "))
+            .map(|v| v.trim().parse().expect("a number"))
+            .collect();
+        assert_eq!(m, vec![kp_ebpf_plan::layout::MAGLEV_M]);
+        let m = m[0];
+        assert!(
+            m > 2 && (2..m).take_while(|d| d * d <= m).all(|d| !m.is_multiple_of(d)),
+            "{m}: not a prime"
+        );
+        assert!(header.contains("__u16 slots[KP_MAGLEV_M];"));
+        assert_eq!(kp_ebpf_plan::layout::MAGLEV_VALUE_SIZE, 2 * m);
+    }
 }

@@ -34,6 +34,7 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
         node_ports: NodePortAddresses::Primary,
         tc: None,
         events: Default::default(),
+        scheduler: Default::default(),
     };
     let state = kp_flows::fixture::state();
     let ns = Netns::new("ebpf-restart").expect("namespace");
@@ -144,6 +145,7 @@ fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_
         node_ports: NodePortAddresses::Primary,
         tc: None,
         events: Default::default(),
+        scheduler: Default::default(),
     });
     dp.start().expect("start");
     dp.sync(&state, &Changes::default(), true)
@@ -211,6 +213,7 @@ fn a_too_small_map_reports_full_and_a_pinned_map_of_another_size_is_made_afresh(
         node_ports: NodePortAddresses::Primary,
         tc: None,
         events,
+        scheduler: Default::default(),
     };
     let state = kp_flows::fixture::state();
     let mut small = EbpfDataplane::new(config.clone());

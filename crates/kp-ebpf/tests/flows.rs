@@ -91,6 +91,7 @@ fn the_flow_table_with_real_packets_through_the_socket_hooks_and_the_tc_path() {
         // Not in this process's namespace (the machine's own): in the lab node's, below.
         tc: None,
         events: Default::default(),
+        scheduler: Default::default(),
     });
     dp.start().expect("load and attach");
     let state = kp_flows::state();

@@ -17,7 +17,7 @@
 //!
 //! Everything (cgroup, bpffs and so the links, lab) goes on drop, also when an assertion fails.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::Duration;
@@ -29,15 +29,15 @@ use kp_core::track::{Changes, Object, ProxyState, SourceEvent};
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::{names, MapSizes};
 use kp_ebpf_plan::layout::{AFFINITY_KEY_SIZE, AFFINITY_OUTSIDE_KEY_SIZE, AFFINITY_VALUE_SIZE};
-use kp_test::echo::{Outcome, Proto, Request};
-use kp_test::lab::{Lab, CLIENT_ALIASES, CLIENT_IP, NODE_IP};
+use kp_test::lab::{Lab, CLIENT_ALIASES, CLIENT_IP};
 use kp_test::netns::require_root;
 
 mod common;
 use common::{Bpffs, Cgroup};
+#[path = "common/outside.rs"]
+mod outside;
+use outside::{attach_tc, connect, distinct, tally_of};
 
-/// `web`'s NodePort.
-const NODE_PORT: u16 = 30080;
 /// New connections per client in a batch.
 const CONNECTIONS: usize = 12;
 
@@ -65,27 +65,6 @@ fn update(dp: &mut EbpfDataplane, state: &mut ProxyState, object: Object) {
     let changes = state.take_changes();
     dp.sync(state, &changes, false).expect("partial sync");
     assert_eq!(dp.verify().expect("verify"), Vec::<String>::new());
-}
-
-/// `count` new TCP connections from `src` (an address of the lab's client) to the NodePort: the
-/// endpoint each reached. Every one must be answered.
-fn connect(lab: &Lab, src: Ipv4Addr, count: usize) -> Vec<String> {
-    let req = Request::new(Proto::Tcp, NODE_IP.into(), NODE_PORT)
-        .src_ip(src.into())
-        .count(count);
-    let outcomes = lab.send(lab.client(), &req);
-    outcomes
-        .iter()
-        .map(|o| match o {
-            Outcome::Answered { backend, .. } => backend.clone(),
-            other => panic!("a connection from {src} was not answered ({other}): {outcomes:?}"),
-        })
-        .collect()
-}
-
-/// The distinct endpoints in `answers`.
-fn distinct(answers: &[String]) -> BTreeSet<&str> {
-    answers.iter().map(String::as_str).collect()
 }
 
 /// The client addresses `kp_affinity_out` (pinned in `dir`) holds entries for.
@@ -131,6 +110,7 @@ fn client_ip_affinity_sticks_an_outside_client_to_one_endpoint_through_the_tc_pa
         // Not in this process's namespace (the machine's own): in the lab node's, below.
         tc: None,
         events: Default::default(),
+        scheduler: Default::default(),
     });
     dp.start().expect("load and attach");
     let mut state = kp_flows::fixture::state();
@@ -152,17 +132,7 @@ fn client_ip_affinity_sticks_an_outside_client_to_one_endpoint_through_the_tc_pa
     }
 
     // kp-tc-attach in the lab's node namespace, over the pinned maps.
-    let replies: Vec<String> = (0..lab.pod_count()).map(|i| format!("veth{i}")).collect();
-    let out = lab
-        .node()
-        .run(&[
-            env!("CARGO_BIN_EXE_kp-tc-attach"),
-            &bpffs.path.to_string_lossy(),
-            "eth0",
-            &replies.join(","),
-        ])
-        .expect("kp-tc-attach in the lab's node namespace");
-    assert_eq!(out.trim(), format!("attached {}", replies.len() + 1));
+    attach_tc(&lab, &bpffs.path);
 
     // Without affinity, one client's new connections spread (all on one of three endpoints:
     // 3 × 3^-12, about 1 in 177000).
@@ -248,13 +218,4 @@ fn client_ip_affinity_sticks_an_outside_client_to_one_endpoint_through_the_tc_pa
         assert!(!bpffs.path.join(name).exists(), "{name} still pinned");
     }
     assert!(!bpffs.path.join(names::tc_link("eth0")).exists());
-}
-
-/// Answers counted by endpoint, for messages.
-fn tally_of(answers: &[String]) -> BTreeMap<&str, usize> {
-    let mut counts = BTreeMap::new();
-    for a in answers {
-        *counts.entry(a.as_str()).or_insert(0) += 1;
-    }
-    counts
 }

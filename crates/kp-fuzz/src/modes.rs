@@ -973,6 +973,17 @@ fn ebpf_op(
         ),
         Op::DeleteRevNat(id) => (maps.rev_nat.contains_key(id), true, Vec::new()),
         Op::DeleteBackend(id) => (maps.backends.contains_key(id), true, Vec::new()),
+        // Maglev tables (sh/mh only; the fuzzer plans random picks): a table of a frontend
+        // the maps hold, whose bytes read back as itself.
+        Op::UpsertMaglev(id, t) => {
+            let bytes = t.to_bytes();
+            (
+                maps.rev_nat.contains_key(id),
+                ebpf::MaglevTable::from_bytes(&bytes).as_ref() == Some(t),
+                bytes.to_vec(),
+            )
+        }
+        Op::DeleteMaglev(id) => (maps.maglev.contains_key(id), true, Vec::new()),
     };
     report.bytes += bytes.len() as u64;
     let mut ok = true;

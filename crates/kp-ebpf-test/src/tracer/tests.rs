@@ -472,3 +472,144 @@ fn differences_name_what_a_frontend_lost_whatever_ids_the_maps_use() {
         "{d:#?}"
     );
 }
+
+/// The fixture's maps as a full sync plans them under `sh`/`mh`.
+fn planned_maglev() -> EbpfTracer {
+    let planner = kp_ebpf_plan::plan_state_with(
+        &kp_flows::state(),
+        &NodePortAddresses::Primary,
+        &[],
+        kp_ebpf_plan::Scheduler::Maglev,
+    )
+    .expect("plan");
+    EbpfTracer::new(planner.contents(), kp_flows::node_addresses())
+}
+
+fn web_node_port_from(src: IpAddr) -> Packet {
+    Packet {
+        origin: Origin::External,
+        src,
+        protocol: Protocol::Tcp,
+        dst: ip(kp_flows::NODE_IP),
+        dport: 30080,
+    }
+}
+
+#[test]
+fn with_maglev_the_flow_table_passes_and_an_outside_client_is_named_its_backend() {
+    let tracer = planned_maglev();
+    assert!(!tracer.maps().maglev.is_empty());
+    assert_eq!(tracer.problems(), Vec::<String>::new());
+    let failures = failing(&tracer);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Each client address is given one of the frontend's backends, the one its hash selects;
+    // 64 addresses are given more than one.
+    let Verdict::Dnat { endpoints, .. } = tracer.trace(&web_node_port_from(ip("192.0.2.2"))) else {
+        panic!("web's NodePort is no DNAT");
+    };
+    let mut given = BTreeSet::new();
+    for i in 0..64u8 {
+        let src = IpAddr::from([192, 0, 2, 100 + i]);
+        let b = tracer
+            .pick_outside(&web_node_port_from(src))
+            .expect("a Maglev pick");
+        assert!(
+            endpoints.contains(&(b.ip, b.port)),
+            "{b:?} not in {endpoints:?}"
+        );
+        // The same as reading the table by hand.
+        let head = tracer
+            .maps()
+            .services
+            .iter()
+            .find(|(k, _)| {
+                k.slot == 0 && k.frontend.ip == ip(kp_flows::NODE_IP) && k.frontend.port == 30080
+            })
+            .map(|(k, v)| (*k, *v))
+            .expect("web's NodePort");
+        let slot =
+            tracer.maps().maglev[&head.1.rev_nat].slot_for(kp_ebpf_plan::layout::address_hash(src));
+        let id = tracer.maps().services[&ServiceKey { slot, ..head.0 }].backend_id;
+        assert_eq!(tracer.maps().backends[&id], b);
+        given.insert(b);
+    }
+    assert!(given.len() > 1, "{given:?}");
+
+    // A random plan names none.
+    assert_eq!(
+        fixture().pick_outside(&web_node_port_from(ip("192.0.2.2"))),
+        None
+    );
+}
+
+#[test]
+fn differences_and_problems_cover_the_maglev_tables() {
+    let planned = planned_maglev();
+    assert_eq!(planned.differences(&planned), Vec::<String>::new());
+    let (&rev, table) = planned
+        .maps()
+        .maglev
+        .iter()
+        .find(|(_, t)| t.shares().len() > 1)
+        .expect("a table of two backends or more");
+    let count = table.shares().len();
+
+    // One entry moved to another slot of the frontend: drift, though nothing is broken.
+    let mut moved = planned.clone();
+    let mut slots = table.slots().to_vec();
+    slots[0] = slots[0] % u16::try_from(count).expect("count") + 1;
+    moved
+        .maps_mut()
+        .maglev
+        .insert(rev, kp_ebpf_plan::MaglevTable::new(slots).expect("table"));
+    assert_eq!(moved.problems(), Vec::<String>::new());
+    let d = moved.differences(&planned);
+    assert!(
+        d.len() == 1 && d[0].contains("names another backend than the plan in 1 of 1021"),
+        "{d:#?}"
+    );
+
+    // The table gone: drift and a problem (the flag names a table that is not there).
+    let mut lost = planned.clone();
+    lost.maps_mut().maglev.remove(&rev);
+    assert!(lost
+        .problems()
+        .iter()
+        .any(|p| p.contains("flagged Maglev but kp_maglev has no table")));
+    assert!(lost
+        .differences(&planned)
+        .iter()
+        .any(|l| l.contains("has no Maglev table where the plan has one")));
+
+    // A slot beyond the count, and a table of no frontend.
+    let mut beyond = planned.clone();
+    beyond.maps_mut().maglev.insert(
+        rev,
+        kp_ebpf_plan::MaglevTable::new(vec![u16::MAX; kp_ebpf_plan::layout::MAGLEV_M])
+            .expect("table"),
+    );
+    beyond.maps_mut().maglev.insert(
+        u16::MAX,
+        kp_ebpf_plan::MaglevTable::new(vec![1; kp_ebpf_plan::layout::MAGLEV_M]).expect("table"),
+    );
+    let p = beyond.problems();
+    assert!(
+        p.iter()
+            .any(|l| l.contains("1021 Maglev entries name a slot beyond")),
+        "{p:#?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.contains("which no frontend flagged Maglev has")),
+        "{p:#?}"
+    );
+
+    // Random maps against a Maglev plan: every table is missing.
+    let d = fixture().differences(&planned);
+    assert!(
+        d.iter()
+            .any(|l| l.contains("has no Maglev table where the plan has one")),
+        "{d:#?}"
+    );
+}

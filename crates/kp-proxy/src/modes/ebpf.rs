@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use kp_core::dataplane::{Dataplane, DataplaneError};
 use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane, Event, Events, TcDevices};
 use kp_ebpf::nat_hooks::NatHooks;
-use kp_ebpf::MapSizes;
+use kp_ebpf::{MapSizes, Scheduler};
 use kp_metrics::Metrics;
 
 use super::{node_port_addresses, ModeContext};
@@ -50,10 +50,11 @@ fn cgroup_root(ctx: &ModeContext<'_>) -> Result<PathBuf, Fatal> {
 
 /// The ebpf mode's settings, from the configuration: the cgroup (`--bpf-cgroup-root` or the
 /// hierarchy's root), the pin directory (`--bpf-pin-dir`), `nodePortAddresses`, the map sizes
-/// (`ebpf.*MapMax`, [`map_sizes`]), and the events that become log lines and metrics
-/// ([`events`]).
+/// (`ebpf.*MapMax`, [`map_sizes`]), the pick ([`scheduler`]), and the events that become log
+/// lines and metrics ([`events`]).
 pub fn ebpf_settings(ctx: &ModeContext<'_>) -> Result<EbpfConfig, Fatal> {
     Ok(EbpfConfig {
+        scheduler: scheduler(ctx.config)?,
         cgroup: cgroup_root(ctx)?,
         pin_dir: Some(ctx.config.bpf_pin_dir.clone()),
         sizes: map_sizes(ctx.config),
@@ -61,6 +62,21 @@ pub fn ebpf_settings(ctx: &ModeContext<'_>) -> Result<EbpfConfig, Fatal> {
         node_ports: node_port_addresses(ctx.config),
         tc: tc_devices(ctx)?,
         events: events(ctx.metrics.clone()),
+    })
+}
+
+/// How the programs pick a backend, from `ipvs.scheduler` (`--ipvs-scheduler`): `sh` and `mh`
+/// hash the client into each frontend's Maglev table (the socket hooks its network namespace,
+/// the tc path its address); blank, `rr` and upstream's other schedulers pick at random
+/// (`kp_ebpf_plan::Scheduler::from_ipvs`). A name upstream does not know is a configuration
+/// error here, as the section is otherwise validated in ipvs mode only.
+pub fn scheduler(cfg: &Config) -> Result<Scheduler, Fatal> {
+    Scheduler::from_ipvs(&cfg.ipvs.scheduler).ok_or_else(|| {
+        Fatal::Config(format!(
+            "ipvs.scheduler (--ipvs-scheduler) {:?}: the ebpf mode knows rr, wrr, lc, wlc, lblc, \
+             lblcr, dh, sed, nq (a random pick) and sh, mh (Maglev hashing of the client)",
+            cfg.ipvs.scheduler
+        ))
     })
 }
 
@@ -235,6 +251,41 @@ mod tests {
             text.contains("kubeproxy_rs_ebpf_map_full_total{map=\"kp_backends\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_ipvs_scheduler_chooses_maglev_or_a_random_pick() {
+        let with = |args: &[&str]| {
+            let mut all = vec!["--bpf-cgroup-root", "/sys/fs/cgroup/kpt"];
+            all.extend_from_slice(args);
+            let cfg = config(&all);
+            let metrics = Arc::new(kp_metrics::Metrics::new());
+            ebpf_settings(&ModeContext::new(&cfg, metrics)).map(|s| s.scheduler)
+        };
+        assert_eq!(with(&[]).expect("default"), Scheduler::Random);
+        for (name, want) in [
+            ("rr", Scheduler::Random),
+            ("wlc", Scheduler::Random),
+            ("dh", Scheduler::Random),
+            ("sh", Scheduler::Maglev),
+            ("mh", Scheduler::Maglev),
+        ] {
+            assert_eq!(
+                with(&["--ipvs-scheduler", name]).expect(name),
+                want,
+                "{name}"
+            );
+        }
+        match with(&["--ipvs-scheduler", "fastest"]) {
+            Err(Fatal::Config(msg)) => {
+                assert!(
+                    msg.contains("--ipvs-scheduler") && msg.contains("fastest"),
+                    "{msg}"
+                )
+            }
+            Err(other) => panic!("not a configuration error: {other}"),
+            Ok(s) => panic!("accepted as {s:?}"),
+        }
     }
 
     #[test]

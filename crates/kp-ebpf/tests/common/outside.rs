@@ -1,0 +1,60 @@
+//! What the tc-path tests share (`tc_affinity.rs`, `tc_maglev.rs`): kp_test's one-node lab with
+//! the fixture's `web` Service (NodePort 30080 on the node's address, three endpoints: pod-1..3),
+//! the tc programs attached in the lab's node namespace only, and connections from the lab's
+//! client namespace, which stands for another host.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use kp_test::echo::{Outcome, Proto, Request};
+use kp_test::lab::{Lab, NODE_IP};
+
+/// `web`'s NodePort.
+pub const NODE_PORT: u16 = 30080;
+
+/// Runs `kp-tc-attach` in the lab's node namespace over the maps pinned in `pins`:
+/// `kp_tc_outside` on its uplink `eth0`, `kp_tc_reply` on the pod veths.
+pub fn attach_tc(lab: &Lab, pins: &Path) {
+    let replies: Vec<String> = (0..lab.pod_count()).map(|i| format!("veth{i}")).collect();
+    let out = lab
+        .node()
+        .run(&[
+            env!("CARGO_BIN_EXE_kp-tc-attach"),
+            &pins.to_string_lossy(),
+            "eth0",
+            &replies.join(","),
+        ])
+        .expect("kp-tc-attach in the lab's node namespace");
+    assert_eq!(out.trim(), format!("attached {}", replies.len() + 1));
+}
+
+/// `count` new TCP connections from `src` (an address of the lab's client) to the NodePort: the
+/// endpoint each reached. Every one must be answered.
+pub fn connect(lab: &Lab, src: Ipv4Addr, count: usize) -> Vec<String> {
+    let req = Request::new(Proto::Tcp, NODE_IP.into(), NODE_PORT)
+        .src_ip(src.into())
+        .count(count);
+    let outcomes = lab.send(lab.client(), &req);
+    outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::Answered { backend, .. } => backend.clone(),
+            other => panic!("a connection from {src} was not answered ({other}): {outcomes:?}"),
+        })
+        .collect()
+}
+
+/// The distinct endpoints in `answers`.
+pub fn distinct(answers: &[String]) -> BTreeSet<&str> {
+    answers.iter().map(String::as_str).collect()
+}
+
+/// Answers counted by endpoint, for messages.
+pub fn tally_of(answers: &[String]) -> BTreeMap<&str, usize> {
+    let mut counts = BTreeMap::new();
+    for a in answers {
+        *counts.entry(a.as_str()).or_insert(0) += 1;
+    }
+    counts
+}
