@@ -474,14 +474,6 @@ impl ProxyState {
         self.services.values().map(Vec::len).sum()
     }
 
-    /// Endpoints listed over every slice and port (an endpoint of two ports counts twice, one
-    /// in two slices twice): a size hint for a full sync's output, not a count of backends.
-    pub fn endpoint_count(&self) -> usize {
-        let listed = |s: &SliceEndpoints| s.ports.iter().map(|p| p.endpoints.len()).sum::<usize>();
-        self.slices.values().map(listed).sum::<usize>()
-            + self.mirrored.values().flatten().map(listed).sum::<usize>()
-    }
-
     /// The ports of one Service (empty if not proxied).
     pub fn service_ports(&self, key: &ServiceKey) -> &[Arc<ServicePort>] {
         self.services.get(key).map(Vec::as_slice).unwrap_or(&[])

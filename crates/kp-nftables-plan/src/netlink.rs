@@ -262,16 +262,6 @@ impl ElementBatch {
         }
     }
 
-    /// An empty batch with room for `bytes` of messages. A full table's batch is one buffer of
-    /// several MiB: grown by doubling, each step copies it into one twice its size, so for a
-    /// moment both are resident (at 10k Services, 8 MiB copied into 16 MiB for a 10.5 MB batch).
-    /// Room reserved but never written is not resident, so a generous estimate costs nothing.
-    pub fn with_capacity(bytes: usize) -> Self {
-        let mut batch = ElementBatch::new();
-        batch.buf.reserve(bytes);
-        batch
-    }
-
     /// Whether it holds no element change.
     pub fn is_empty(&self) -> bool {
         self.elements == 0

@@ -7,8 +7,11 @@
 //!   their sets are empty, so they change nothing yet) with `nft -f -`, then every element change
 //!   of the sync, for both families, in one netlink batch ([`netlink::send_batch`]): atomic, so
 //!   the kernel never sees a REJECT gone before its DNAT is there;
-//! - a full sync when no `kube-proxy` table exists yet (first start on a node): the structure with
-//!   `nft -f -`, then all elements in one netlink batch (no traffic is ours to lose in between);
+//! - a full sync when no `kube-proxy` table exists yet (first start on a node): each table as it
+//!   is planned, its structure and regular chains' rules with `nft -f -` (the base chains empty,
+//!   accepting), its elements in netlink batches of about 1 MiB, then its base chains' jumps
+//!   with `nft -f -` (`fill.rs`: no packet sees a half-filled set, and a 10 MB batch is never
+//!   resident at the proxy's peak);
 //! - a full sync when the table exists (restart, repair after a failure or drift): the table is
 //!   read back over netlink and *adopted* ([`Planner::adopt`]) when its structure is the one this
 //!   version and configuration make (the layout named in the table's comment, our sets, the rule
@@ -51,6 +54,7 @@
 
 mod backend;
 mod check;
+mod fill;
 pub mod netlink;
 mod readback;
 mod runner;
@@ -72,6 +76,7 @@ use kp_nftables_plan::{ElementBatch, NodeContext, PlanConfig, Planner, SetId};
 pub use backend::{DigestRead, NftablesBackend, ReadAhead};
 pub use check::DigestTable;
 use check::{SetDifference, Touched};
+use fill::FillSink;
 pub use kp_core::node::{DetectLocal, NodePortAddresses};
 pub use readback::{canonical, compare, parse_table, parse_table_named, KernelTable};
 pub use runner::NftCommand;
@@ -464,18 +469,28 @@ impl NftablesDataplane {
                 .collect(),
         };
         if reads.iter().all(|r| r.as_ref().is_err_and(table_missing)) {
-            // The first start on this node: nothing of ours to keep, so the structure goes as
-            // text and every element in one batch.
-            let mut batch =
-                ElementBatch::with_capacity(full_batch_hint(state, self.planners.len()));
-            let mut split = SplitSink::new(&mut batch);
+            // The first start on this node: nothing of ours to keep, so each table goes as it is
+            // planned: its structure, its elements in batches, its rules last (`fill.rs`).
+            let mut fill = FillSink::new(self.nft.as_mut(), fill::CHUNK_BYTES);
             let mut ops = 0;
             for p in &mut self.planners {
-                ops += p.full_into(state, node, &mut split).operations;
+                ops += p.full_into(state, node, &mut fill).operations;
             }
-            let text = split.into_text();
-            self.send_split(text, batch)?;
-            return Ok(ops);
+            return match fill.finish() {
+                Ok(filled) => {
+                    let mut record = filled.scripts.join("");
+                    record.push_str(&format!(
+                        "# netlink: {} element changes in {} batches, before the rules\n",
+                        filled.elements, filled.batches
+                    ));
+                    self.last_transaction = record;
+                    Ok(ops)
+                }
+                Err(e) => {
+                    self.failed(&e);
+                    Err(e)
+                }
+            };
         }
         let mut text = String::new();
         let mut ops = 0;
@@ -556,14 +571,6 @@ impl NftablesDataplane {
         }
         Ok(())
     }
-}
-
-/// Room for a full sync's element batch: about 64 bytes an element operation, and fewer than
-/// two operations per endpoint listed plus eight per Service port and family (10k Services × 10:
-/// 165,245 operations, 10.5 MB). An over-estimate costs no memory (room never written is not
-/// resident); an under-estimate only lets the buffer grow again.
-fn full_batch_hint(state: &ProxyState, families: usize) -> usize {
-    (state.endpoint_count() * 2 + state.service_port_count() * 8 * families) * 80
 }
 
 /// Reads one family's table from the kernel over netlink; falls back to `nft -j list table`

@@ -179,19 +179,21 @@ fn ip(s: &str) -> Atom {
 }
 
 #[test]
-fn the_first_sync_is_full_sends_the_structure_as_text_and_every_element_in_one_batch() {
+fn the_first_sync_is_full_and_sends_each_table_as_structure_then_elements_then_its_jumps() {
     let fake = fake();
     let (mut dp, _) = dataplane(&fake);
     let state = kp_flows::state();
     let report = sync(&mut dp, &state, &Changes::default(), false).expect("first sync");
     assert!(report.full, "the first sync is full, asked or not");
     assert!(report.operations > 100, "{report:?}");
-    // One script (both families' structure), then one batch with every element.
-    assert_eq!((fake.scripts(), fake.batches()), (1, 1));
+    // Per family: the structure with its regular chains' rules, its elements in one batch
+    // (small here), then its base chains' jumps.
+    assert_eq!((fake.scripts(), fake.batches()), (4, 2));
+    let sent = dp.last_transaction();
+    assert!(!sent.contains("add element"), "{sent}");
     assert!(
-        !dp.last_transaction().contains("add element"),
-        "{}",
-        dp.last_transaction()
+        sent.contains("add rule") && sent.contains("in 2 batches"),
+        "{sent}"
     );
     let batch = fake.last_batch();
     assert!(batch.iter().all(|m| !m.delete));
@@ -215,7 +217,7 @@ fn the_first_sync_is_full_sends_the_structure_as_text_and_every_element_in_one_b
     let report = sync(&mut dp, &state, &Changes::default(), true).unwrap();
     assert_eq!((report.full, report.operations), (false, 0));
     assert_eq!(fake.generation(), generation, "nothing to send");
-    assert_eq!((fake.scripts(), fake.batches()), (1, 1));
+    assert_eq!((fake.scripts(), fake.batches()), (4, 2));
 }
 
 #[test]

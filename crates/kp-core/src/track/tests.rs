@@ -207,38 +207,6 @@ fn several_slices_merge_and_a_shared_address_counts_once() {
 }
 
 #[test]
-fn the_endpoint_count_is_what_the_slices_list_and_follows_a_deletion() {
-    let mut state = ProxyState::new(NODE);
-    assert_eq!(state.endpoint_count(), 0);
-    upsert(&mut state, service("api", 80));
-    upsert(
-        &mut state,
-        slice(
-            "api-x1",
-            "api",
-            vec![ready("10.244.0.1"), ready("10.244.0.2")],
-        ),
-    );
-    // A size hint: the address both slices list counts twice.
-    upsert(
-        &mut state,
-        slice(
-            "api-x2",
-            "api",
-            vec![ready("10.244.0.2"), ready("10.244.0.3")],
-        ),
-    );
-    assert_eq!(state.endpoint_count(), 4);
-    state
-        .apply(SourceEvent::Delete(
-            Kind::EndpointSlice,
-            key("web", "api-x1"),
-        ))
-        .expect("delete");
-    assert_eq!(state.endpoint_count(), 2);
-}
-
-#[test]
 fn a_shared_address_takes_the_entry_that_is_not_terminating() {
     // The pod network reused the address of a terminating pod: the running pod wins, whichever
     // slice lists it (as upstream's EndpointSliceCache).

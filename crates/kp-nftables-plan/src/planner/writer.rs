@@ -392,6 +392,13 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
         for id in &sets {
             tx.declare(*id);
         }
+        // The rules before the elements: a node's first sync sends the table in the order it is
+        // written here (kp-nftables' `fill.rs`: elements in several batches, the base chains'
+        // jumps last), and nft can add a rule that looks a `typeof` map up only in the script
+        // that declares the map. Within one transaction the order changes nothing.
+        for rule in self.meta.rules(self.cfg) {
+            tx.rule(&rule);
+        }
         for &id in &sets {
             match id {
                 SetId::Class(route, n) => {
@@ -418,9 +425,6 @@ impl<const K: usize, const V: usize> Ctx<'_, K, V> {
                     }
                 }
             }
-        }
-        for rule in self.meta.rules(self.cfg) {
-            tx.rule(&rule);
         }
     }
 
