@@ -38,10 +38,12 @@ pub const AFFINITY_OUTSIDE_KEY_SIZE: usize = 20;
 pub const AFFINITY_VALUE_SIZE: usize = 16;
 /// Entries of a Maglev lookup table (`KP_MAGLEV_M` in maps.h), a prime: every skip of a
 /// backend's permutation (1..M) is then coprime with it, so each permutation visits every
-/// entry. 1021 is about 100 entries per backend for 10 backends, where the tables stay within
+/// entry. 991 is about 100 entries per backend for 10 backends, where the tables stay within
 /// one entry of an even share (the fill is round robin) and a change of one backend moves few
-/// other clients; a table is 2 KiB (its slots are `u16`), only for frontends under `sh`/`mh`.
-pub const MAGLEV_M: usize = 1021;
+/// other clients. A table's 1,982 bytes (its slots are `u16`) and the hash map's element header
+/// fit one 2 KiB kernel allocation (measured on 6.18: 1021 entries take 4 KiB each); only
+/// frontends under `sh`/`mh` have one.
+pub const MAGLEV_M: usize = 991;
 /// Size of a Maglev map value (`struct kp_maglev_val`): [`MAGLEV_M`] slots of 2 bytes.
 pub const MAGLEV_VALUE_SIZE: usize = 2 * MAGLEV_M;
 
@@ -462,7 +464,7 @@ impl MaglevTable {
     }
 }
 
-/// Short: the share of each slot, not 1021 numbers.
+/// Short: the share of each slot, not 991 numbers.
 impl std::fmt::Debug for MaglevTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "MaglevTable(entries by slot {:?})", self.shares())

@@ -116,7 +116,7 @@ struct kp_aff_val {
 /* A frontend's Maglev lookup table: for each of KP_MAGLEV_M entries (a prime), a slot of the
  * frontend (1..count). The planner fills it from its backends' names (kp-ebpf-plan's maglev.rs);
  * a client is given entry client_hash % KP_MAGLEV_M. layout.rs MAGLEV_M is the same number. */
-#define KP_MAGLEV_M 1021
+#define KP_MAGLEV_M 991
 
 struct kp_maglev_val {
 	__u16 slots[KP_MAGLEV_M];
@@ -223,7 +223,7 @@ struct {
 } kp_ct SEC(".maps");
 
 /* rev_nat -> the frontend's Maglev table; only frontends flagged KP_SVC_MAGLEV have one, so
- * entries are allocated as they come (2 KiB each). */
+ * entries are allocated as they come (2 KiB each with the element's header). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65535);

@@ -861,7 +861,10 @@ mod tests {
         assert_eq!(m, vec![kp_ebpf_plan::layout::MAGLEV_M]);
         let m = m[0];
         assert!(
-            m > 2 && (2..m).take_while(|d| d * d <= m).all(|d| !m.is_multiple_of(d)),
+            m > 2
+                && (2..m)
+                    .take_while(|d| d * d <= m)
+                    .all(|d| !m.is_multiple_of(d)),
             "{m}: not a prime"
         );
         assert!(header.contains("__u16 slots[KP_MAGLEV_M];"));
