@@ -777,9 +777,9 @@ impl Planner {
             }
             _ => None,
         };
-        let has_table = match (&table, self.scheduler) {
+        let has_table = match (table, self.scheduler) {
             (Some(t), _) => {
-                ops.push(Op::UpsertMaglev(rev_nat, t.clone()));
+                ops.push(Op::UpsertMaglev(rev_nat, t));
                 true
             }
             (None, Scheduler::Maglev) if had_table && old_slots == new_slots => true,

@@ -86,25 +86,36 @@ pub fn table(backends: &[Backend]) -> Vec<usize> {
     let m = MAGLEV_M as u64;
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| backends[i]);
-    // Per backend in turn order: the next entry of its permutation to try, and its skip.
+    // Per backend in turn order: the next entry of its permutation to try, and its skip. Both
+    // below M (they fit usize: M is small).
     let mut next = Vec::with_capacity(n);
     let mut skip = Vec::with_capacity(n);
     for &i in &order {
         let name = name(&backends[i]);
-        next.push(hash64(&name, SEED_OFFSET) % m);
-        skip.push(hash64(&name, SEED_SKIP) % (m - 1) + 1);
+        next.push((hash64(&name, SEED_OFFSET) % m) as usize);
+        skip.push((hash64(&name, SEED_SKIP) % (m - 1) + 1) as usize);
     }
+    // `(c + skip) % M` for c, skip < M, without a division: the fill tries about M ln M
+    // entries.
+    let step = |c: usize, skip: usize| {
+        let c = c + skip;
+        if c >= MAGLEV_M {
+            c - MAGLEV_M
+        } else {
+            c
+        }
+    };
     let mut entries = vec![usize::MAX; MAGLEV_M];
     let mut filled = 0;
     loop {
         for (turn, &i) in order.iter().enumerate() {
             // Entries left unclaimed exist (filled < M), so the permutation reaches one.
             let mut c = next[turn];
-            while entries[c as usize] != usize::MAX {
-                c = (c + skip[turn]) % m;
+            while entries[c] != usize::MAX {
+                c = step(c, skip[turn]);
             }
-            entries[c as usize] = i;
-            next[turn] = (c + skip[turn]) % m;
+            entries[c] = i;
+            next[turn] = step(c, skip[turn]);
             filled += 1;
             if filled == MAGLEV_M {
                 return entries;
