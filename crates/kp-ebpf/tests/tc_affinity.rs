@@ -25,7 +25,7 @@ use std::time::Duration;
 use aya::maps::{HashMap, Map, MapData, MapInfo};
 use kp_core::dataplane::Dataplane;
 use kp_core::node::NodePortAddresses;
-use kp_core::track::{Changes, Object, ProxyState, SourceEvent};
+use kp_core::track::Changes;
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::{names, MapSizes};
 use kp_ebpf_plan::layout::{AFFINITY_KEY_SIZE, AFFINITY_OUTSIDE_KEY_SIZE, AFFINITY_VALUE_SIZE};
@@ -36,36 +36,10 @@ mod common;
 use common::{Bpffs, Cgroup};
 #[path = "common/outside.rs"]
 mod outside;
-use outside::{attach_tc, connect, distinct, tally_of};
+use outside::{attach_tc, connect, distinct, tally_of, update, web_with_affinity};
 
 /// New connections per client in a batch.
 const CONNECTIONS: usize = 12;
-
-/// The fixture's `web` Service, with `sessionAffinity: ClientIP` and `timeout` seconds.
-fn web_with_affinity(timeout: u32) -> Object {
-    let web = kp_flows::fixture::objects()
-        .into_iter()
-        .find(|o| matches!(o, Object::Service(s) if s.metadata.name.as_deref() == Some("web")))
-        .expect("the fixture's web Service");
-    let mut manifest = kp_flows::fixture::manifest(&web);
-    manifest["spec"]["sessionAffinity"] = "ClientIP".into();
-    manifest["spec"]["sessionAffinityConfig"] =
-        serde_json::json!({"clientIP": {"timeoutSeconds": timeout}});
-    Object::Service(Box::new(
-        serde_json::from_value(manifest).expect("web with affinity"),
-    ))
-}
-
-/// Applies `object` to `state` and syncs the changed Service (a partial sync), checking that the
-/// maps are then as planned.
-fn update(dp: &mut EbpfDataplane, state: &mut ProxyState, object: Object) {
-    state
-        .apply(SourceEvent::Upsert(object))
-        .expect("Service update");
-    let changes = state.take_changes();
-    dp.sync(state, &changes, false).expect("partial sync");
-    assert_eq!(dp.verify().expect("verify"), Vec::<String>::new());
-}
 
 /// The client addresses `kp_affinity_out` (pinned in `dir`) holds entries for.
 fn outside_affinity_clients(dir: &Path) -> BTreeSet<IpAddr> {

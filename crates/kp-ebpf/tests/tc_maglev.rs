@@ -8,7 +8,10 @@
 //!   (`layout::address_hash`, the programs' hash); twelve client addresses each reach the one
 //!   the table names for them, not all the same;
 //! - from the node's pods (the socket hooks, the client's network namespace hashed): 12
-//!   connections from one pod's namespace to the ClusterIP reach one endpoint;
+//!   connections from one pod's namespace to the ClusterIP reach one endpoint; with ClientIP
+//!   affinity on, the socket hooks record the namespace's cookie in `kp_affinity`, and the
+//!   endpoint is the one the ClusterIP's table names for that cookie's hash
+//!   (`layout::netns_hash`);
 //! - `kp_maglev` is pinned with maps.h's layout, and a table rewritten behind the dataplane's
 //!   back is drift for `verify`, repaired by a full sync;
 //! - the same dataplane restarted with a random pick deletes the tables (a full sync), and the
@@ -23,7 +26,9 @@ use kp_core::node::NodePortAddresses;
 use kp_core::track::Changes;
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::{names, MapSizes, Scheduler};
-use kp_ebpf_plan::layout::{address_hash, MAGLEV_M, MAGLEV_VALUE_SIZE};
+use kp_ebpf_plan::layout::{
+    address_hash, netns_hash, AFFINITY_KEY_SIZE, AFFINITY_VALUE_SIZE, MAGLEV_M, MAGLEV_VALUE_SIZE,
+};
 use kp_ebpf_plan::{Contents, ServiceKey, FLAG_MAGLEV};
 use kp_test::echo::{Outcome, Proto, Request};
 use kp_test::lab::{Lab, CLIENT_ALIASES, CLIENT_IP, NODE_IP};
@@ -33,39 +38,59 @@ mod common;
 use common::{Bpffs, Cgroup};
 #[path = "common/outside.rs"]
 mod outside;
-use outside::{attach_tc, connect, distinct, tally_of, NODE_PORT};
+use outside::{attach_tc, connect, distinct, tally_of, update, web_with_affinity, NODE_PORT};
 
 /// `web`'s ClusterIP and port.
 const WEB_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
-/// `web`'s NodePort entry (slot 0) in `maps`.
-fn node_port_head(maps: &Contents) -> ServiceKey {
+/// The slot-0 entry of `web`'s frontend at `ip:port` in `maps`.
+fn head_of(maps: &Contents, ip: Ipv4Addr, port: u16) -> ServiceKey {
     *maps
         .services
         .keys()
-        .find(|k| {
-            k.slot == 0 && k.frontend.ip == IpAddr::from(NODE_IP) && k.frontend.port == NODE_PORT
-        })
-        .expect("web's NodePort")
+        .find(|k| k.slot == 0 && k.frontend.ip == IpAddr::from(ip) && k.frontend.port == port)
+        .expect("web's frontend")
 }
 
-/// The endpoint (the lab's pod name) the Maglev table in `maps` gives `client` for `web`'s
-/// NodePort: entry `hash % M` for its address's hash, a slot, its backend.
-fn table_pick(lab: &Lab, maps: &Contents, client: Ipv4Addr) -> String {
-    let head = node_port_head(maps);
+/// `web`'s NodePort entry (slot 0) in `maps`.
+fn node_port_head(maps: &Contents) -> ServiceKey {
+    head_of(maps, NODE_IP, NODE_PORT)
+}
+
+/// The endpoint (the lab's pod name) the Maglev table in `maps` gives a client of hash `hash`
+/// at frontend `head`: entry `hash % M`, a slot, its backend.
+fn table_pick(lab: &Lab, maps: &Contents, head: ServiceKey, hash: u32) -> String {
     let value = maps.services[&head];
     assert_ne!(
         value.flags & FLAG_MAGLEV,
         0,
-        "web's NodePort is not flagged Maglev"
+        "{head:?} is not flagged Maglev"
     );
-    let slot = maps.maglev[&value.rev_nat].slot_for(address_hash(client.into()));
+    let slot = maps.maglev[&value.rev_nat].slot_for(hash);
     let id = maps.services[&ServiceKey { slot, ..head }].backend_id;
     let backend = maps.backends[&id];
     (1..=3)
         .find(|&i| lab.pod_ip(i) == backend.ip)
         .map(|i| lab.pod_name(i))
         .unwrap_or_else(|| panic!("{backend:?} is no pod of the lab"))
+}
+
+/// The endpoint the NodePort's table gives `client` (its address's hash).
+fn outside_pick(lab: &Lab, maps: &Contents, client: Ipv4Addr) -> String {
+    table_pick(lab, maps, node_port_head(maps), address_hash(client.into()))
+}
+
+/// The `kp_affinity` entries (pinned in `pins`) under reverse-NAT id `rev_nat`: each client
+/// network namespace's cookie.
+fn affinity_cookies(pins: &std::path::Path, rev_nat: u16) -> Vec<u64> {
+    let data = MapData::from_pin(pins.join(names::AFFINITY)).expect("open the pin");
+    let map: HashMap<MapData, [u8; AFFINITY_KEY_SIZE], [u8; AFFINITY_VALUE_SIZE]> =
+        HashMap::try_from(Map::from_map_data(data).expect("map")).expect("a hash map");
+    map.keys()
+        .map(|k| k.expect("read a key"))
+        .filter(|k| u16::from_ne_bytes([k[8], k[9]]) == rev_nat)
+        .map(|k| u64::from_ne_bytes(k[..8].try_into().expect("8 bytes")))
+        .collect()
 }
 
 /// `count` new TCP connections from pod `pod`'s namespace to `web`'s ClusterIP: the endpoint
@@ -124,7 +149,7 @@ fn sh_sends_each_client_to_the_endpoint_its_hash_names() {
     };
     let mut dp = EbpfDataplane::new(config(Scheduler::Maglev));
     dp.start().expect("load and attach");
-    let state = kp_flows::fixture::state();
+    let mut state = kp_flows::fixture::state();
     dp.sync(&state, &Changes::default(), true)
         .expect("full sync");
     assert_eq!(dp.verify().expect("verify"), Vec::<String>::new());
@@ -144,7 +169,7 @@ fn sh_sends_each_client_to_the_endpoint_its_hash_names() {
     let answers = connect(&lab, CLIENT_IP, 12);
     assert_eq!(
         distinct(&answers),
-        BTreeSet::from([table_pick(&lab, &maps, CLIENT_IP).as_str()]),
+        BTreeSet::from([outside_pick(&lab, &maps, CLIENT_IP).as_str()]),
         "{CLIENT_IP}: {:?}",
         tally_of(&answers)
     );
@@ -161,7 +186,7 @@ fn sh_sends_each_client_to_the_endpoint_its_hash_names() {
     let mut picks = BTreeSet::new();
     for &client in &clients {
         let answers = connect(&lab, client, 4);
-        let want = table_pick(&lab, &maps, client);
+        let want = outside_pick(&lab, &maps, client);
         assert_eq!(
             distinct(&answers),
             BTreeSet::from([want.as_str()]),
@@ -186,6 +211,23 @@ fn sh_sends_each_client_to_the_endpoint_its_hash_names() {
         "from pod 0: {:?}",
         tally_of(&from_pod)
     );
+    // With ClientIP affinity the hooks record the namespace's cookie: its hash names the
+    // endpoint in the ClusterIP's table (affinity comes first, but finds nothing yet).
+    update(&mut dp, &mut state, web_with_affinity(60));
+    lab.place_in_cgroup(Some(&cgroup.path));
+    let sticky = connect_from_pod(&lab, 0, 4);
+    lab.place_in_cgroup(None);
+    let vip = head_of(&maps, WEB_VIP, 80);
+    let vip_rev_nat = maps.services[&vip].rev_nat;
+    let cookies = affinity_cookies(&bpffs.path, vip_rev_nat);
+    assert_eq!(cookies.len(), 1, "one client namespace: {cookies:?}");
+    assert_eq!(
+        distinct(&sticky),
+        BTreeSet::from([table_pick(&lab, &maps, vip, netns_hash(cookies[0])).as_str()]),
+        "from pod 0 with affinity: {:?}",
+        tally_of(&sticky)
+    );
+    assert_eq!(distinct(&sticky), distinct(&from_pod));
 
     // A table rewritten behind the dataplane's back is drift; a full sync repairs it.
     let web_rev_nat = maps.services[&node_port_head(&maps)].rev_nat;
@@ -199,9 +241,10 @@ fn sh_sends_each_client_to_the_endpoint_its_hash_names() {
         .expect("full sync");
     assert_eq!(dp.verify().expect("verify"), Vec::<String>::new());
 
-    // Restarted with a random pick: the tables go, and the same connections spread (all on one
-    // of three endpoints: 3 × 3^-12).
+    // Restarted with a random pick (and web without affinity again): the tables go, and the
+    // same connections spread (all on one of three endpoints: 3 × 3^-12).
     drop(dp);
+    let state = kp_flows::fixture::state(); // without the affinity set above
     let mut random = EbpfDataplane::new(config(Scheduler::Random));
     random.start().expect("restart");
     random

@@ -7,6 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::Path;
 
+use kp_core::dataplane::Dataplane;
+use kp_core::track::{Object, ProxyState, SourceEvent};
+use kp_ebpf::dataplane::EbpfDataplane;
 use kp_test::echo::{Outcome, Proto, Request};
 use kp_test::lab::{Lab, NODE_IP};
 
@@ -57,4 +60,30 @@ pub fn tally_of(answers: &[String]) -> BTreeMap<&str, usize> {
         *counts.entry(a.as_str()).or_insert(0) += 1;
     }
     counts
+}
+
+/// The fixture's `web` Service, with `sessionAffinity: ClientIP` and `timeout` seconds.
+pub fn web_with_affinity(timeout: u32) -> Object {
+    let web = kp_flows::fixture::objects()
+        .into_iter()
+        .find(|o| matches!(o, Object::Service(s) if s.metadata.name.as_deref() == Some("web")))
+        .expect("the fixture's web Service");
+    let mut manifest = kp_flows::fixture::manifest(&web);
+    manifest["spec"]["sessionAffinity"] = "ClientIP".into();
+    manifest["spec"]["sessionAffinityConfig"] =
+        serde_json::json!({"clientIP": {"timeoutSeconds": timeout}});
+    Object::Service(Box::new(
+        serde_json::from_value(manifest).expect("web with affinity"),
+    ))
+}
+
+/// Applies `object` to `state` and syncs the changed Service (a partial sync), checking that the
+/// maps are then as planned.
+pub fn update(dp: &mut EbpfDataplane, state: &mut ProxyState, object: Object) {
+    state
+        .apply(SourceEvent::Upsert(object))
+        .expect("Service update");
+    let changes = state.take_changes();
+    dp.sync(state, &changes, false).expect("partial sync");
+    assert_eq!(dp.verify().expect("verify"), Vec::<String>::new());
 }
