@@ -623,6 +623,7 @@ fn apply_strict(maps: &mut Contents, ops: &[Op]) {
             Op::DeleteRevNat(id) => maps.rev_nat.contains_key(id),
             Op::DeleteService(k) => maps.services.contains_key(k),
             Op::DeleteAddr(k) => maps.addrs.contains_key(k),
+            Op::DeleteMaglev(id) => maps.maglev.contains_key(id),
             _ => true,
         };
         assert!(present, "{op:?} deletes an entry the maps do not hold");
@@ -709,8 +710,36 @@ fn generated_specs(i: u16, endpoints: &[IpAddr]) -> Vec<FrontendSpec> {
     out
 }
 
+/// Each flagged frontend's Maglev table, entry by entry as the backends it names; checks that no
+/// table is orphaned.
+fn maglev_resolved(maps: &Contents) -> BTreeMap<FrontendAddr, Vec<Backend>> {
+    let mut out = BTreeMap::new();
+    let mut used = BTreeSet::new();
+    for (k, head) in maps.services.iter().filter(|(k, _)| k.slot == 0) {
+        if head.flags & FLAG_MAGLEV == 0 {
+            continue;
+        }
+        used.insert(head.rev_nat);
+        let named = maps.maglev[&head.rev_nat]
+            .slots()
+            .iter()
+            .map(|&slot| maps.backends[&maps.services[&ServiceKey { slot, ..*k }].backend_id])
+            .collect();
+        out.insert(k.frontend, named);
+    }
+    let held: BTreeSet<u16> = maps.maglev.keys().copied().collect();
+    assert_eq!(held, used, "Maglev tables orphaned or missing");
+    out
+}
+
 #[test]
 fn one_endpoint_changes_on_multi_port_services_match_a_full_plan() {
+    for scheduler in [Scheduler::Random, Scheduler::Maglev] {
+        one_endpoint_changes_match_a_full_plan(scheduler);
+    }
+}
+
+fn one_endpoint_changes_match_a_full_plan(scheduler: Scheduler) {
     for (services, per) in [(20u16, 10u8), (20, 2), (30, 1)] {
         // Endpoint `j` of Service `i`; the last Service shares the first one's endpoints.
         let mut endpoints: Vec<Vec<IpAddr>> = (0..services)
@@ -720,7 +749,7 @@ fn one_endpoint_changes_on_multi_port_services_match_a_full_plan() {
                     .collect()
             })
             .collect();
-        let mut planner = Planner::new();
+        let mut planner = Planner::with_scheduler(scheduler);
         let mut maps = Contents::default();
         for i in 0..services {
             let ops = planner
@@ -743,7 +772,11 @@ fn one_endpoint_changes_on_multi_port_services_match_a_full_plan() {
                 )
                 .expect("plan");
             apply_strict(&mut maps, &ops);
-            let mut fresh = Planner::new();
+            // With tables, every fourth change against a full plan (each computes them all).
+            if scheduler == Scheduler::Maglev && change % 4 != 3 {
+                continue;
+            }
+            let mut fresh = Planner::with_scheduler(scheduler);
             for s in 0..services {
                 fresh
                     .set_service(
@@ -757,6 +790,13 @@ fn one_endpoint_changes_on_multi_port_services_match_a_full_plan() {
                 resolved(&fresh.contents()),
                 "{services} Services x {per}: after change {change} (Service {i})"
             );
+            let tables = maglev_resolved(&maps);
+            assert_eq!(
+                tables,
+                maglev_resolved(&fresh.contents()),
+                "{scheduler:?}, {services} Services x {per}: Maglev tables after change {change}"
+            );
+            assert_eq!(tables.is_empty(), scheduler == Scheduler::Random);
             assert_eq!(maps, planner.contents(), "the planner's own record");
         }
     }
