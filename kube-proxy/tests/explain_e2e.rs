@@ -414,6 +414,38 @@ fn explain_and_status_read_the_live_ebpf_maps() {
     );
 }
 
+/// ebpf mode with `--ipvs-scheduler=sh`: the live maps hold a Maglev table per frontend, and
+/// `status` plans them as the running proxy does, so it finds no drift; told the default
+/// scheduler instead, it plans no tables and finds every one of them.
+#[test]
+#[ignore = "needs root"]
+fn status_plans_the_ebpf_maglev_tables_of_the_sh_scheduler() {
+    if !kp_test::netns::require_root() {
+        return;
+    }
+    let lab = kp_test::flows::lab().expect("lab");
+    let sandbox = ebpf_lab::Sandbox::new("maglev");
+    sandbox.admit(&lab);
+    let mut extra = sandbox.flags();
+    extra.push("--ipvs-scheduler=sh".into());
+    let dir = temp_dir("explain-ebpf-sh");
+    write_atomically(&dir.0.join("cluster.json"), &kp_flows::manifest_list());
+    let _proxy = start(&lab, "ebpf", &dir.0, &extra);
+    let mut status: Vec<String> = ["status", "-o", "json"].map(String::from).into();
+    status.extend(proxy_flags("ebpf", &dir.0, &extra));
+    let (code, out) = run(&lab, &status);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(json(&out)["drift"]["matches"], true, "{out}");
+    let default_scheduler: Vec<String> = status
+        .iter()
+        .filter(|a| !a.starts_with("--ipvs-scheduler"))
+        .cloned()
+        .collect();
+    let (_, out) = run(&lab, &default_scheduler);
+    assert_eq!(json(&out)["drift"]["matches"], false, "{out}");
+    assert!(out.contains("maglev"), "{out}");
+}
+
 /// userspace mode: the redirect table read from the kernel, the endpoints a redirected
 /// connection may reach from the balancer synced with the objects (the proxy's choice), SCTP
 /// rejected (the proxy has no SCTP socket), and a redirect element deleted behind the stopped

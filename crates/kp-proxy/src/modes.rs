@@ -32,6 +32,7 @@ mod ebpf;
 pub mod footprint;
 mod ipvs;
 pub use ebpf::ebpf_settings;
+pub use ebpf::scheduler as ebpf_scheduler;
 pub use footprint::Footprint;
 pub use ipvs::ipvs_settings;
 

@@ -182,8 +182,8 @@ pub fn plan_iptables(
     Ok(tracer)
 }
 
-/// The ebpf planner's full plan for `state` (what a full sync makes the maps hold), in a tracer
-/// over the node's addresses `local`. NodePorts go on the addresses the dataplane finds
+/// The ebpf planner's full plan for `state` (what a full sync makes the maps hold, with the
+/// configured scheduler's Maglev tables), in a tracer over the node's addresses `local`. NodePorts go on the addresses the dataplane finds
 /// (`kp_ebpf::local`), as its syncs do.
 pub fn plan_ebpf(
     cfg: &Config,
@@ -196,7 +196,10 @@ pub fn plan_ebpf(
         _ => kp_ebpf::local::local_addresses()
             .map_err(|e| format!("reading the node's addresses: {e}"))?,
     };
-    let planner = kp_ebpf_plan::plan_state(state, &node_ports, &interfaces)
+    // The scheduler decides whether frontends have Maglev tables (`sh`, `mh`), as in the
+    // running proxy's plan.
+    let scheduler = kp_proxy::modes::ebpf_scheduler(cfg).map_err(|e| e.to_string())?;
+    let planner = kp_ebpf_plan::plan_state_with(state, &node_ports, &interfaces, scheduler)
         .map_err(|e| format!("planning the maps: {e}"))?;
     Ok(EbpfTracer::new(planner.contents(), local))
 }
