@@ -118,15 +118,16 @@ if [ $BUILD -eq 1 ]; then
     (cd "$ROOT" && cargo build --release --locked -p kp-nftables --example measure \
         -p kp-iptables --example iptables-measure -p kp-bench --bin bench &&
         cargo build --release --locked -p kube-proxy &&
-        CARGO_TARGET_DIR=$TARGET/system-allocator cargo build --release --locked -p kube-proxy \
-            --features system-allocator)
+        CARGO_TARGET_DIR=$TARGET/system-allocator CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+            cargo build --release --locked -p kube-proxy --features system-allocator)
 fi
 NFT_MEASURE=$TARGET/release/examples/measure
 IPT_MEASURE=$TARGET/release/examples/iptables-measure
 BENCH=$TARGET/release/bench
 PROXY=$TARGET/release/kube-proxy
 # The binary's allocator is mimalloc, which heaptrack (it watches malloc) cannot see: memory
-# profiles run a build with glibc's malloc.
+# profiles run a build with glibc's malloc, with line tables so that heaptrack can name the
+# inlined functions an allocation comes from (without them most of the peak is one bare address).
 PROXY_SYSTEM_ALLOCATOR=$TARGET/system-allocator/release/kube-proxy
 # perf's sampling frequency (per CPU): one sample is 1/FREQ s of CPU time.
 FREQ=999
@@ -374,6 +375,35 @@ heap_profile() {
 }
 
 # heap_summary NAME: appends the measurement's output ($WORK/NAME.out) and heaptrack's peak
+# heap_by_our_code FILE: the heap at its peak (heaptrack's folded stacks, cost `peak`), each
+# stack charged to its innermost three frames in a source file of this repository (file names
+# that dependencies share, such as mod.rs, are left out), largest first.
+heap_by_our_code() {
+    local file=$1 folded=$WORK/heap.folded ours
+    heaptrack_print -f "$file" --print-peaks 0 --print-allocators 0 --print-leaks 0 \
+        --print-temporary 0 -F "$folded" --flamegraph-cost-type peak >/dev/null 2>&1 || return 0
+    ours=$(cd "$ROOT" && find crates kube-proxy -name '*.rs' -printf '%f\n' | sort -u |
+        grep -vxE 'mod.rs|lib.rs|main.rs|tests.rs|map.rs|iter.rs|node.rs|set.rs|list.rs|client.rs|service.rs|error.rs|types.rs|io.rs|sync.rs')
+    awk -v ours="$ours" '
+        BEGIN { n = split(ours, a, "\n"); for (i = 1; i <= n; i++) mine[a[i]] = 1 }
+        {
+            cost = $NF; line = $0; sub(/ [0-9]+$/, "", line)
+            k = split(line, f, ";"); chain = ""; depth = 0
+            for (i = k; i >= 1 && depth < 3; i--) {
+                if (match(f[i], /\([^()]+\.rs\)$/)) {
+                    file = substr(f[i], RSTART + 1, RLENGTH - 2)
+                    if (file in mine) { chain = chain (depth ? " <- " : "") f[i]; depth++ }
+                }
+            }
+            if (chain == "") chain = "(no frame of ours: the runtime, TLS, HTTP)"
+            total += cost; by[chain] += cost
+        }
+        END {
+            for (c in by) if (by[c] >= total / 1000)
+                printf "    %7.2f MB %5.1f%%  %s\n", by[c] / 1e6, 100 * by[c] / total, c
+        }' "$folded" | sort -rn | head -n 30
+}
+
 # summary of $WORK/NAME.* to the profile file.
 heap_summary() {
     local name=$1 file
@@ -389,6 +419,10 @@ heap_summary() {
         echo "## totals"
         grep -E '^(total runtime|calls to allocation|temporary memory|peak heap memory|peak RSS|total memory leaked)' \
             "$WORK/$name.print" | sed 's/^/    /' || true
+        echo
+        echo "## the heap peak by our code (innermost frame in this repository's sources, <- its"
+        echo "## callers of ours; with line tables, inlined frames count)"
+        heap_by_our_code "$file"
         echo
         # The section's title differs between heaptrack releases.
         sed -n '/MOST MEMORY CONSUMING\|PEAK MEMORY CONSUMERS/,$p' "$WORK/$name.print" | sed -n '1,160p'
