@@ -409,6 +409,51 @@ impl RevNat {
     }
 }
 
+/// Size of a stale-UDP map key ([`StaleUdp::to_bytes`], `struct kp_stale_key` in
+/// `bpf/udp_destroy.c`).
+pub const STALE_UDP_SIZE: usize = 40;
+
+/// A UDP frontend the socket hooks serve and a backend it no longer has: connected sockets the
+/// hooks sent to that backend for that frontend are destroyed (the key of `kp_stale`, which the
+/// socket iterator looks up; also what it writes for each socket it destroyed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StaleUdp {
+    /// The frontend's address and port.
+    pub frontend: std::net::SocketAddr,
+    /// The backend's address and port.
+    pub backend: std::net::SocketAddr,
+}
+
+impl StaleUdp {
+    /// The key's bytes: frontend address (16), backend address (16), frontend port (network
+    /// order, 2), backend port (2), padding (4).
+    pub fn to_bytes(&self) -> [u8; STALE_UDP_SIZE] {
+        let mut b = [0u8; STALE_UDP_SIZE];
+        b[..16].copy_from_slice(&addr_bytes(self.frontend.ip()));
+        b[16..32].copy_from_slice(&addr_bytes(self.backend.ip()));
+        b[32..34].copy_from_slice(&self.frontend.port().to_be_bytes());
+        b[34..36].copy_from_slice(&self.backend.port().to_be_bytes());
+        b
+    }
+
+    /// Reads a key back (as the iterator writes it).
+    pub fn from_bytes(b: &[u8]) -> Option<StaleUdp> {
+        if b.len() != STALE_UDP_SIZE || b[36..].iter().any(|x| *x != 0) {
+            return None;
+        }
+        Some(StaleUdp {
+            frontend: std::net::SocketAddr::new(
+                addr_of(take(b, 0)?),
+                u16::from_be_bytes(take(b, 32)?),
+            ),
+            backend: std::net::SocketAddr::new(
+                addr_of(take(b, 16)?),
+                u16::from_be_bytes(take(b, 34)?),
+            ),
+        })
+    }
+}
+
 /// A frontend's Maglev lookup table as the Maglev map holds it (key: the frontend's `u16`
 /// reverse-NAT id, host order): for each of the [`MAGLEV_M`] entries, a backend slot of the
 /// frontend (1..=count). The planner fills it from the backends' names, so it depends only on

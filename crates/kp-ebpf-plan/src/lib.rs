@@ -28,17 +28,17 @@
 pub mod layout;
 pub mod maglev;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 
 use kp_core::frontend::{FrontendKind, Frontends, NoEndpoints, TrafficPolicy};
-use kp_core::model::{IpFamily, ServiceKey as ServiceName};
+use kp_core::model::{IpFamily, Protocol, ServiceKey as ServiceName};
 use kp_core::node::{DetectLocal, NodeContext, NodePortAddresses};
 use kp_core::track::ProxyState;
 
 pub use layout::{
     AddrKey, AddrVerdict, Backend, FrontendAddr, MaglevTable, RangeKey, RevNat, Scope, ServiceKey,
-    ServiceValue, FLAG_DROP_EMPTY, FLAG_KEEP_SOURCE, FLAG_MAGLEV, FLAG_SRC_RANGES,
+    ServiceValue, StaleUdp, FLAG_DROP_EMPTY, FLAG_KEEP_SOURCE, FLAG_MAGLEV, FLAG_SRC_RANGES,
 };
 pub use maglev::Scheduler;
 
@@ -468,6 +468,9 @@ pub struct Planner {
     cidrs: BTreeSet<AddrKey>,
     /// How the programs pick a backend: with [`Scheduler::Maglev`], frontends get tables.
     scheduler: Scheduler,
+    /// UDP frontend and backend pairs the batches since the last
+    /// [`Planner::take_stale_udp`] took apart.
+    stale_udp: Vec<StaleUdp>,
 }
 
 impl Planner {
@@ -804,6 +807,10 @@ impl Planner {
         if old_head != Some(head) {
             ops.push(Op::UpsertService(key(0), head));
         }
+        if spec.addr.protocol == Protocol::Udp && spec.addr.scope == Scope::Socket {
+            let kept: HashSet<u32> = programmed.slots.iter().copied().collect();
+            self.note_stale_udp(&spec.addr, old_slots.iter().filter(|id| !kept.contains(id)));
+        }
         // References from the old slots go last, so a backend kept is never released.
         for id in &old_slots {
             self.release_backend(*id, ops);
@@ -822,6 +829,9 @@ impl Planner {
                 slot: u16::try_from(slot).unwrap_or(u16::MAX),
             }));
         }
+        if addr.protocol == Protocol::Udp && addr.scope == Scope::Socket {
+            self.note_stale_udp(addr, p.slots.iter());
+        }
         for id in &p.slots {
             self.release_backend(*id, ops);
         }
@@ -838,6 +848,53 @@ impl Planner {
         // Not reusable in this batch: its delete is sorted after every write.
         self.released_rev_nat.push(p.rev_nat);
         ops.push(Op::DeleteRevNat(p.rev_nat));
+    }
+
+    /// Records that UDP frontend `addr` no longer has the backends `gone` (ids still
+    /// programmed).
+    fn note_stale_udp<'a>(&mut self, addr: &FrontendAddr, gone: impl Iterator<Item = &'a u32>) {
+        for id in gone {
+            if let Some(b) = self.backends.get(id) {
+                self.stale_udp.push(StaleUdp {
+                    frontend: SocketAddr::new(addr.ip, addr.port),
+                    backend: SocketAddr::new(b.ip, b.port),
+                });
+            }
+        }
+    }
+
+    /// The UDP frontends (of the socket hooks) and backends the batches planned since the last
+    /// call took apart, and that are still apart: the connected sockets the hooks sent to such
+    /// a backend for such a frontend talk to an endpoint that left it. A pair taken apart and
+    /// made again (an endpoint that left and came back) is not in it.
+    pub fn take_stale_udp(&mut self) -> Vec<StaleUdp> {
+        let mut out = std::mem::take(&mut self.stale_udp);
+        out.sort();
+        out.dedup();
+        out.retain(|pair| !self.serves_udp(pair));
+        out
+    }
+
+    /// Whether UDP frontend `pair.frontend` has backend `pair.backend`.
+    fn serves_udp(&self, pair: &StaleUdp) -> bool {
+        let frontend = FrontendAddr {
+            ip: pair.frontend.ip(),
+            port: pair.frontend.port(),
+            protocol: Protocol::Udp,
+            scope: Scope::Socket,
+        };
+        let backend = Backend {
+            ip: pair.backend.ip(),
+            port: pair.backend.port(),
+            protocol: Protocol::Udp,
+        };
+        match (
+            self.frontends.get(&frontend),
+            self.backend_ids.get(&backend),
+        ) {
+            (Some(p), Some((id, _))) => p.slots.contains(id),
+            _ => false,
+        }
     }
 
     fn take_backend(&mut self, b: Backend, ops: &mut Vec<Op>) -> Result<u32, Error> {
@@ -953,6 +1010,36 @@ impl Planner {
         }
         c
     }
+}
+
+/// The UDP frontends (of the socket hooks) and backends paired in `have` and not in `want`:
+/// what a full sync takes apart ([`Planner::take_stale_udp`] for a partial one). Every
+/// frontend's, sorted.
+pub fn stale_udp(have: &Contents, want: &Contents) -> Vec<StaleUdp> {
+    let want = udp_pairs(want);
+    let mut out: Vec<StaleUdp> = udp_pairs(have)
+        .into_iter()
+        .filter(|p| !want.contains(p))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every UDP frontend and backend pair of the socket hooks' entries in `c`.
+fn udp_pairs(c: &Contents) -> HashSet<StaleUdp> {
+    c.services
+        .iter()
+        .filter(|(k, _)| {
+            k.slot != 0 && k.frontend.protocol == Protocol::Udp && k.frontend.scope == Scope::Socket
+        })
+        .filter_map(|(k, v)| {
+            let b = c.backends.get(&v.backend_id)?;
+            Some(StaleUdp {
+                frontend: SocketAddr::new(k.frontend.ip, k.frontend.port),
+                backend: SocketAddr::new(b.ip, b.port),
+            })
+        })
+        .collect()
 }
 
 /// The updates that turn maps holding `have` into `want`, element by element, in the same

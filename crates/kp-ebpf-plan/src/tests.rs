@@ -1233,3 +1233,108 @@ fn client_hashes_spread_over_the_table() {
     assert_eq!(layout::address_hash(v4), layout::address_hash(mapped));
     assert_ne!(layout::netns_hash(1), layout::netns_hash(1 << 32));
 }
+
+/// `spec` for UDP port 53 (dns), of the socket hooks or of outside traffic.
+fn udp_spec(addr: &str, backends: &[&str], scope: Scope) -> FrontendSpec {
+    let mut s = spec(addr, backends);
+    s.addr.port = 53;
+    s.addr.protocol = Protocol::Udp;
+    s.addr.scope = scope;
+    for b in &mut s.backends {
+        b.port = 5353;
+        b.protocol = Protocol::Udp;
+    }
+    s
+}
+
+fn stale(frontend: &str, backend: &str) -> StaleUdp {
+    StaleUdp {
+        frontend: SocketAddr::new(ip(frontend), 53),
+        backend: SocketAddr::new(ip(backend), 5353),
+    }
+}
+
+#[test]
+fn a_udp_backend_that_leaves_a_frontend_is_stale_for_it_until_taken() {
+    let mut planner = Planner::new();
+    let dns = svc("dns");
+    let both = [
+        udp_spec("10.96.0.53", &["10.244.1.1", "10.244.2.2"], Scope::Socket),
+        udp_spec("fd00:10:96::53", &["fd00:10:244::1"], Scope::Socket),
+        // Outside traffic has no sockets to destroy; TCP none that stay stuck.
+        udp_spec("203.0.113.10", &["10.244.1.1"], Scope::Outside),
+        spec("10.96.0.53", &["10.244.1.1"]),
+    ];
+    planner.set_service(&dns, &both).unwrap();
+    assert_eq!(planner.take_stale_udp(), []);
+
+    // 10.244.1.1 leaves every frontend, the IPv6 Service port goes.
+    let after = [
+        udp_spec("10.96.0.53", &["10.244.2.2"], Scope::Socket),
+        udp_spec("203.0.113.10", &[], Scope::Outside),
+        spec("10.96.0.53", &[]),
+    ];
+    planner.set_service(&dns, &after).unwrap();
+    assert_eq!(
+        planner.take_stale_udp(),
+        [
+            stale("10.96.0.53", "10.244.1.1"),
+            stale("fd00:10:96::53", "fd00:10:244::1"),
+        ]
+    );
+    assert_eq!(planner.take_stale_udp(), [], "taken once");
+
+    // Gone and back within the batches before a take: not stale.
+    planner
+        .set_service(&dns, &[udp_spec("10.96.0.53", &[], Scope::Socket)])
+        .unwrap();
+    planner
+        .set_service(
+            &dns,
+            &[udp_spec("10.96.0.53", &["10.244.2.2"], Scope::Socket)],
+        )
+        .unwrap();
+    assert_eq!(planner.take_stale_udp(), []);
+
+    // The Service deleted: its frontend's last backend is stale.
+    planner.set_service(&dns, &[]).unwrap();
+    assert_eq!(
+        planner.take_stale_udp(),
+        [stale("10.96.0.53", "10.244.2.2")]
+    );
+}
+
+#[test]
+fn a_full_sync_finds_the_udp_pairs_the_maps_have_and_the_plan_has_not() {
+    let dns = svc("dns");
+    let plan = |backends: &[&str]| {
+        let mut p = Planner::new();
+        p.set_service(
+            &dns,
+            &[
+                udp_spec("10.96.0.53", backends, Scope::Socket),
+                udp_spec("10.96.0.54", backends, Scope::Outside),
+            ],
+        )
+        .unwrap();
+        p.contents()
+    };
+    let have = plan(&["10.244.1.1", "10.244.2.2"]);
+    let want = plan(&["10.244.2.2", "10.244.3.3"]);
+    assert_eq!(stale_udp(&have, &want), [stale("10.96.0.53", "10.244.1.1")]);
+    assert_eq!(stale_udp(&want, &want), []);
+    assert_eq!(stale_udp(&Contents::default(), &want), []);
+}
+
+#[test]
+fn a_stale_udp_key_reads_back_with_the_offsets_the_iterator_uses() {
+    let pair = StaleUdp {
+        frontend: "10.96.0.53:53".parse().unwrap(),
+        backend: "[fd00:10:244::1]:5353".parse().unwrap(),
+    };
+    let bytes = pair.to_bytes();
+    assert_eq!(&bytes[10..16], &[0xff, 0xff, 10, 96, 0, 53]);
+    assert_eq!(&bytes[32..36], &[0, 53, 0x14, 0xe9]);
+    assert_eq!(StaleUdp::from_bytes(&bytes), Some(pair));
+    assert_eq!(StaleUdp::from_bytes(&bytes[..39]), None);
+}

@@ -356,4 +356,7 @@ int kp_getpeername6(struct bpf_sock_addr *ctx) { return restore6(ctx); }
 /* The tc path, in the same object so that it shares these maps. */
 #include "tc.c"
 
+/* The stale UDP socket iterator, in the same object for kp_sk_rev. */
+#include "udp_destroy.c"
+
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -1,8 +1,13 @@
 //! Finding the cgroup v2 hierarchy to attach the socket hooks to: its root, so every process
 //! on the node (and in its pods) is covered. `/sys/fs/cgroup` on a unified-only host,
 //! `/sys/fs/cgroup/unified` on a hybrid one (the development machines); a flag overrides it.
+//! And the network namespaces of the processes under it ([`network_namespaces`]).
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 /// The mount point of the cgroup v2 hierarchy's root in `mountinfo` (`/proc/self/mountinfo`'s
 /// text); `None` when none is mounted. A cgroup v2 mount of a sub-tree (a container's view) is
@@ -24,6 +29,46 @@ pub fn find_cgroup2_root() -> std::io::Result<Option<PathBuf>> {
     Ok(cgroup2_root(&std::fs::read_to_string(
         "/proc/self/mountinfo",
     )?))
+}
+
+/// The network namespaces of the processes in cgroup `dir` and every cgroup below it, one open
+/// file each (a `/proc/PID/ns/net`; holding it keeps the namespace while it is used). The
+/// socket hooks attached at `dir` serve exactly these processes, so their sockets live in these
+/// namespaces. A process that exits meanwhile is skipped; so is a cgroup removed meanwhile.
+pub fn network_namespaces(dir: &Path) -> std::io::Result<Vec<File>> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let root = dir;
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let procs = match std::fs::read_to_string(dir.join("cgroup.procs")) {
+            Ok(text) => text,
+            Err(e) if e.kind() == ErrorKind::NotFound && dir != root => continue,
+            Err(e) => return Err(e),
+        };
+        for pid in procs.split_whitespace() {
+            let Ok(ns) = File::open(format!("/proc/{pid}/ns/net")) else {
+                continue;
+            };
+            let Ok(meta) = ns.metadata() else {
+                continue;
+            };
+            if seen.insert((meta.dev(), meta.ino())) {
+                out.push(ns);
+            }
+        }
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound && dir != root => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(entry.path());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// mountinfo writes space, tab, newline and backslash in a path as `\ooo` octal.

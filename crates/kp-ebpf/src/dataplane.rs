@@ -24,7 +24,7 @@ use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
 use kp_ebpf_plan::{
     diff, no_local_endpoints, node_port_addresses, service_cidrs, service_specs as specs, Planner,
-    Scheduler,
+    Scheduler, StaleUdp,
 };
 
 use crate::nat_hooks::NatHooks;
@@ -71,6 +71,17 @@ pub enum Event {
     /// At start, a pinned map whose size was not the configured one was unpinned and created
     /// afresh at the configured size (empty until the first full sync).
     Resized(Resized),
+    /// A sync took backends from UDP frontends (`pairs` of them) and destroyed the connected
+    /// sockets the hooks had sent there, one pair per socket in `destroyed`.
+    StaleUdp {
+        /// Frontend and backend pairs taken apart.
+        pairs: usize,
+        /// The sockets destroyed, by pair.
+        destroyed: Vec<StaleUdp>,
+    },
+    /// Stale UDP sockets cannot be destroyed: at start, because the kernel lacks what it takes
+    /// (reported once); at a sync, what failed (those sockets stay connected to the backend).
+    StaleUdpFailed(String),
 }
 
 /// What [`Events`] calls.
@@ -181,6 +192,34 @@ impl EbpfDataplane {
         }
     }
 
+    /// Destroys the connected UDP sockets of the cgroup's processes that the hooks sent to a
+    /// backend of `pairs` for its frontend. Reported as an event, not as a sync error: the maps
+    /// are written, and the sockets would stay as they are on a retry as well.
+    fn destroy_stale_udp(&mut self, pairs: &[StaleUdp]) {
+        if pairs.is_empty() {
+            return;
+        }
+        let events = self.config.events.clone();
+        let cgroup = self.config.cgroup.clone();
+        let Some(lb) = self.lb.as_mut() else {
+            return;
+        };
+        // Reported once, at start.
+        if lb.stale_udp_support().is_err() {
+            return;
+        }
+        let result = crate::cgroup::network_namespaces(&cgroup)
+            .map_err(|e| Error::StaleUdp(format!("listing {}: {e}", cgroup.display())))
+            .and_then(|namespaces| lb.destroy_stale_udp(pairs, namespaces));
+        events.emit(match result {
+            Ok(destroyed) => Event::StaleUdp {
+                pairs: pairs.len(),
+                destroyed,
+            },
+            Err(e) => Event::StaleUdpFailed(e.to_string()),
+        });
+    }
+
     fn lb(&mut self) -> Result<&mut SocketLb, DataplaneError> {
         self.lb
             .as_mut()
@@ -190,7 +229,7 @@ impl EbpfDataplane {
 
 fn dataplane_error(e: Error) -> DataplaneError {
     match e {
-        Error::Map { .. } | Error::Unreadable(_) | Error::Full { .. } => {
+        Error::Map { .. } | Error::Unreadable(_) | Error::Full { .. } | Error::StaleUdp(_) => {
             DataplaneError::transient(e)
         }
         Error::Load(_)
@@ -222,6 +261,11 @@ impl Dataplane for EbpfDataplane {
             .map_err(dataplane_error)?;
         for r in lb.resized() {
             self.config.events.emit(Event::Resized(r.clone()));
+        }
+        if let Err(why) = lb.stale_udp_support() {
+            self.config
+                .events
+                .emit(Event::StaleUdpFailed(why.to_string()));
         }
         lb.attach(&self.config.cgroup).map_err(dataplane_error)?;
         if let Some(tc) = &self.config.tc {
@@ -262,6 +306,7 @@ impl Dataplane for EbpfDataplane {
                 lb.pin_tc_links(&dir).map_err(dataplane_error)?;
             }
         }
+        let stale: Vec<StaleUdp>;
         let ops = if full {
             let planner = kp_ebpf_plan::plan_state_with(
                 state,
@@ -271,7 +316,9 @@ impl Dataplane for EbpfDataplane {
             )
             .map_err(plan_error)?;
             let have = self.lb()?.read_back().map_err(dataplane_error)?;
-            let ops = diff(&have, &planner.contents());
+            let want = planner.contents();
+            let ops = diff(&have, &want);
+            stale = kp_ebpf_plan::stale_udp(&have, &want);
             self.planner = planner;
             self.no_local = state
                 .service_keys()
@@ -315,6 +362,7 @@ impl Dataplane for EbpfDataplane {
             // A handful of entries, compared in place: ServiceCIDR objects and the node come
             // and go without naming a Service.
             ops.extend(self.planner.set_service_cidrs(&service_cidrs(state)));
+            stale = self.planner.take_stale_udp();
             ops
         };
         if let Err(e) = self.lb()?.apply(&ops) {
@@ -323,6 +371,9 @@ impl Dataplane for EbpfDataplane {
             }
             return Err(dataplane_error(e));
         }
+        // Once no slot names them any more: a socket connected from now on gets a backend the
+        // frontend has.
+        self.destroy_stale_udp(&stale);
         Ok(SyncReport {
             full,
             operations: ops.len(),

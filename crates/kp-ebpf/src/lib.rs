@@ -20,7 +20,8 @@
 //! - [`MapSizes`] sizes the maps (from the configuration); a pinned map of another size is made
 //!   afresh ([`SocketLb::resized`]), an insert into a full map is [`Error::Full`].
 //!
-//! What is not here yet: stale UDP socket destruction (README.md).
+//! - [`SocketLb::destroy_stale_udp`] destroys the connected UDP sockets the hooks sent to a
+//!   backend a frontend no longer has ([`stale_udp`]: a socket iterator, Linux 6.5).
 //!
 //! No unsafe code: aya makes the `bpf()` calls.
 
@@ -28,6 +29,7 @@ pub mod cgroup;
 pub mod dataplane;
 pub mod local;
 pub mod nat_hooks;
+pub mod stale_udp;
 
 use std::borrow::Borrow;
 use std::fs::File;
@@ -192,6 +194,10 @@ pub enum Error {
         /// The error.
         source: std::io::Error,
     },
+    /// Stale UDP sockets could not be destroyed: the kernel cannot (before 6.5), or a
+    /// namespace could not be entered or read.
+    #[error("destroying stale UDP sockets: {0}")]
+    StaleUdp(String),
     /// The cgroup directory could not be opened. Not retryable.
     #[error("cgroup {path}: {source}")]
     Cgroup {
@@ -426,6 +432,8 @@ pub struct SocketLb {
     tc_links: Vec<(&'static str, String, SchedClassifierLinkId)>,
     /// Pinned maps the load unpinned and created afresh because their size changed.
     resized: Vec<Resized>,
+    /// Whether the stale UDP socket iterator is loaded; if not, why.
+    stale_udp: Result<(), String>,
 }
 
 type ByteMap<'a, const K: usize, const V: usize> = HashMap<&'a mut MapData, [u8; K], [u8; V]>;
@@ -466,7 +474,7 @@ impl SocketLb {
             Some(dir) => unpin_resized(dir, &sizes)?,
             None => Vec::new(),
         };
-        let ebpf = SocketLb::load_object(object, sizes, pin_dir)?;
+        let (ebpf, stale_udp) = SocketLb::load_object(object, sizes, pin_dir)?;
         Ok(SocketLb {
             ebpf,
             refusal,
@@ -474,6 +482,7 @@ impl SocketLb {
             tc_devices: Vec::new(),
             tc_links: Vec::new(),
             resized,
+            stale_udp,
         })
     }
 
@@ -483,7 +492,14 @@ impl SocketLb {
         &self.resized
     }
 
-    fn load_object(object: &[u8], sizes: MapSizes, pin_dir: Option<&Path>) -> Result<Ebpf, Error> {
+    /// Loads `object` and its socket programs; the stale UDP iterator too where the kernel has
+    /// what it needs (otherwise the second value says why).
+    fn load_object(
+        object: &[u8],
+        sizes: MapSizes,
+        pin_dir: Option<&Path>,
+    ) -> Result<(Ebpf, Result<(), String>), Error> {
+        let (object, btf) = stale_udp::prepare(object);
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(names::SERVICES, sizes.services)
@@ -501,7 +517,7 @@ impl SocketLb {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
-        let mut ebpf = loader.load(object)?;
+        let mut ebpf = loader.load(object.bytes())?;
         for name in SOCK_PROGRAMS {
             let prog: &mut CgroupSockAddr = ebpf
                 .program_mut(name)
@@ -511,7 +527,8 @@ impl SocketLb {
             prog.load()
                 .map_err(|source| Error::Program { name, source })?;
         }
-        Ok(ebpf)
+        let stale_udp = btf.and_then(|btf| stale_udp::load_iterator(&mut ebpf, &btf));
+        Ok((ebpf, stale_udp))
     }
 
     /// How the loaded programs refuse.

@@ -4,45 +4,16 @@
 //! the namespace and any bpffs mount are removed on drop, also when an assertion fails.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::process::Command;
 use std::time::Instant;
 
 use kp_core::model::{Protocol, ServiceKey as ServiceName};
 use kp_ebpf::{MapSizes, Refusal, SocketLb};
-use kp_ebpf_plan::{Backend, FrontendAddr, FrontendSpec, Planner};
+use kp_ebpf_plan::Planner;
 use kp_test::netns::{require_root, Netns};
 
 mod common;
-use common::{Bpffs, Cgroup};
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().expect("address")
-}
-
-fn spec(vip: &str, port: u16, protocol: Protocol, backends: &[(&str, u16)]) -> FrontendSpec {
-    FrontendSpec {
-        addr: FrontendAddr {
-            ip: ip(vip),
-            port,
-            protocol,
-            scope: kp_ebpf_plan::Scope::Socket,
-        },
-        backends: backends
-            .iter()
-            .map(|(a, p)| Backend {
-                ip: ip(a),
-                port: *p,
-                protocol,
-            })
-            .collect(),
-        drop_when_empty: false,
-        affinity: None,
-        cluster_ip: true,
-        keep_source: false,
-        source_ranges: None,
-    }
-}
+use common::{spec, Bpffs, Cgroup};
 
 /// Runs kp-sockpeer inside `cgroup` and `ns` and returns its lines.
 fn client(cgroup: &Cgroup, ns: &Netns, args: &[&str]) -> Vec<String> {

@@ -288,6 +288,12 @@ pub struct Metrics {
     /// `kubeproxy_rs_ebpf_map_full_total{map}`: ebpf-mode syncs that stopped because a BPF map
     /// had no room for another entry (its size in the configuration is too small).
     pub ebpf_map_full: Family<MapLabel, Counter>,
+    /// `kubeproxy_rs_ebpf_stale_udp_sockets_destroyed_total`: connected UDP sockets ebpf mode
+    /// destroyed because a sync took their backend from the frontend they were sent for.
+    pub ebpf_stale_udp_sockets_destroyed: Counter,
+    /// `kubeproxy_rs_ebpf_stale_udp_failures_total`: syncs whose stale UDP sockets could not
+    /// be destroyed (they stay connected to the gone backend).
+    pub ebpf_stale_udp_failures: Counter,
     /// `kubeproxy_rs_userspace_active_connections`: TCP connections being relayed now.
     pub userspace_active_connections: Gauge,
     /// `kubeproxy_rs_userspace_connections_total`: TCP connections accepted for a Service.
@@ -359,6 +365,8 @@ impl Metrics {
             source_errors: Family::default(),
             proxy_mode_fallbacks: Family::default(),
             ebpf_map_full: Family::default(),
+            ebpf_stale_udp_sockets_destroyed: Counter::default(),
+            ebpf_stale_udp_failures: Counter::default(),
             userspace_active_connections: Gauge::default(),
             userspace_connections: Counter::default(),
             userspace_connect_failures: Counter::default(),
@@ -502,6 +510,16 @@ impl Metrics {
             m.ebpf_map_full.clone(),
         );
         r.register(
+            "kubeproxy_rs_ebpf_stale_udp_sockets_destroyed",
+            "Connected UDP sockets ebpf mode destroyed because their backend left the frontend they were sent for",
+            m.ebpf_stale_udp_sockets_destroyed.clone(),
+        );
+        r.register(
+            "kubeproxy_rs_ebpf_stale_udp_failures",
+            "ebpf mode syncs whose stale UDP sockets could not be destroyed",
+            m.ebpf_stale_udp_failures.clone(),
+        );
+        r.register(
             "kubeproxy_rs_userspace_active_connections",
             "TCP connections the userspace proxy relays now",
             m.userspace_active_connections.clone(),
@@ -608,6 +626,7 @@ mod tests {
         m.sync_full_duration.observe(0.5);
         m.mode_fallback("iptables", "userspace");
         m.ebpf_map_full("kp_services");
+        m.ebpf_stale_udp_sockets_destroyed.inc_by(2);
         let text = m.encode();
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
@@ -621,6 +640,8 @@ mod tests {
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
             "kubeproxy_rs_proxy_mode_fallbacks_total{from=\"iptables\",to=\"userspace\"} 1",
             "kubeproxy_rs_ebpf_map_full_total{map=\"kp_services\"} 1",
+            "kubeproxy_rs_ebpf_stale_udp_sockets_destroyed_total 2",
+            "kubeproxy_rs_ebpf_stale_udp_failures_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in:\n{text}");
         }

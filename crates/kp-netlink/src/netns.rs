@@ -59,6 +59,20 @@ where
 {
     let path = path(name)?;
     let ns = File::open(&path).map_err(|source| Error::Open { path, source })?;
+    run_in_file(ns, thread, work)
+}
+
+/// [`run_in`] for a namespace already open: `ns` is a network namespace file (a
+/// `/proc/PID/ns/net`, or a bind mount of one such as `ip netns add` makes).
+pub fn run_in_file<T, E>(
+    ns: File,
+    thread: &str,
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<Result<T, E>, Error>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+{
     std::thread::Builder::new()
         .name(thread.to_string())
         .spawn(move || {

@@ -292,6 +292,50 @@ pub fn finished_requests(child: &mut ChildGuard, timeout: Duration) -> Result<Ti
     Ok(TimedOutcomes { outcomes, slowest })
 }
 
+/// Starts `kp-echo resolver` in namespace `from`: one connected UDP socket to `ip:port`, as a
+/// DNS resolver keeps one, a query every `interval` (each waits `timeout` for its answer) for
+/// `duration`; a new socket only after an error other than a timeout. Read what it saw so far
+/// with [`resolver_queries`] of the child's log.
+pub fn spawn_resolver(
+    from: &Netns,
+    ip: IpAddr,
+    port: u16,
+    interval: Duration,
+    timeout: Duration,
+    duration: Duration,
+) -> Result<ChildGuard> {
+    let binary = try_echo_binary()?;
+    let binary = binary.to_string_lossy();
+    let ms = |d: Duration| d.as_millis().max(1).to_string();
+    let (ip, port) = (ip.to_string(), port.to_string());
+    let (interval, timeout, duration) = (ms(interval), ms(timeout), ms(duration));
+    from.spawn(&[
+        &binary,
+        "resolver",
+        "udp",
+        &ip,
+        &port,
+        "--interval-ms",
+        &interval,
+        "--timeout-ms",
+        &timeout,
+        "--duration-ms",
+        &duration,
+    ])
+}
+
+/// The queries of a [`spawn_resolver`] run in its `log`: when each was answered or failed
+/// (since the run started), and how.
+pub fn resolver_queries(log: &str) -> Vec<(Duration, Outcome)> {
+    log.lines()
+        .filter_map(|line| {
+            let (outcome, at) = line.rsplit_once(" at=")?;
+            let at = Duration::from_millis(at.trim().parse().ok()?);
+            Some((at, Outcome::parse(outcome)))
+        })
+        .collect()
+}
+
 /// What a `kp-echo stream` run saw: one long-lived TCP connection sending a line every
 /// interval, each echoed back.
 #[derive(Debug, Clone, PartialEq, Eq)]

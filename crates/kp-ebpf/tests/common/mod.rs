@@ -1,5 +1,9 @@
-//! Guards shared by the root tests: a cgroup and a bpffs of the test's own, removed on drop.
+//! Guards shared by the root tests: a cgroup and a bpffs of the test's own, removed on drop;
+//! and the frontends they plan.
 
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -83,5 +87,40 @@ impl Drop for Bpffs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.path).status();
         let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+/// An address literal.
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
+}
+
+/// A ClusterIP frontend `vip:port` of the socket hooks with `backends` (address, port).
+pub fn spec(
+    vip: &str,
+    port: u16,
+    protocol: kp_core::model::Protocol,
+    backends: &[(&str, u16)],
+) -> kp_ebpf_plan::FrontendSpec {
+    kp_ebpf_plan::FrontendSpec {
+        addr: kp_ebpf_plan::FrontendAddr {
+            ip: ip(vip),
+            port,
+            protocol,
+            scope: kp_ebpf_plan::Scope::Socket,
+        },
+        backends: backends
+            .iter()
+            .map(|(a, p)| kp_ebpf_plan::Backend {
+                ip: ip(a),
+                port: *p,
+                protocol,
+            })
+            .collect(),
+        drop_when_empty: false,
+        affinity: None,
+        cluster_ip: true,
+        keep_source: false,
+        source_ranges: None,
     }
 }

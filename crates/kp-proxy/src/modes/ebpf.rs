@@ -97,7 +97,9 @@ pub fn map_sizes(cfg: &Config) -> MapSizes {
 
 /// A full map: an error line naming the map and its size (the sync fails with the same
 /// message and is retried) and `kubeproxy_rs_ebpf_map_full_total{map}`. A pinned map made
-/// afresh at a new size: a warning line (it is empty until the first full sync).
+/// afresh at a new size: a warning line (it is empty until the first full sync). Stale UDP
+/// sockets destroyed: a line each and `kubeproxy_rs_ebpf_stale_udp_sockets_destroyed_total`;
+/// not destroyed: a warning and `kubeproxy_rs_ebpf_stale_udp_failures_total`.
 fn events(metrics: std::sync::Arc<Metrics>) -> Events {
     Events::new(move |event| match event {
         Event::Full { name, max_entries } => {
@@ -107,6 +109,31 @@ fn events(metrics: std::sync::Arc<Metrics>) -> Events {
                 max_entries = *max_entries,
                 "ebpf: BPF map is full, the sync stopped; raise its size (ebpf.*MapMax, \
                  --bpf-*-map-max)"
+            );
+        }
+        Event::StaleUdp { pairs, destroyed } => {
+            metrics
+                .ebpf_stale_udp_sockets_destroyed
+                .inc_by(destroyed.len() as u64);
+            for d in destroyed {
+                tracing::info!(
+                    frontend = %d.frontend,
+                    backend = %d.backend,
+                    "ebpf: destroyed a connected UDP socket whose backend left the frontend"
+                );
+            }
+            tracing::debug!(
+                pairs = *pairs,
+                destroyed = destroyed.len(),
+                "ebpf: stale UDP frontend and backend pairs checked"
+            );
+        }
+        Event::StaleUdpFailed(why) => {
+            metrics.ebpf_stale_udp_failures.inc();
+            tracing::warn!(
+                error = %why,
+                "ebpf: stale connected UDP sockets are not destroyed; their clients keep \
+                 sending to the gone backend until they reconnect"
             );
         }
         Event::Resized(r) => tracing::warn!(

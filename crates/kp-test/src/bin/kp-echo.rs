@@ -14,6 +14,11 @@
 //! that restart or switch the proxy under it. It prints one line at the end:
 //! `stream NAME sent=N echoed=N max_gap_ms=G` followed by ` failed=WHY` if it broke.
 //!
+//! `kp-echo resolver` holds one connected UDP socket, as a DNS resolver keeps one, and sends a
+//! query every interval: one line per query, `OUTCOME at=MS` (the `request` words; MS since it
+//! started). After an error other than a timeout (the socket was destroyed, or refused) it opens
+//! a new socket for the next query; after a timeout it keeps the socket.
+//!
 //! SCTP (`--sctp`, `request sctp`) uses one-to-one style sockets (`SOCK_STREAM`,
 //! `IPPROTO_SCTP`), which behave like TCP sockets for everything kp-echo does, so it shares the
 //! TCP code. Where the kernel lacks SCTP, binding or connecting reports the kernel's error.
@@ -38,13 +43,16 @@ usage:
   kp-echo request tcp|udp|sctp HOST PORT [--timeout-ms N] [--src-port P] [--src-ip IP]
                   [--count N | --duration-ms N]
   kp-echo stream tcp HOST PORT [--interval-ms N] [--duration-ms N] [--timeout-ms N] [--src-ip IP]
+  kp-echo resolver udp HOST PORT [--interval-ms N] [--duration-ms N] [--timeout-ms N]
 
 serve listens on every address (IPv4 and IPv6) and prints `kp-echo NAME ready` once all ports
 are bound. request prints one line per attempt: `NAME CLIENT_IP` for an answer, else `timeout`,
 `refused`, `unreachable`, `reset` or `error MESSAGE` (with --duration-ms, followed by
 ` ms=N`, the attempt's time); it exits 0 for all of these. stream keeps
 one connection, sends a line every interval for the duration and prints
-`stream NAME sent=N echoed=N max_gap_ms=G [failed=WHY]`.";
+`stream NAME sent=N echoed=N max_gap_ms=G [failed=WHY]`. resolver keeps one connected UDP
+socket (a new one after an error other than a timeout), queries every interval for the
+duration and prints `OUTCOME at=MS` per query.";
 
 /// Exit code for a usage error (sysexits' EX_USAGE), as for a bad config elsewhere.
 const EX_USAGE: u8 = 64;
@@ -62,6 +70,7 @@ fn main() -> ExitCode {
         Some("serve") => ServeArgs::parse(&args[1..]).map(serve),
         Some("request") => RequestArgs::parse(&args[1..]).map(request),
         Some("stream") => RequestArgs::parse(&args[1..]).map(stream),
+        Some("resolver") => RequestArgs::parse(&args[1..]).and_then(resolver),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -616,15 +625,66 @@ fn request_stream(args: &RequestArgs) -> io::Result<String> {
 
 fn request_udp(args: &RequestArgs) -> io::Result<String> {
     let deadline = Instant::now() + args.timeout;
+    let socket = connected_udp(args)?;
+    query(&socket, remaining(deadline)?)
+}
+
+/// A UDP socket connected to the destination, so an ICMP port unreachable comes back as
+/// ECONNREFUSED (and the socket hooks of ebpf mode pick its backend at connect).
+fn connected_udp(args: &RequestArgs) -> io::Result<UdpSocket> {
     let socket = new_socket(args, Type::DGRAM, Protocol::UDP)?;
-    // Connected, so an ICMP port unreachable comes back as ECONNREFUSED.
     socket.connect(&args.dst.into())?;
-    let socket = UdpSocket::from(socket);
+    Ok(UdpSocket::from(socket))
+}
+
+/// One datagram on a connected socket and its answer, waited for up to `timeout`.
+fn query(socket: &UdpSocket, timeout: Duration) -> io::Result<String> {
     socket.send(b"kp-echo\n")?;
     let mut buf = [0u8; 65536];
-    socket.set_read_timeout(Some(remaining(deadline)?))?;
+    socket.set_read_timeout(Some(timeout))?;
     let n = socket.recv(&mut buf)?;
     Ok(parse_answer(&buf[..n]))
+}
+
+/// `kp-echo resolver`: one connected UDP socket, a query every interval.
+fn resolver(args: RequestArgs) -> Result<ExitCode, String> {
+    if args.proto != Proto::Udp {
+        return Err("resolver speaks UDP only".to_string());
+    }
+    let start = Instant::now();
+    let duration = args.duration.unwrap_or(Duration::from_secs(1));
+    let stdout = io::stdout();
+    let mut socket: Option<UdpSocket> = None;
+    while start.elapsed() < duration {
+        let result = match &socket {
+            Some(s) => query(s, args.timeout),
+            None => connected_udp(&args).and_then(|s| {
+                let answer = query(&s, args.timeout);
+                socket = Some(s);
+                answer
+            }),
+        };
+        let line = match result {
+            Ok(line) => line,
+            Err(e) => {
+                if !matches!(
+                    e.kind(),
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                ) {
+                    socket = None;
+                }
+                classify(&e)
+            }
+        };
+        let mut out = stdout.lock();
+        let written = writeln!(out, "{line} at={}", start.elapsed().as_millis());
+        if written.and_then(|()| out.flush()).is_err() {
+            return Ok(ExitCode::FAILURE);
+        }
+        drop(out);
+        thread::sleep(args.interval);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `NAME CLIENT_IP` from an answer (HTTP or a bare UDP body), or an `error` line.
