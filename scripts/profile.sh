@@ -38,6 +38,14 @@
 #                                applying), nftables mode, 100k Services x 10
 #   nftables-change-100k         perf of bench's in-process one-endpoint changes at 100k (the
 #                                partial syncs alone)
+#   ebpf-full-10k                perf of bench's in-process first full sync, ebpf mode, 10k x 10
+#                                (its hooks on a cgroup and its pins on a bpffs of bench's own)
+#   ebpf-datapath-vip-30k        the data-path profile above in ebpf mode (the clients in
+#                                bench's cgroup, under the socket hooks)
+#   ebpf-datapath-direct-30k     the same during the runs straight to the pod IP
+#   ebpf-memory-10k              heaptrack of the kube-proxy binary in ebpf mode on bench's 10k x 10
+#                                manifests, its hooks on a cgroup and its pins on a bpffs this
+#                                script makes (removed afterwards), never the machine's own
 #
 # perf samples the process and every child it starts (nft, iptables-restore), user and kernel
 # code, with the cpu-clock event (this VM has no hardware counters). Change profiles start with
@@ -74,7 +82,8 @@ ALL=(nftables-full-10k nftables-full-30k nftables-change-30k
     userspace-bulk-vip-30k userspace-bulk-direct-30k userspace-memory-10k
     nftables-memory-kube-apiserver-10k nftables-memory-kube-apiserver-30k
     nftables-startup-kube-apiserver-10k nftables-startup-kube-apiserver-30k
-    nftables-startup-yaml-10k nftables-full-100k nftables-change-100k)
+    nftables-startup-yaml-10k nftables-full-100k nftables-change-100k
+    ebpf-full-10k ebpf-datapath-vip-30k ebpf-datapath-direct-30k ebpf-memory-10k)
 for arg in "$@"; do
     case $arg in
         --no-build) BUILD=0 ;;
@@ -136,7 +145,7 @@ WORK=$(mktemp -d)
 PROFILE_NS=
 KUBE_FDS=()
 KUBE_PIDS=()
-trap 'drop_profile_ns; stop_kube_servers; rm -rf "$WORK"' EXIT
+trap 'drop_profile_ns; drop_ebpf_scratch; stop_kube_servers; rm -rf "$WORK"' EXIT
 
 # header NAME COMMAND...: the first lines of a profile file.
 header() {
@@ -347,14 +356,14 @@ datapath_profile() {
         "$BENCH" --modes "$mode" --sizes 30000 --skip-proxy --repeats 1 --root "$root"
 }
 
-# sync_profile NAME TARGET SERVICES: perf of bench's in-process nftables dataplane (bench's own
-# allocator) at SERVICES x 10, while it samples TARGET: `full-sync` (the first full sync) or
-# `changes` (the one-endpoint changes), in a scratch root.
+# sync_profile NAME TARGET SERVICES [MODE]: perf of bench's in-process dataplane of MODE (default
+# nftables; bench's own allocator) at SERVICES x 10, while it samples TARGET: `full-sync` (the
+# first full sync) or `changes` (the one-endpoint changes), in a scratch root.
 sync_profile() {
-    local name=$1 target=$2 services=$3
+    local name=$1 target=$2 services=$3 mode=${4:-nftables}
     local root=$WORK/$name-root
     mkdir -p "$root"
-    perf_profile "$name" --controlled KP_PERF_TARGET="$target" -- "$BENCH" --modes nftables \
+    perf_profile "$name" --controlled KP_PERF_TARGET="$target" -- "$BENCH" --modes "$mode" \
         --sizes "$services" --skip-proxy --skip-datapath --repeats 1 --changes 200 --root "$root"
 }
 
@@ -492,6 +501,23 @@ binary_profile() {
         wrapper=(heaptrack -o "$WORK/$name")
         proxy=$PROXY_SYSTEM_ALLOCATOR
     fi
+    if [ "$mode" = ebpf ]; then
+        # Its hooks on a cgroup of this script's, bind-mounted where `ip netns exec` (which
+        # remounts /sys) lets the binary see it, and its pins on a bpffs of its own.
+        # (in place of the paths `bench manifests` names, bench's own scratch).
+        ebpf_scratch "$name"
+        local kept=() skip=0 f
+        for f in "${flags[@]}"; do
+            if [ $skip -eq 1 ]; then skip=0; continue; fi
+            case $f in
+                --bpf-cgroup-root | --bpf-pin-dir) skip=1 ;;
+                --bpf-cgroup-root=* | --bpf-pin-dir=*) ;;
+                *) kept+=("$f") ;;
+            esac
+        done
+        flags=("${kept[@]}" --bpf-cgroup-root="$EBPF_SCRATCH/cgroup"
+            --bpf-pin-dir="$EBPF_SCRATCH/bpf/pins")
+    fi
     if [ "$source" = kube-apiserver ]; then
         kube_server "$services"
         PROFILE_NS=$(sed -n 's/^namespace=//p' "$WORK/kube-$services.served")
@@ -538,6 +564,7 @@ binary_profile() {
     else
         drop_profile_ns
     fi
+    drop_ebpf_scratch
     if [ "$tool" = perf ]; then
         {
             echo "#"
@@ -550,6 +577,32 @@ binary_profile() {
     else
         heap_summary "$name"
     fi
+}
+
+# ebpf_scratch NAME: a child cgroup of the cgroup v2 root (never the root itself), bind-mounted on
+# $WORK/NAME-ebpf/cgroup, and a bpffs on $WORK/NAME-ebpf/bpf; EBPF_SCRATCH names the directory.
+# drop_ebpf_scratch removes both (the pins first, which detaches the programs).
+ebpf_scratch() {
+    local root
+    root=$(awk '$9 == "cgroup2" { print $5; exit }' /proc/self/mountinfo)
+    [ -n "$root" ] || { echo "profile.sh: no cgroup v2 hierarchy is mounted" >&2; exit 1; }
+    EBPF_CGROUP=$root/kpprof-$$-$1
+    EBPF_SCRATCH=$WORK/$1-ebpf
+    mkdir "$EBPF_CGROUP"
+    mkdir -p "$EBPF_SCRATCH/cgroup" "$EBPF_SCRATCH/bpf"
+    mount --bind "$EBPF_CGROUP" "$EBPF_SCRATCH/cgroup"
+    mount -t bpf bpf "$EBPF_SCRATCH/bpf"
+}
+
+drop_ebpf_scratch() {
+    [ -n "${EBPF_SCRATCH:-}" ] || return 0
+    rm -rf "$EBPF_SCRATCH/bpf/pins" 2>/dev/null || true
+    umount "$EBPF_SCRATCH/bpf" "$EBPF_SCRATCH/cgroup" 2>/dev/null || true
+    xargs -r kill -KILL <"$EBPF_CGROUP/cgroup.procs" 2>/dev/null || true
+    sleep 0.2
+    rmdir "$EBPF_CGROUP" 2>/dev/null || true
+    rm -rf "$EBPF_SCRATCH"
+    EBPF_SCRATCH=
 }
 
 # Deletes the namespace a profile made, with anything still running in it.
@@ -602,6 +655,10 @@ for name in "${NAMES[@]}"; do
             binary_profile perf "$name" nftables 10000 manifests-yaml ;;
         nftables-full-100k) sync_profile "$name" full-sync 100000 ;;
         nftables-change-100k) sync_profile "$name" changes 100000 ;;
+        ebpf-full-10k) sync_profile "$name" full-sync 10000 ebpf ;;
+        ebpf-datapath-vip-30k) datapath_profile "$name" vip ebpf ;;
+        ebpf-datapath-direct-30k) datapath_profile "$name" direct ebpf ;;
+        ebpf-memory-10k) binary_profile heaptrack "$name" ebpf 10000 ;;
     esac
 done
 echo "==> done: bench/profiles/ (bench report redraws BENCHMARKS.md with them)"

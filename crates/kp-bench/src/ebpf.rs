@@ -320,6 +320,34 @@ impl SyncTarget for Attached {
     fn client_cgroup(&self) -> Option<PathBuf> {
         Some(self.scratch.cgroup())
     }
+
+    fn kernel_memory(&self) -> anyhow::Result<Option<Vec<(String, u64)>>> {
+        pinned_map_memory(&self.scratch.pins()).map(Some)
+    }
+}
+
+/// Each map pinned under `pins` and the memory the kernel charges for it: `memlock` in the
+/// fdinfo of a descriptor of it (the map's own accounting of its memory use, Linux 6.5+).
+pub fn pinned_map_memory(pins: &Path) -> anyhow::Result<Vec<(String, u64)>> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let mut out = Vec::new();
+    for name in kp_ebpf::names::ALL {
+        let path = pins.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let map = MapData::from_pin(&path)
+            .map_err(|e| anyhow::anyhow!("opening {}: {e}", path.display()))?;
+        let fd = map.fd().as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
+        let bytes = info
+            .lines()
+            .find_map(|l| l.strip_prefix("memlock:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| anyhow::anyhow!("no memlock in the fdinfo of {name}"))?;
+        out.push((name.to_string(), bytes));
+    }
+    Ok(out)
 }
 
 /// A dataplane that could not be made: every sync says why.

@@ -28,6 +28,13 @@ pub trait SyncTarget {
     fn client_cgroup(&self) -> Option<std::path::PathBuf> {
         None
     }
+
+    /// What the dataplane's own kernel objects hold in memory, by object, in bytes, for a mode
+    /// whose state lives in objects it made (ebpf: its BPF maps); `None` where the state is
+    /// netfilter's, in the namespace's rules.
+    fn kernel_memory(&self) -> anyhow::Result<Option<Vec<(String, u64)>>> {
+        Ok(None)
+    }
 }
 
 /// Every dataplane is a sync target: the harness drives it as the binary does.

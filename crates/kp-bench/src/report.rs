@@ -416,6 +416,10 @@ pub fn targets(results: &Results) -> Vec<Target> {
             row.profiles = vec![format!("{mode}-memory-kube-apiserver-10k")];
         }
         t.push(row);
+        // ebpf has no kernel tool to load its maps with alone: no bare baseline.
+        if mode == "ebpf" {
+            continue;
+        }
         let overhead = run(&mode, 10_000)
             .and_then(|r| r.bare.as_ref())
             .map(|b| (b.overhead, format!("{:.2}×", b.overhead)));
@@ -467,8 +471,46 @@ pub fn targets(results: &Results) -> Vec<Target> {
             1.10,
         ));
     }
+    t.extend(ebpf_targets(results));
     t.extend(real_cluster_targets(results));
     t
+}
+
+/// The ebpf mode's targets (#14): its map updates are the whole sync, so a full sync at 10k and
+/// a one-endpoint change are cheap and flat in N, and a ClusterIP costs what a direct
+/// connection does (nothing is translated per packet).
+fn ebpf_targets(results: &Results) -> Vec<Target> {
+    let ebpf = "ebpf";
+    let run = |n: usize| results.run(ebpf, n);
+    let p99 = |n: usize| run(n).and_then(|r| r.incremental_ms).map(|s| s.p99);
+    vec![
+        target(
+            format!("{ebpf}, 10k × 10: first full sync ≤ 0.3 s"),
+            run(10_000)
+                .and_then(|r| r.full_sync.as_ref())
+                .map(|f| (f.total_s, format!("{:.2} s", f.total_s))),
+            0.3,
+        ),
+        target(
+            format!("{ebpf}, 30k: one-endpoint change p99 ≤ 1 ms"),
+            p99(30_000).map(|v| (v, format!("{v:.2} ms"))),
+            1.0,
+        ),
+        target(
+            format!("{ebpf}, 30k: one-endpoint change p99 ≤ 2× the 1k p99 (flat in N)"),
+            p99(30_000)
+                .zip(p99(1_000))
+                .map(|(a, b)| (a / b, format!("{:.2}× ({a:.2} ms vs {b:.2} ms)", a / b))),
+            2.0,
+        ),
+        target(
+            format!("{ebpf}, 30k: connect latency via ClusterIP ≤ 1.02× direct (p50)"),
+            run(30_000)
+                .and_then(|r| r.datapath.as_ref())
+                .map(|d| (d.latency_ratio_p50, format!("{:.2}×", d.latency_ratio_p50))),
+            1.02,
+        ),
+    ]
 }
 
 /// The targets of the binary against a real API server and YAML manifests, at 100k, and of the
@@ -764,6 +806,38 @@ pub fn markdown(
                 v.differences
             )),
         );
+    }
+    let kernel: Vec<&Run> = r
+        .runs
+        .iter()
+        .filter(|run| run.kernel_memory.is_some())
+        .collect();
+    if !kernel.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nKernel memory of the dataplane's own objects after the changes, which the process's RSS does not \
+             show (ebpf: its pinned BPF maps, each map's `memlock`; the size of a map is set by the configuration, \
+             and hash maps are allocated in full when made).\n\n| mode | Services | kernel memory | largest |\n|---|---|---|---|"
+        );
+        for run in kernel {
+            let Some(k) = &run.kernel_memory else {
+                continue;
+            };
+            let largest: Vec<String> = k
+                .objects
+                .iter()
+                .take(3)
+                .map(|(n, m)| format!("`{n}` {m:.1} MiB"))
+                .collect();
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.1} MiB | {} |",
+                run.mode,
+                thousands(run.services),
+                k.total_mib,
+                largest.join(", ")
+            );
+        }
     }
     let _ = writeln!(o, "\n![Sync time against N](bench/sync_time.png)\n");
 

@@ -108,6 +108,8 @@ pub struct Run {
     pub datapath: Option<Datapath>,
     /// Memory per open connection, for a mode that relays in this process (userspace).
     pub held: Option<Held>,
+    /// Kernel memory of the dataplane's own objects after the changes (ebpf: its maps).
+    pub kernel_memory: Option<KernelMemory>,
     /// Phases that failed, with why.
     pub errors: Vec<String>,
     /// The 1-minute load average when this mode's run at this size started.
@@ -204,6 +206,31 @@ pub struct Held {
     pub kib_per_connection: f64,
 }
 
+/// What a dataplane's own kernel objects hold in memory (ebpf: each map's `memlock` in its
+/// fdinfo, which is the map's memory use since Linux 6.5).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KernelMemory {
+    /// All of them, MiB.
+    pub total_mib: f64,
+    /// Each object by name, MiB, largest first.
+    pub objects: Vec<(String, f64)>,
+}
+
+impl KernelMemory {
+    /// From bytes by object.
+    pub fn of(objects: Vec<(String, u64)>) -> KernelMemory {
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let mut objects: Vec<(String, f64)> =
+            objects.into_iter().map(|(n, b)| (n, mib(b))).collect();
+        objects.sort_by(|a, b| b.1.total_cmp(&a.1));
+        KernelMemory {
+            total_mib: objects.iter().map(|(_, m)| m).sum(),
+            objects,
+        }
+    }
+}
+
 /// Data-path results.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -274,6 +301,9 @@ impl Run {
         }
         if later.held.is_some() {
             self.held = later.held;
+        }
+        if later.kernel_memory.is_some() {
+            self.kernel_memory = later.kernel_memory;
         }
         for p in later.proxy {
             match self.proxy.iter_mut().find(|q| q.source == p.source) {

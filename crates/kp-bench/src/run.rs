@@ -14,7 +14,7 @@ use crate::datapath::{self, PerfTarget};
 use crate::mode::{bare_load, KernelInput, ModeUnderTest, Rendered};
 use crate::progress::Progress;
 use crate::proxy::{self, Source};
-use crate::results::{Bare, FullSync, Results, Run, Settings, Verify, FORMAT};
+use crate::results::{Bare, FullSync, KernelMemory, Results, Run, Settings, Verify, FORMAT};
 use crate::stats::{median, Summary};
 use crate::upstream::UpstreamBackend;
 use kp_test::kube_apiserver::KubeApiServer;
@@ -443,6 +443,18 @@ fn in_process(
         inc.p50, inc.p99, inc.max, inc.n
     ));
     run.incremental_ms = Some(inc);
+    match dp.kernel_memory() {
+        Ok(Some(objects)) => {
+            let memory = KernelMemory::of(objects);
+            p.say(format!(
+                "  kernel memory of the dataplane's objects: {:.1} MiB",
+                memory.total_mib
+            ));
+            run.kernel_memory = Some(memory);
+        }
+        Ok(None) => {}
+        Err(e) => run.errors.push(format!("kernel memory: {e:#}")),
+    }
     let t = Instant::now();
     let diffs = dp.verify()?;
     run.verify = Some(Verify {

@@ -25,8 +25,11 @@
 //!
 //! Pure: no I/O, no clock.
 
+mod diff;
 pub mod layout;
 pub mod maglev;
+
+pub use diff::{diff, diff_into, stale_udp, Wanted};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -1010,110 +1013,6 @@ impl Planner {
         }
         c
     }
-}
-
-/// The UDP frontends (of the socket hooks) and backends paired in `have` and not in `want`:
-/// what a full sync takes apart ([`Planner::take_stale_udp`] for a partial one). Every
-/// frontend's, sorted.
-pub fn stale_udp(have: &Contents, want: &Contents) -> Vec<StaleUdp> {
-    let want = udp_pairs(want);
-    let mut out: Vec<StaleUdp> = udp_pairs(have)
-        .into_iter()
-        .filter(|p| !want.contains(p))
-        .collect();
-    out.sort();
-    out
-}
-
-/// Every UDP frontend and backend pair of the socket hooks' entries in `c`.
-fn udp_pairs(c: &Contents) -> HashSet<StaleUdp> {
-    c.services
-        .iter()
-        .filter(|(k, _)| {
-            k.slot != 0 && k.frontend.protocol == Protocol::Udp && k.frontend.scope == Scope::Socket
-        })
-        .filter_map(|(k, v)| {
-            let b = c.backends.get(&v.backend_id)?;
-            Some(StaleUdp {
-                frontend: SocketAddr::new(k.frontend.ip, k.frontend.port),
-                backend: SocketAddr::new(b.ip, b.port),
-            })
-        })
-        .collect()
-}
-
-/// The updates that turn maps holding `have` into `want`, element by element, in the same
-/// safe order [`Planner::set_service`] uses: for a full sync, for repairing what the periodic
-/// read-back found, and for adopting maps a previous run pinned.
-pub fn diff(have: &Contents, want: &Contents) -> Vec<Op> {
-    let mut ops = Vec::new();
-    for (id, b) in &want.backends {
-        if have.backends.get(id) != Some(b) {
-            ops.push(Op::UpsertBackend(*id, *b));
-        }
-    }
-    for (id, r) in &want.rev_nat {
-        if have.rev_nat.get(id) != Some(r) {
-            ops.push(Op::UpsertRevNat(*id, *r));
-        }
-    }
-    for (k, v) in &want.services {
-        if have.services.get(k) != Some(v) {
-            ops.push(Op::UpsertService(*k, *v));
-        }
-    }
-    for (k, v) in &want.addrs {
-        if have.addrs.get(k) != Some(v) {
-            ops.push(Op::UpsertAddr(*k, *v));
-        }
-    }
-    for (id, t) in &want.maglev {
-        if have.maglev.get(id) != Some(t) {
-            ops.push(Op::UpsertMaglev(*id, t.clone()));
-        }
-    }
-    ops.extend(
-        have.maglev
-            .keys()
-            .filter(|k| !want.maglev.contains_key(k))
-            .map(|k| Op::DeleteMaglev(*k)),
-    );
-    ops.extend(
-        want.ranges
-            .difference(&have.ranges)
-            .map(|k| Op::UpsertRange(*k)),
-    );
-    ops.extend(
-        have.ranges
-            .difference(&want.ranges)
-            .map(|k| Op::DeleteRange(*k)),
-    );
-    ops.extend(
-        have.addrs
-            .keys()
-            .filter(|k| !want.addrs.contains_key(k))
-            .map(|k| Op::DeleteAddr(*k)),
-    );
-    ops.extend(
-        have.services
-            .keys()
-            .filter(|k| !want.services.contains_key(k))
-            .map(|k| Op::DeleteService(*k)),
-    );
-    ops.extend(
-        have.rev_nat
-            .keys()
-            .filter(|k| !want.rev_nat.contains_key(k))
-            .map(|k| Op::DeleteRevNat(*k)),
-    );
-    ops.extend(
-        have.backends
-            .keys()
-            .filter(|k| !want.backends.contains_key(k))
-            .map(|k| Op::DeleteBackend(*k)),
-    );
-    ops.sort_by_key(Op::rank);
-    ops
 }
 
 /// The prefix `ip/len` with its host bits cleared (a length beyond the family's is the whole

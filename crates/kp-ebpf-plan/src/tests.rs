@@ -798,8 +798,31 @@ fn one_endpoint_changes_match_a_full_plan(scheduler: Scheduler) {
             );
             assert_eq!(tables.is_empty(), scheduler == Scheduler::Random);
             assert_eq!(maps, planner.contents(), "the planner's own record");
+            // The planner read in place asks a stale plan's maps (and empty ones) for what its
+            // listing does; every twelfth change, as each lists everything twice.
+            if change % 12 == 11 {
+                same_updates(&fresh.contents(), &planner);
+                same_updates(&Contents::default(), &planner);
+            }
         }
     }
+}
+
+/// `diff` against the planner read in place asks for the updates its listing
+/// (`Planner::contents`) asks for, in the safe order, and they make the maps its listing.
+fn same_updates(maps: &Contents, planner: &Planner) {
+    let listed = diff(maps, &planner.contents());
+    let read = diff(maps, planner);
+    let sorted = |ops: &[Op]| {
+        let mut v: Vec<String> = ops.iter().map(|o| format!("{o:?}")).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(&read), sorted(&listed));
+    assert!(read.windows(2).all(|w| w[0].rank() <= w[1].rank()));
+    let mut written = maps.clone();
+    apply_strict(&mut written, &read);
+    assert_eq!(written, planner.contents());
 }
 
 #[test]

@@ -23,8 +23,8 @@ use kp_core::model::ServiceKey as ServiceName;
 use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
 use kp_ebpf_plan::{
-    diff, no_local_endpoints, node_port_addresses, service_cidrs, service_specs as specs, Planner,
-    Scheduler, StaleUdp,
+    diff, diff_into, no_local_endpoints, node_port_addresses, service_cidrs,
+    service_specs as specs, Planner, Scheduler, StaleUdp,
 };
 
 use crate::nat_hooks::NatHooks;
@@ -227,6 +227,26 @@ impl EbpfDataplane {
     }
 }
 
+/// Map updates a full sync writes at a time.
+const BATCH: usize = 4096;
+
+/// Writes `ops` in order; a full map is also reported as an [`Event::Full`].
+fn write(
+    lb: &mut SocketLb,
+    events: &Events,
+    ops: &[kp_ebpf_plan::Op],
+) -> Result<(), DataplaneError> {
+    lb.apply(ops).map_err(|e| {
+        if let Error::Full { name, max_entries } = &e {
+            events.emit(Event::Full {
+                name,
+                max_entries: *max_entries,
+            });
+        }
+        dataplane_error(e)
+    })
+}
+
 fn dataplane_error(e: Error) -> DataplaneError {
     match e {
         Error::Map { .. } | Error::Unreadable(_) | Error::Full { .. } | Error::StaleUdp(_) => {
@@ -307,7 +327,7 @@ impl Dataplane for EbpfDataplane {
             }
         }
         let stale: Vec<StaleUdp>;
-        let ops = if full {
+        let operations = if full {
             let planner = kp_ebpf_plan::plan_state_with(
                 state,
                 &self.config.node_ports,
@@ -316,16 +336,31 @@ impl Dataplane for EbpfDataplane {
             )
             .map_err(plan_error)?;
             let have = self.lb()?.read_back().map_err(dataplane_error)?;
-            let want = planner.contents();
-            let ops = diff(&have, &want);
-            stale = kp_ebpf_plan::stale_udp(&have, &want);
+            stale = kp_ebpf_plan::stale_udp(&have, &planner);
+            // Written as they are found, a batch at a time: a list of them all would hold an
+            // entry per map element at a first sync, beside the planner.
+            let events = self.config.events.clone();
+            let lb = self.lb()?;
+            let mut batch = Vec::with_capacity(BATCH);
+            let mut written = 0;
+            diff_into(&have, &planner, |op| {
+                batch.push(op);
+                if batch.len() == BATCH {
+                    write(lb, &events, &batch)?;
+                    written += batch.len();
+                    batch.clear();
+                }
+                Ok(())
+            })?;
+            write(lb, &events, &batch)?;
+            written += batch.len();
             self.planner = planner;
             self.no_local = state
                 .service_keys()
                 .map(|k| (k.clone(), no_local_endpoints(state, k)))
                 .filter(|(_, n)| *n != [(0, 0); 2])
                 .collect();
-            ops
+            written
         } else {
             let mut ops = Vec::new();
             // A node change may move the NodePort addresses: every Service is planned again
@@ -363,20 +398,16 @@ impl Dataplane for EbpfDataplane {
             // and go without naming a Service.
             ops.extend(self.planner.set_service_cidrs(&service_cidrs(state)));
             stale = self.planner.take_stale_udp();
-            ops
+            let events = self.config.events.clone();
+            write(self.lb()?, &events, &ops)?;
+            ops.len()
         };
-        if let Err(e) = self.lb()?.apply(&ops) {
-            if let Error::Full { name, max_entries } = e {
-                self.config.events.emit(Event::Full { name, max_entries });
-            }
-            return Err(dataplane_error(e));
-        }
         // Once no slot names them any more: a socket connected from now on gets a backend the
         // frontend has.
         self.destroy_stale_udp(&stale);
         Ok(SyncReport {
             full,
-            operations: ops.len(),
+            operations,
             // Per family, summed over Services; the larger family's, as upstream's per-family
             // proxiers each report theirs and the metric keeps the last.
             no_local_endpoints: (0..2)
@@ -390,9 +421,8 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {
-        let want = self.planner.contents();
         let have = self.lb()?.read_back().map_err(dataplane_error)?;
-        let mut out: Vec<String> = diff(&have, &want)
+        let mut out: Vec<String> = diff(&have, &self.planner)
             .into_iter()
             .map(|op| format!("maps differ from the plan: needs {op:?}"))
             .collect();
