@@ -203,7 +203,8 @@ datapath_shares() {
 # Functions whose time per connection the data-path profiles show: netfilter, conntrack, NAT;
 # and the TCP/IP path around them, for scale.
 NETFILTER_FUNCTIONS='^(nf_|nft_|__nf_|ipv4_conntrack|ipv4_confirm|hash_conntrack)'
-PATH_FUNCTIONS='^(__sys_connect|tcp_v4_connect|ip_output|veth_xmit|net_rx_action|__netif_receive_skb_one_core|ip_rcv|ip_forward|tcp_v4_rcv|inet_csk_accept|__x64_sys_close|do_syscall_64)$'
+# (__cgroup_bpf_run_filter_sock_addr: the socket hooks of ebpf mode, on connect and getpeername.)
+PATH_FUNCTIONS='^(__sys_connect|tcp_v4_connect|__cgroup_bpf_run_filter_sock_addr|ip_output|veth_xmit|net_rx_action|__netif_receive_skb_one_core|ip_rcv|ip_forward|tcp_v4_rcv|inet_csk_accept|__x64_sys_close|do_syscall_64)$'
 
 # per_connection DATA CONNECTIONS REGEX: CPU time (including callees) of the functions matching
 # REGEX in the data path's threads (DATAPATH_COMMS), per measured connection.
