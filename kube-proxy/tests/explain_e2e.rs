@@ -416,10 +416,11 @@ fn explain_and_status_read_the_live_ebpf_maps() {
 
 /// ebpf mode with `--ipvs-scheduler=sh`: the live maps hold a Maglev table per frontend, and
 /// `status` plans them as the running proxy does, so it finds no drift; told the default
-/// scheduler instead, it plans no tables and finds every one of them.
+/// scheduler instead, it plans no tables and finds every one of them. `explain` names the
+/// endpoint the table gives a client outside the node, the one its real connection reaches.
 #[test]
 #[ignore = "needs root"]
-fn status_plans_the_ebpf_maglev_tables_of_the_sh_scheduler() {
+fn status_and_explain_follow_the_ebpf_maglev_tables_of_the_sh_scheduler() {
     if !kp_test::netns::require_root() {
         return;
     }
@@ -444,6 +445,59 @@ fn status_plans_the_ebpf_maglev_tables_of_the_sh_scheduler() {
     let (_, out) = run(&lab, &default_scheduler);
     assert_eq!(json(&out)["drift"]["matches"], false, "{out}");
     assert!(out.contains("maglev"), "{out}");
+
+    // From outside, explain names the endpoint the NodePort's table gives each client address
+    // (probability 1), and a real connection from that address through the tc path reaches it.
+    // The lab's client stands for another host: outside the sandbox's cgroup, so no socket hook
+    // meets its connections.
+    let _echo = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
+    lab.client().place_in_cgroup(None);
+    let node_port = format!("{}:30080", kp_flows::NODE_IP);
+    let mut picked = BTreeSet::new();
+    for i in 0..4u8 {
+        let client: IpAddr = format!("192.0.2.{}", 120 + i).parse().unwrap();
+        lab.client()
+            .add_addr("eth0", &format!("{client}/24"))
+            .expect("client alias");
+        let mut args: Vec<String> = ["explain", "-o", "json", "--origin", "external", "--from"]
+            .map(String::from)
+            .into();
+        args.extend([client.to_string(), "tcp".into(), node_port.clone()]);
+        args.extend(proxy_flags("ebpf", &dir.0, &extra));
+        let (code, out) = run(&lab, &args);
+        assert_eq!(code, 0, "{out}");
+        let j = json(&out);
+        let first: Vec<&str> = j["endpoints"]
+            .as_array()
+            .expect("endpoints")
+            .iter()
+            .filter(|e| e["probability"].as_f64() == Some(1.0))
+            .map(|e| e["ip"].as_str().unwrap())
+            .collect();
+        assert_eq!(first.len(), 1, "one endpoint is the table's: {out}");
+        let req = kp_test::echo::Request::new(
+            kp_test::echo::Proto::Tcp,
+            kp_flows::NODE_IP.parse().unwrap(),
+            30080,
+        )
+        .src_ip(client);
+        let reached = match lab.send(lab.client(), &req).first() {
+            Some(kp_test::echo::Outcome::Answered { backend, .. }) => backend.clone(),
+            other => panic!("{client}: {other:?}"),
+        };
+        let reached_ip = kp_flows::pods()
+            .into_iter()
+            .find(|p| p.name == reached)
+            .map(|p| p.v4)
+            .unwrap_or_else(|| panic!("no fixture pod {reached}"));
+        assert_eq!(
+            first[0], reached_ip,
+            "{client}: explain named {} but the tc path sent it to {reached}",
+            first[0]
+        );
+        picked.insert(reached_ip);
+    }
+    eprintln!("the outside clients' endpoints: {picked:?}");
 }
 
 /// userspace mode: the redirect table read from the kernel, the endpoints a redirected

@@ -94,13 +94,44 @@ pub fn trace(live: &Live, packet: &Packet, state: Option<&ProxyState>) -> Answer
                 return a;
             }
             let v = tracer.trace(packet);
-            // The programs pick a slot uniformly (`bpf_get_prandom_u32() % count`).
-            if let Verdict::Dnat { endpoints, .. } = &v {
-                let p = 1.0 / endpoints.len().max(1) as f64;
-                a.endpoints = endpoints.iter().map(|e| (*e, p)).collect();
-            }
             a.decided_by = ebpf_entries(tracer, packet);
             a.reason = ebpf_reason(tracer, &v, packet);
+            if let Verdict::Dnat { endpoints, .. } = &v {
+                // From outside under sh or mh, the tc path gives a new client the backend its
+                // address's hash names in the frontend's Maglev table; otherwise the programs
+                // pick a slot uniformly (`bpf_get_prandom_u32() % count`), and so do the socket
+                // hooks under sh or mh for this explain, which does not know the client's
+                // network namespace cookie they hash.
+                let hashed = (packet.origin == Origin::External)
+                    .then(|| tracer.pick_outside(packet))
+                    .flatten()
+                    .map(|b| (b.ip, b.port))
+                    .filter(|b| endpoints.contains(b));
+                match hashed {
+                    Some(picked) => {
+                        a.endpoints = endpoints
+                            .iter()
+                            .map(|e| (*e, if *e == picked { 1.0 } else { 0.0 }))
+                            .collect();
+                        a.decided_by.push(format!(
+                            "kp_maglev: the table gives {}'s hash the backend {}",
+                            packet.src,
+                            endpoint_text(&picked.0, picked.1)
+                        ));
+                        a.reason = Some(format!(
+                            "from outside, the tc path's Maglev table (--ipvs-scheduler sh or mh) \
+                             sends a new connection from {} to {} (with ClientIP affinity on, a \
+                             client that came within the timeout keeps the endpoint it had)",
+                            packet.src,
+                            endpoint_text(&picked.0, picked.1)
+                        ));
+                    }
+                    None => {
+                        let p = 1.0 / endpoints.len().max(1) as f64;
+                        a.endpoints = endpoints.iter().map(|e| (*e, p)).collect();
+                    }
+                }
+            }
             a.verdict = Some(v);
         }
     }
