@@ -94,6 +94,7 @@ fn run(mode: &str, services: usize, full_s: f64, change_p99_ms: f64) -> Run {
             pinned: true,
         }),
         held: None,
+        kernel_memory: None,
         errors: Vec::new(),
         load_average: 1.0,
     }
