@@ -101,6 +101,15 @@ fn verdict_of(j: &serde_json::Value) -> Option<Verdict> {
     })
 }
 
+/// The IPv4 address of fixture pod `name` (the backend name kp-echo answers with).
+fn pod_v4(name: &str) -> &'static str {
+    kp_flows::pods()
+        .into_iter()
+        .find(|p| p.name == name)
+        .map(|p| p.v4)
+        .unwrap_or_else(|| panic!("no fixture pod {name}"))
+}
+
 fn explain_args(case: &kp_flows::Case) -> Vec<String> {
     let p = &case.packet;
     let dest = match p.dst {
@@ -485,11 +494,7 @@ fn status_and_explain_follow_the_ebpf_maglev_tables_of_the_sh_scheduler() {
             Some(kp_test::echo::Outcome::Answered { backend, .. }) => backend.clone(),
             other => panic!("{client}: {other:?}"),
         };
-        let reached_ip = kp_flows::pods()
-            .into_iter()
-            .find(|p| p.name == reached)
-            .map(|p| p.v4)
-            .unwrap_or_else(|| panic!("no fixture pod {reached}"));
+        let reached_ip = pod_v4(&reached);
         assert_eq!(
             first[0], reached_ip,
             "{client}: explain named {} but the tc path sent it to {reached}",
@@ -640,11 +645,7 @@ fn explain_names_the_endpoint_the_userspace_source_hashing_scheduler_picks() {
             kp_test::echo::Outcome::Answered { backend, .. } => backend,
             other => panic!("{}: {other}", pod.name),
         };
-        let reached_ip = kp_flows::pods()
-            .into_iter()
-            .find(|p| p.name == reached)
-            .map(|p| p.v4)
-            .unwrap_or_else(|| panic!("no fixture pod {reached}"));
+        let reached_ip = pod_v4(&reached);
         assert_eq!(
             first[0], reached_ip,
             "{}: explain named {} but the proxy connected to {reached}",

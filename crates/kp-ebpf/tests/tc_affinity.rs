@@ -18,7 +18,7 @@
 //! Everything (cgroup, bpffs and so the links, lab) goes on drop, also when an assertion fails.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -29,14 +29,14 @@ use kp_core::track::Changes;
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::{names, MapSizes};
 use kp_ebpf_plan::layout::{AFFINITY_KEY_SIZE, AFFINITY_OUTSIDE_KEY_SIZE, AFFINITY_VALUE_SIZE};
-use kp_test::lab::{Lab, CLIENT_ALIASES, CLIENT_IP};
+use kp_test::lab::{Lab, CLIENT_IP};
 use kp_test::netns::require_root;
 
 mod common;
 use common::{Bpffs, Cgroup};
 #[path = "common/outside.rs"]
 mod outside;
-use outside::{attach_tc, connect, distinct, tally_of, update, web_with_affinity};
+use outside::{attach_tc, connect, distinct, tally_of, twelve_clients, update, web_with_affinity};
 
 /// New connections per client in a batch.
 const CONNECTIONS: usize = 12;
@@ -137,15 +137,7 @@ fn client_ip_affinity_sticks_an_outside_client_to_one_endpoint_through_the_tc_pa
 
     // Other client addresses: each sticks to its own pick. Twelve addresses all given the same
     // endpoint would be 3^-11.
-    for i in 0..8u8 {
-        lab.client()
-            .add_addr("eth0", &format!("192.0.2.{}/24", 100 + i))
-            .expect("client address");
-    }
-    let clients: Vec<Ipv4Addr> = std::iter::once(CLIENT_IP)
-        .chain(CLIENT_ALIASES)
-        .chain((0..8u8).map(|i| Ipv4Addr::new(192, 0, 2, 100 + i)))
-        .collect();
+    let clients = twelve_clients(&lab);
     let mut picks = BTreeSet::new();
     for &client in &clients {
         let answers = connect(&lab, client, 4);

@@ -31,14 +31,16 @@ use kp_ebpf_plan::layout::{
 };
 use kp_ebpf_plan::{Contents, ServiceKey, FLAG_MAGLEV};
 use kp_test::echo::{Outcome, Proto, Request};
-use kp_test::lab::{Lab, CLIENT_ALIASES, CLIENT_IP, NODE_IP};
+use kp_test::lab::{Lab, CLIENT_IP, NODE_IP};
 use kp_test::netns::require_root;
 
 mod common;
 use common::{Bpffs, Cgroup};
 #[path = "common/outside.rs"]
 mod outside;
-use outside::{attach_tc, connect, distinct, tally_of, update, web_with_affinity, NODE_PORT};
+use outside::{
+    attach_tc, connect, distinct, tally_of, twelve_clients, update, web_with_affinity, NODE_PORT,
+};
 
 /// `web`'s ClusterIP and port.
 const WEB_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -174,15 +176,7 @@ fn sh_sends_each_client_to_the_endpoint_its_hash_names() {
         tally_of(&answers)
     );
     // Twelve clients: each to the endpoint the table names for it.
-    for i in 0..8u8 {
-        lab.client()
-            .add_addr("eth0", &format!("192.0.2.{}/24", 100 + i))
-            .expect("client address");
-    }
-    let clients: Vec<Ipv4Addr> = std::iter::once(CLIENT_IP)
-        .chain(CLIENT_ALIASES)
-        .chain((0..8u8).map(|i| Ipv4Addr::new(192, 0, 2, 100 + i)))
-        .collect();
+    let clients = twelve_clients(&lab);
     let mut picks = BTreeSet::new();
     for &client in &clients {
         let answers = connect(&lab, client, 4);

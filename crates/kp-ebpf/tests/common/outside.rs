@@ -11,7 +11,7 @@ use kp_core::dataplane::Dataplane;
 use kp_core::track::{Object, ProxyState, SourceEvent};
 use kp_ebpf::dataplane::EbpfDataplane;
 use kp_test::echo::{Outcome, Proto, Request};
-use kp_test::lab::{Lab, NODE_IP};
+use kp_test::lab::{Lab, CLIENT_ALIASES, CLIENT_IP, NODE_IP};
 
 /// `web`'s NodePort.
 pub const NODE_PORT: u16 = 30080;
@@ -30,6 +30,20 @@ pub fn attach_tc(lab: &Lab, pins: &Path) {
         ])
         .expect("kp-tc-attach in the lab's node namespace");
     assert_eq!(out.trim(), format!("attached {}", replies.len() + 1));
+}
+
+/// Twelve client addresses of the lab's client: its own, its aliases and eight more it is given
+/// here (192.0.2.100-107).
+pub fn twelve_clients(lab: &Lab) -> Vec<Ipv4Addr> {
+    for i in 0..8u8 {
+        lab.client()
+            .add_addr("eth0", &format!("192.0.2.{}/24", 100 + i))
+            .expect("client address");
+    }
+    std::iter::once(CLIENT_IP)
+        .chain(CLIENT_ALIASES)
+        .chain((0..8u8).map(|i| Ipv4Addr::new(192, 0, 2, 100 + i)))
+        .collect()
 }
 
 /// `count` new TCP connections from `src` (an address of the lab's client) to the NodePort: the
