@@ -57,6 +57,24 @@ pub struct Config {
     pub scheduler: Scheduler,
 }
 
+impl Config {
+    /// Hooks on `cgroup`, nothing else: maps unpinned at the default sizes, no NAT-hooks table,
+    /// NodePorts on the node's primary addresses, no tc path, no event receiver, a random pick.
+    /// Set the rest with struct update syntax.
+    pub fn new(cgroup: PathBuf) -> Config {
+        Config {
+            cgroup,
+            pin_dir: None,
+            sizes: MapSizes::default(),
+            nat_hooks: None,
+            node_ports: NodePortAddresses::Primary,
+            tc: None,
+            events: Events::default(),
+            scheduler: Scheduler::default(),
+        }
+    }
+}
+
 /// What the dataplane reports besides its errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {

@@ -8,7 +8,6 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use kp_core::dataplane::Dataplane;
-use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, Object, SourceEvent};
 use kp_ebpf::dataplane::{Config, EbpfDataplane, Event, Events};
 use kp_ebpf::{names, MapSizes, Resized};
@@ -27,14 +26,8 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
     let cgroup = Cgroup::new();
     let bpffs = Bpffs::new();
     let config = Config {
-        cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
-        sizes: MapSizes::default(),
-        nat_hooks: None,
-        node_ports: NodePortAddresses::Primary,
-        tc: None,
-        events: Default::default(),
-        scheduler: Default::default(),
+        ..Config::new(cgroup.path.clone())
     };
     let state = kp_flows::fixture::state();
     let ns = Netns::new("ebpf-restart").expect("namespace");
@@ -137,16 +130,7 @@ fn the_node_reaches_the_fixture_web_service_through_the_dataplane_and_follows_a_
         .collect();
     let cgroup = Cgroup::new();
     let mut state = kp_flows::fixture::state();
-    let mut dp = EbpfDataplane::new(Config {
-        cgroup: cgroup.path.clone(),
-        pin_dir: None,
-        sizes: MapSizes::default(),
-        nat_hooks: None,
-        node_ports: NodePortAddresses::Primary,
-        tc: None,
-        events: Default::default(),
-        scheduler: Default::default(),
-    });
+    let mut dp = EbpfDataplane::new(Config::new(cgroup.path.clone()));
     dp.start().expect("start");
     dp.sync(&state, &Changes::default(), true)
         .expect("full sync");
@@ -203,17 +187,13 @@ fn a_too_small_map_reports_full_and_a_pinned_map_of_another_size_is_made_afresh(
         Events::new(move |e| seen.lock().unwrap().push(e.clone()))
     };
     let config = Config {
-        cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
         sizes: MapSizes {
             services: 8,
             ..MapSizes::default()
         },
-        nat_hooks: None,
-        node_ports: NodePortAddresses::Primary,
-        tc: None,
         events,
-        scheduler: Default::default(),
+        ..Config::new(cgroup.path.clone())
     };
     let state = kp_flows::fixture::state();
     let mut small = EbpfDataplane::new(config.clone());

@@ -23,10 +23,8 @@ use std::time::{Duration, Instant};
 
 use kp_core::dataplane::Dataplane;
 use kp_core::flow::Origin;
-use kp_core::node::NodePortAddresses;
 use kp_core::track::Changes;
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
-use kp_ebpf::MapSizes;
 use kp_flows::{Case, Expect, Support};
 use kp_test::lab::Lab;
 use kp_test::netns::require_root;
@@ -82,16 +80,10 @@ fn the_flow_table_with_real_packets_through_the_socket_hooks_and_the_tc_path() {
     let _servers = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
     let cgroup = Cgroup::new();
     let bpffs = Bpffs::new();
+    // No tc path: not in this process's namespace (the machine's own); in the lab node's, below.
     let mut dp = EbpfDataplane::new(Config {
-        cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
-        sizes: MapSizes::default(),
-        nat_hooks: None,
-        node_ports: NodePortAddresses::Primary,
-        // Not in this process's namespace (the machine's own): in the lab node's, below.
-        tc: None,
-        events: Default::default(),
-        scheduler: Default::default(),
+        ..Config::new(cgroup.path.clone())
     });
     dp.start().expect("load and attach");
     let state = kp_flows::state();

@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use aya::maps::{HashMap, Map, MapData, MapInfo};
 use kp_core::dataplane::Dataplane;
-use kp_core::node::NodePortAddresses;
 use kp_core::track::Changes;
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::{names, MapSizes};
@@ -75,16 +74,11 @@ fn client_ip_affinity_sticks_an_outside_client_to_one_endpoint_through_the_tc_pa
         affinity: 1024,
         ..MapSizes::default()
     };
+    // No tc path: not in this process's namespace (the machine's own); in the lab node's, below.
     let mut dp = EbpfDataplane::new(Config {
-        cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
         sizes,
-        nat_hooks: None,
-        node_ports: NodePortAddresses::Primary,
-        // Not in this process's namespace (the machine's own): in the lab node's, below.
-        tc: None,
-        events: Default::default(),
-        scheduler: Default::default(),
+        ..Config::new(cgroup.path.clone())
     });
     dp.start().expect("load and attach");
     let mut state = kp_flows::fixture::state();

@@ -22,7 +22,6 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use aya::maps::{HashMap, Map, MapData, MapInfo};
 use kp_core::dataplane::Dataplane;
-use kp_core::node::NodePortAddresses;
 use kp_core::track::Changes;
 use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::{names, MapSizes, Scheduler};
@@ -138,16 +137,11 @@ fn sh_sends_each_client_to_the_endpoint_its_hash_names() {
         .collect();
     let cgroup = Cgroup::new();
     let bpffs = Bpffs::new();
+    // No tc path: not in this process's namespace (the machine's own); in the lab node's, below.
     let config = |scheduler| Config {
-        cgroup: cgroup.path.clone(),
         pin_dir: Some(bpffs.path.clone()),
-        sizes: MapSizes::default(),
-        nat_hooks: None,
-        node_ports: NodePortAddresses::Primary,
-        // Not in this process's namespace (the machine's own): in the lab node's, below.
-        tc: None,
-        events: Default::default(),
         scheduler,
+        ..Config::new(cgroup.path.clone())
     };
     let mut dp = EbpfDataplane::new(config(Scheduler::Maglev));
     dp.start().expect("load and attach");
