@@ -365,6 +365,11 @@ pub struct ChainDef {
     pub hook: Option<&'static str>,
 }
 
+/// Whether `name` is one of the table's base chains (it has a hook).
+pub fn is_base_chain(name: &str) -> bool {
+    chains().iter().any(|c| c.name == name && c.hook.is_some())
+}
+
 /// Every chain of the table, in creation order. Priorities are numeric because nft 1.0.6 does
 /// not accept the symbolic `dstnat` on the output hook: dstnat is -100, srcnat 100, filter 0.
 pub fn chains() -> Vec<ChainDef> {

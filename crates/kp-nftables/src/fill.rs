@@ -17,11 +17,10 @@
 //! full sync finds it and adopts it, sending what is missing.
 //!
 //! This relies on the order [`Planner::full_into`] writes a table in: table, chains, set
-//! declarations, rules, then elements.
+//! declarations, rules, then elements; and on it handing the rules of base chains over as such
+//! ([`TransactionSink::base_chain_rule`]).
 //!
 //! [`Planner::full_into`]: kp_nftables_plan::Planner::full_into
-
-use std::collections::BTreeSet;
 
 use kp_core::model::IpFamily;
 use kp_nftables_plan::element::Atom;
@@ -52,8 +51,6 @@ pub(crate) struct Filled {
 pub(crate) struct FillSink<'a> {
     nft: &'a mut dyn NftablesBackend,
     chunk: usize,
-    /// Base chains declared so far, as `(family, name)` in nft's spelling.
-    base_chains: BTreeSet<(String, String)>,
     /// Statements not yet sent that go before `batch`.
     before: NftText,
     /// Elements not yet sent.
@@ -70,7 +67,6 @@ impl<'a> FillSink<'a> {
         FillSink {
             nft,
             chunk,
-            base_chains: BTreeSet::new(),
             before: NftText::new(),
             batch: ElementBatch::new(),
             jumps: NftText::new(),
@@ -148,39 +144,24 @@ impl<'a> FillSink<'a> {
     }
 }
 
-/// `(family, chain)` of an `add chain` or `add rule` statement (`add rule FAMILY TABLE CHAIN …`).
-fn chain_of<'l>(line: &'l str, verb: &str) -> Option<(&'l str, &'l str)> {
-    let mut words = line.split_whitespace();
-    if words.next() != Some("add") || words.next() != Some(verb) {
-        return None;
+impl FillSink<'_> {
+    /// A statement after elements starts the next table: the previous one is complete.
+    fn next_statement(&mut self) {
+        if !self.batch.is_empty() {
+            self.flush(true);
+        }
     }
-    let family = words.next()?;
-    let _table = words.next()?;
-    Some((family, words.next()?))
 }
 
 impl TransactionSink for FillSink<'_> {
     fn statement(&mut self, line: std::fmt::Arguments<'_>) {
-        let line = line.to_string();
-        if let Some((family, chain)) = chain_of(&line, "chain") {
-            if line.contains(" hook ") {
-                self.base_chains
-                    .insert((family.to_string(), chain.to_string()));
-            }
-        }
-        let jump = chain_of(&line, "rule").is_some_and(|(family, chain)| {
-            self.base_chains
-                .contains(&(family.to_string(), chain.to_string()))
-        });
-        // A statement after elements starts the next table: the previous one is complete.
-        if !self.batch.is_empty() {
-            self.flush(true);
-        }
-        if jump {
-            self.jumps.statement(format_args!("{line}"));
-        } else {
-            self.before.statement(format_args!("{line}"));
-        }
+        self.next_statement();
+        self.before.statement(line);
+    }
+
+    fn base_chain_rule(&mut self, line: std::fmt::Arguments<'_>) {
+        self.next_statement();
+        self.jumps.statement(line);
     }
 
     fn add_element(&mut self, family: IpFamily, set: SetId, key: &[Atom], value: Option<&[Atom]>) {
@@ -286,7 +267,7 @@ mod tests {
         sink.statement(format_args!(
             "add set ip kube-proxy cluster-ips {{ type ipv4_addr; }}"
         ));
-        sink.statement(format_args!(
+        sink.base_chain_rule(format_args!(
             "add rule ip kube-proxy nat-prerouting jump services"
         ));
         sink.statement(format_args!(

@@ -219,6 +219,10 @@ impl TransactionSink for Recording<'_> {
         self.inner.statement(line);
     }
 
+    fn base_chain_rule(&mut self, line: std::fmt::Arguments<'_>) {
+        self.inner.base_chain_rule(line);
+    }
+
     fn add_element(&mut self, family: IpFamily, set: SetId, key: &[Atom], value: Option<&[Atom]>) {
         self.record(family, set, key);
         self.inner.add_element(family, set, key, value);

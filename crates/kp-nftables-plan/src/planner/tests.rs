@@ -1095,3 +1095,58 @@ fn detect_local_by_interface_matches_iifname() {
         }
     }
 }
+
+/// A sink that keeps the base chains' rules apart from every other statement.
+#[derive(Default)]
+struct BaseRules {
+    statements: Vec<String>,
+    base: Vec<String>,
+}
+
+impl TransactionSink for BaseRules {
+    fn statement(&mut self, line: std::fmt::Arguments<'_>) {
+        self.statements.push(line.to_string());
+    }
+
+    fn base_chain_rule(&mut self, line: std::fmt::Arguments<'_>) {
+        self.base.push(line.to_string());
+    }
+
+    fn add_element(&mut self, _: IpFamily, _: SetId, _: &[Atom], _: Option<&[Atom]>) {}
+
+    fn delete_element(&mut self, _: IpFamily, _: SetId, _: &[Atom]) {}
+}
+
+#[test]
+fn a_full_write_hands_the_base_chains_rules_over_as_such_and_only_those() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let mut p = planner(family);
+        let mut sink = BaseRules::default();
+        p.full_into(&new_state(), &NodeContext::default(), &mut sink);
+        let fam = if family == IpFamily::V4 { "ip" } else { "ip6" };
+        let base: Vec<&str> = crate::layout::chains()
+            .into_iter()
+            .filter(|c| c.hook.is_some())
+            .map(|c| c.name)
+            .collect();
+        let in_base = |line: &str| {
+            base.iter()
+                .any(|c| line.starts_with(&format!("add rule {fam} kube-proxy {c} ")))
+        };
+        assert!(!sink.base.is_empty());
+        assert!(sink.base.iter().all(|l| in_base(l)), "{:?}", sink.base);
+        // Every base chain has its jumps.
+        for c in &base {
+            assert!(
+                sink.base
+                    .iter()
+                    .any(|l| l.starts_with(&format!("add rule {fam} kube-proxy {c} "))),
+                "{c}: {:?}",
+                sink.base
+            );
+        }
+        let stray: Vec<&String> = sink.statements.iter().filter(|l| in_base(l)).collect();
+        assert!(stray.is_empty(), "{stray:?}");
+        assert!(sink.statements.iter().any(|l| l.starts_with("add rule")));
+    }
+}

@@ -27,6 +27,13 @@ pub trait TransactionSink {
     /// without its newline.
     fn statement(&mut self, line: fmt::Arguments<'_>);
 
+    /// A rule of a base chain (a hook's jump into the table's regular chains), which a sink
+    /// may hold back until the sets those chains look up are filled. By default a statement
+    /// like any other.
+    fn base_chain_rule(&mut self, line: fmt::Arguments<'_>) {
+        self.statement(line);
+    }
+
     /// Adds `key` to `set` of the `family` table, with `value` for a map (a verdict for a
     /// verdict map).
     fn add_element(&mut self, family: IpFamily, set: SetId, key: &[Atom], value: Option<&[Atom]>);
@@ -344,10 +351,15 @@ impl<'s> TxWriter<'s> {
 
     pub(super) fn rule(&mut self, rule: &RuleDef) {
         self.ops += 1;
-        self.sink.statement(format_args!(
+        let line = format_args!(
             "add rule {} {TABLE} {} {} comment \"{}\"",
             self.family, rule.chain, rule.text, rule.id
-        ));
+        );
+        if layout::is_base_chain(rule.chain) {
+            self.sink.base_chain_rule(line);
+        } else {
+            self.sink.statement(line);
+        }
     }
 
     pub(super) fn finish(self) -> Written {
