@@ -11,10 +11,8 @@ use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
-use kp_core::model::Protocol;
-
 use crate::{
-    AddrKey, AddrVerdict, Backend, Contents, MaglevTable, Op, Planner, RangeKey, RevNat, Scope,
+    AddrKey, AddrVerdict, Backend, Contents, MaglevTable, Op, Planner, RangeKey, RevNat,
     ServiceKey, ServiceValue, StaleUdp,
 };
 
@@ -167,9 +165,11 @@ impl Wanted for Planner {
     }
 
     fn maglev_ids(&self) -> impl Iterator<Item = u16> + '_ {
+        // The flag is set only on a frontend whose table could be computed: no table is
+        // computed to answer this.
         self.frontends
             .values()
-            .filter(|p| p.maglev() && self.maglev_table(&p.slots).is_some())
+            .filter(|p| p.maglev())
             .map(|p| p.rev_nat)
     }
 
@@ -303,13 +303,11 @@ fn udp_pairs(
     backend: impl Fn(u32) -> Option<Backend>,
 ) -> HashSet<StaleUdp> {
     services
-        .filter(|(k, _)| {
-            k.slot != 0 && k.frontend.protocol == Protocol::Udp && k.frontend.scope == Scope::Socket
-        })
+        .filter(|(k, _)| k.slot != 0 && k.frontend.is_socket_udp())
         .filter_map(|(k, v)| {
             let b = backend(v.backend_id)?;
             Some(StaleUdp {
-                frontend: SocketAddr::new(k.frontend.ip, k.frontend.port),
+                frontend: k.frontend.socket_addr(),
                 backend: SocketAddr::new(b.ip, b.port),
             })
         })

@@ -152,6 +152,18 @@ pub struct FrontendAddr {
     pub scope: Scope,
 }
 
+impl FrontendAddr {
+    /// A UDP frontend of the socket hooks: the kind whose connected sockets can go stale.
+    pub fn is_socket_udp(&self) -> bool {
+        self.protocol == Protocol::Udp && self.scope == Scope::Socket
+    }
+
+    /// Its address and port.
+    pub fn socket_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.ip, self.port)
+    }
+}
+
 impl ServiceKey {
     /// The key's bytes: address (16), port (network order, 2), slot (2), protocol (1), scope
     /// (1), padding (2).

@@ -810,7 +810,7 @@ impl Planner {
         if old_head != Some(head) {
             ops.push(Op::UpsertService(key(0), head));
         }
-        if spec.addr.protocol == Protocol::Udp && spec.addr.scope == Scope::Socket {
+        if spec.addr.is_socket_udp() {
             let kept: HashSet<u32> = programmed.slots.iter().copied().collect();
             self.note_stale_udp(&spec.addr, old_slots.iter().filter(|id| !kept.contains(id)));
         }
@@ -832,7 +832,7 @@ impl Planner {
                 slot: u16::try_from(slot).unwrap_or(u16::MAX),
             }));
         }
-        if addr.protocol == Protocol::Udp && addr.scope == Scope::Socket {
+        if addr.is_socket_udp() {
             self.note_stale_udp(addr, p.slots.iter());
         }
         for id in &p.slots {
@@ -859,7 +859,7 @@ impl Planner {
         for id in gone {
             if let Some(b) = self.backends.get(id) {
                 self.stale_udp.push(StaleUdp {
-                    frontend: SocketAddr::new(addr.ip, addr.port),
+                    frontend: addr.socket_addr(),
                     backend: SocketAddr::new(b.ip, b.port),
                 });
             }
