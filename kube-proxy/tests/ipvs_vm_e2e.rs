@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 mod guest;
+mod switching;
 use common::{http_get, temp_dir, write_atomically, PROGRAMMED};
 use guest::in_guest;
 
@@ -177,13 +178,30 @@ fn assert_serves(lab: &kp_test::Lab, mode: &str) {
     }
 }
 
+/// How long the traffic runs across one switch in the guest: long enough to span, under TCG,
+/// the new mode's start and first sync (where it takes over from the old mode's rules) and the
+/// removal of the old mode's leftovers after it; the test fails if the first sync ended after
+/// the traffic (the takeover unseen).
+const GUEST_SWITCH_TRAFFIC: Duration = Duration::from_secs(90);
+
+/// Every pair of ipvs with the modes whose kernel parts the guest has (iptables, nftables),
+/// switched under traffic: iptables -> ipvs -> nftables -> ipvs -> iptables. Each switch is the
+/// host's switching test (`modes_e2e.rs`, tests/switching: a long-lived connection through the
+/// web ClusterIP and one through its NodePort, new connections to both) held to the guest's
+/// bar (`switching::Bar::GUEST`: TCG's own stalls allowed for, not a lost packet); then the old
+/// mode's leftovers must be gone (the ipvs mode's virtual servers, kept while the long-lived
+/// connections used them, too) and the new mode serves.
 #[test]
 #[ignore = "needs root"]
-fn switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_leaves_nothing_behind() {
+fn switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_drops_no_connection() {
     if !kp_test::netns::require_root() {
         return;
     }
-    if !in_guest("switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_leaves_nothing_behind") {
+    // Four switches of 90 s of traffic each, and the removals after them.
+    if !kp_vm::in_guest(
+        "switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_drops_no_connection",
+        Duration::from_secs(900),
+    ) {
         return;
     }
     let (lab, _echo) = common::serving_lab(false);
@@ -205,34 +223,62 @@ fn switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_leaves_nothing_behind()
             .lines()
             .any(|l| l == "table ip kube-proxy")
     };
-    // iptables, then ipvs: the iptables mode's chains go, ipvs serves.
+    let sw = switching::Switcher {
+        lab: &lab,
+        dir: &dir.0,
+        extra: &["--ipvs-sync-period=2s", "--ipvs-min-sync-period=100ms"],
+        first_sync: Duration::from_secs(180),
+        bar: switching::Bar::GUEST,
+    };
     let mut proxy = start(&lab, "iptables", &dir.0);
     assert!(iptables_chains(&lab));
     assert_serves(&lab, "iptables");
+    let mut failed = Vec::new();
+    for (from, to) in [
+        ("iptables", "ipvs"),
+        ("ipvs", "nftables"),
+        ("nftables", "ipvs"),
+        ("ipvs", "iptables"),
+    ] {
+        let (mut next, seen) = switching::switch(&sw, proxy, from, to, GUEST_SWITCH_TRAFFIC);
+        let mut problems = seen.problems();
+        // The traffic starts 0.4 s before the stop; the takeover is inside the first sync.
+        if seen.took + Duration::from_secs(1) >= GUEST_SWITCH_TRAFFIC {
+            problems.push(format!(
+                "the first sync took {:?}, longer than the traffic: the takeover was not seen",
+                seen.took
+            ));
+        }
+        eprintln!(
+            "{} [{}]",
+            seen.summary(),
+            if problems.is_empty() { "ok" } else { "FAILED" }
+        );
+        failed.extend(problems.into_iter().map(|p| format!("{}: {p}", seen.pair)));
+        // Leftovers kept for the long-lived connections go once those ended.
+        next.wait_for_log(common::LEFTOVERS_GONE, Duration::from_secs(240))
+            .unwrap_or_else(|e| panic!("{to}: leftovers: {e}\n{}", next.log()));
+        let running = http_get(lab.node(), "http://127.0.0.1:10249/proxyMode");
+        assert_eq!(running.trim(), to, "{}", next.log());
+        match to {
+            "ipvs" => {
+                assert!(
+                    !iptables_chains(&lab),
+                    "ipvs mode left iptables mode's chains"
+                );
+                assert!(!nft_table(&lab), "ipvs mode left the nftables table");
+                assert!(!ipvs_state(&lab).is_empty());
+            }
+            _ => {
+                let left = ipvs_state(&lab);
+                assert!(left.is_empty(), "{to} mode left ipvs state: {left:#?}");
+                assert_eq!(nft_table(&lab), to == "nftables");
+                assert_eq!(iptables_chains(&lab), to == "iptables");
+            }
+        }
+        assert_serves(&lab, to);
+        proxy = next;
+    }
     proxy.terminate(Duration::from_secs(15)).unwrap();
-    let mut proxy = start(&lab, "ipvs", &dir.0);
-    assert!(
-        !iptables_chains(&lab),
-        "ipvs mode left iptables mode's chains"
-    );
-    assert!(!ipvs_state(&lab).is_empty());
-    assert_serves(&lab, "ipvs");
-    proxy.terminate(Duration::from_secs(15)).unwrap();
-    // nftables after ipvs: nothing of ipvs is left, nftables serves.
-    let mut proxy = start(&lab, "nftables", &dir.0);
-    let left = ipvs_state(&lab);
-    assert!(left.is_empty(), "nftables mode left ipvs state: {left:#?}");
-    assert!(nft_table(&lab));
-    assert_serves(&lab, "nftables");
-    proxy.terminate(Duration::from_secs(15)).unwrap();
-    // ipvs again, then iptables: nothing of ipvs is left, iptables serves.
-    let mut proxy = start(&lab, "ipvs", &dir.0);
-    assert!(!nft_table(&lab), "ipvs mode left the nftables table");
-    assert_serves(&lab, "ipvs");
-    proxy.terminate(Duration::from_secs(15)).unwrap();
-    let mut proxy = start(&lab, "iptables", &dir.0);
-    let left = ipvs_state(&lab);
-    assert!(left.is_empty(), "iptables mode left ipvs state: {left:#?}");
-    assert_serves(&lab, "iptables");
-    proxy.terminate(Duration::from_secs(15)).unwrap();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

@@ -316,6 +316,7 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
         dir: &dir.0,
         extra: &extra,
         first_sync: Duration::from_secs(60),
+        bar: switching::Bar::HOST,
     };
     assert!(modes.len() >= 2, "{modes:?}");
     // ebpf's pairs last: see the bars below.

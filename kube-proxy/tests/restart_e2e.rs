@@ -350,6 +350,7 @@ fn userspace_mode_restarts_on_sigterm_without_a_reset_or_a_refused_connection() 
         dir: &dir.0,
         extra: &[],
         first_sync: Duration::from_secs(60),
+        bar: switching::Bar::HOST,
     };
     let running = sw.start("userspace");
     let (proxy, seen) = switching::switch(&sw, running, "userspace", "userspace", STREAM_FOR);

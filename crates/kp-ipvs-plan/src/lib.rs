@@ -466,6 +466,19 @@ pub struct Plan {
     pub draining: Vec<Draining>,
 }
 
+impl Plan {
+    /// Takes the deletions of whole virtual servers out of the changes, keeping the others in
+    /// order: a sync applies the rest first and these last, once the addresses and rules that
+    /// send packets to those virtual servers are gone (see the ipvs dataplane's write order).
+    pub fn split_off_deletions(&mut self) -> Vec<Change> {
+        let (deletions, rest) = std::mem::take(&mut self.changes)
+            .into_iter()
+            .partition(|c| matches!(c, Change::DeleteService(_)));
+        self.changes = rest;
+        deletions
+    }
+}
+
 /// The changes that bring `kernel` (a dump: every virtual server with its real servers) to
 /// `desired`. Virtual servers in `config`'s excluded CIDRs, and fwmark ones, are not
 /// touched.

@@ -534,3 +534,44 @@ fn real_servers_are_sorted_one_per_address_and_port_the_last_given_kept() {
     let again: Reals = want.into_iter().rev().collect();
     assert_eq!(again, reals, "one form whatever the order given");
 }
+
+#[test]
+fn whole_virtual_server_deletions_are_split_off_and_the_rest_keep_their_order() {
+    let config = rr();
+    let mut kernel = Kernel::default();
+    // A stale virtual server beside the wanted ones, and a stale real server of a wanted one.
+    let web = tcp("10.96.0.1", 80);
+    kernel.apply(&[
+        Change::AddService(Service::new(tcp("10.96.0.99", 443), "rr")),
+        Change::AddService(Service::new(web, "rr")),
+        Change::AddDestination(web, Destination::masquerade(ip("10.244.9.9"), 8080, 1)),
+    ]);
+    let d = desired(&port(CoreProtocol::Tcp), &endpoints(), &config);
+    let mut plan = diff(&d, &kernel.dump(), &config);
+    let before = plan.changes.clone();
+    let deletions = plan.split_off_deletions();
+    assert_eq!(deletions, [Change::DeleteService(tcp("10.96.0.99", 443))]);
+    assert!(!plan
+        .changes
+        .iter()
+        .any(|c| matches!(c, Change::DeleteService(_))));
+    let kept: Vec<&Change> = before
+        .iter()
+        .filter(|c| !matches!(c, Change::DeleteService(_)))
+        .collect();
+    assert_eq!(plan.changes.iter().collect::<Vec<_>>(), kept);
+    // The stale real server of the kept virtual server goes with the first part (it had no
+    // connections), as do the additions.
+    assert!(plan
+        .changes
+        .iter()
+        .any(|c| matches!(c, Change::DeleteDestination(k, _, 8080) if *k == web)));
+    assert!(plan
+        .changes
+        .iter()
+        .any(|c| matches!(c, Change::AddService(_))));
+    // Applied in two goes, the kernel ends where one go takes it.
+    kernel.apply(&plan.changes);
+    kernel.apply(&deletions);
+    assert!(diff(&d, &kernel.dump(), &config).changes.is_empty());
+}

@@ -13,6 +13,27 @@
 //! an IPVS dump, `ipset save`, the addresses of `kube-ipvs0`, the node's addresses for the
 //! NodePorts (read only then: the dump lists every address of `kube-ipvs0` too). Upstream's ipvs
 //! proxier re-lists IPVS and the sets on every sync.
+//!
+//! A sync writes in the order that never steers a packet to something not there yet, nor takes
+//! away something a packet is still steered to:
+//!
+//! 1. IPVS: new virtual servers, their real servers, and the real-server changes of kept ones
+//!    (adds, weights, graceful drains, deletions). Nothing sends a packet to a new one yet.
+//! 2. The ipsets, which the rules match.
+//! 3. New addresses bound to `kube-ipvs0`: only now does a ClusterIP become local, so that IPVS
+//!    (which sees packets to local addresses) takes it; its virtual server is ready.
+//! 4. The iptables chains. `KUBE-SERVICES` is shared with the iptables mode: on a switch from
+//!    it, that mode's DNAT serves every connection until this restore replaces it, and at that
+//!    moment the virtual servers, set entries and addresses are all in place. (Written before
+//!    the virtual servers, as this mode once did, the restore refused most new connections of
+//!    a switch until IPVS caught up.)
+//! 5. Addresses unbound: a removed Service's packets are routed from here, and dropped as an
+//!    unallocated ClusterIP.
+//! 6. Whole virtual servers deleted last, when nothing reaches them.
+//!
+//! Upstream's ipvs proxier is close: it creates each virtual server, binds its address and adds
+//! its real servers Service by Service, restores the sets and chains after, and unbinds and
+//! deletes the unused last.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -29,7 +50,7 @@ use kp_iptables_plan::PlanConfig;
 use kp_ipvs_plan::addresses::{self, DUMMY_INTERFACE};
 use kp_ipvs_plan::ipset;
 use kp_ipvs_plan::planner::Planner;
-use kp_ipvs_plan::{diff, diff_keys, rules, Config, Draining, Dump, Plan, Planned as _};
+use kp_ipvs_plan::{diff, diff_keys, rules, Change, Config, Draining, Dump, Plan, Planned as _};
 use kp_netlink::ipvs::{Service, ServiceKey};
 
 use crate::link::Dummy;
@@ -344,9 +365,10 @@ impl IpvsDataplane {
         Ok(())
     }
 
-    /// Applies an IPVS diff of the planned state against a fresh dump, and schedules the
+    /// Applies an IPVS diff of the planned state against a fresh dump but for the deletions of
+    /// whole virtual servers, which it returns (the sync applies them last), and schedules the
     /// next drain check.
-    fn reconcile_ipvs(&mut self, now: Instant) -> Result<usize, DataplaneError> {
+    fn reconcile_ipvs(&mut self, now: Instant) -> Result<(usize, Vec<Change>), DataplaneError> {
         let held: BTreeMap<ServiceKey, Service> = self
             .ipvs
             .services()
@@ -364,6 +386,7 @@ impl IpvsDataplane {
             .collect();
         let mut draining = Vec::new();
         let mut operations = 0;
+        let mut deletions = Vec::new();
         // A few hundred virtual servers at a time, their real servers read from the kernel
         // then: the whole dump and the changes of every virtual server (146,300 at 10,000
         // Services) would be held at once for nothing.
@@ -382,25 +405,27 @@ impl IpvsDataplane {
                 &self.settings.ipvs,
                 &mut plan,
             );
+            deletions.extend(plan.split_off_deletions());
             self.ipvs.apply(&plan.changes).map_err(dp)?;
             operations += plan.changes.len();
             draining.extend(plan.draining);
         }
         self.draining = draining;
         self.schedule_drain_check(now);
-        Ok(operations)
+        Ok((operations, deletions))
     }
 
     /// Applies an IPVS diff of the planned state for the virtual servers `keys` only, each
     /// given with what the kernel holds of it as last programmed (`None`: nothing): their real
-    /// servers are read from the kernel, nothing else is.
+    /// servers are read from the kernel, nothing else is. The deletions of whole virtual
+    /// servers are returned, not applied (as [`IpvsDataplane::reconcile_ipvs`]).
     fn reconcile_keys(
         &mut self,
         keys: &BTreeMap<ServiceKey, Option<Service>>,
         now: Instant,
-    ) -> Result<usize, DataplaneError> {
+    ) -> Result<(usize, Vec<Change>), DataplaneError> {
         if keys.is_empty() {
-            return Ok(0);
+            return Ok((0, Vec::new()));
         }
         let mut kernel = Vec::new();
         for (key, service) in keys {
@@ -410,12 +435,13 @@ impl IpvsDataplane {
             }
         }
         let only: BTreeSet<ServiceKey> = keys.keys().copied().collect();
-        let plan = diff_keys(&self.planner, &kernel, &only, &self.settings.ipvs);
+        let mut plan = diff_keys(&self.planner, &kernel, &only, &self.settings.ipvs);
+        let deletions = plan.split_off_deletions();
         self.ipvs.apply(&plan.changes).map_err(dp)?;
         self.draining.retain(|d| !only.contains(&d.service));
         self.draining.extend(plan.draining);
         self.schedule_drain_check(now);
-        Ok(plan.changes.len())
+        Ok((plan.changes.len(), deletions))
     }
 
     fn schedule_drain_check(&mut self, now: Instant) {
@@ -494,8 +520,14 @@ impl Dataplane for IpvsDataplane {
                 );
             }
         }
-        let mut operations = 0;
-        // Addresses first: IPVS answers on them only once they are local.
+        // The write order is the module's description's.
+        // 1. IPVS, but for the deletions of whole virtual servers.
+        let now = Instant::now();
+        let (mut operations, deletions) = if full {
+            self.reconcile_ipvs(now)?
+        } else {
+            self.reconcile_keys(&delta.virtual_servers, now)?
+        };
         let (bind, unbind): (Vec<IpAddr>, Vec<IpAddr>) = if full {
             let current = self.dummy.addresses().map_err(dp)?;
             let a = addresses::diff(self.planner.bind_addresses(), &current);
@@ -506,16 +538,15 @@ impl Dataplane for IpvsDataplane {
                 delta.unbind.iter().copied().collect(),
             )
         };
-        self.dummy.bind_all(&bind).map_err(dp)?;
-        // Sets before the rules that match them.
+        // 2. The sets, before the rules that match them.
         let saved = if full {
             Some(self.ipset_saved()?)
         } else {
             None
         };
-        for i in 0..self.settings.families.len() {
+        let mut set_changes = vec![0; self.settings.families.len()];
+        for (i, changed) in set_changes.iter_mut().enumerate() {
             let family = self.settings.families[i];
-            let mut set_changes = 0;
             if let Some(saved) = &saved {
                 // Sets made with other options (upstream's maxelem, an older version's)
                 // refuse `create -exist`: replaced under their name, then filled again.
@@ -530,7 +561,7 @@ impl Dataplane for IpvsDataplane {
                 self.ipset_restore(|w| {
                     w.write_all(ipset::replace_text(family, &misfits).as_bytes())?;
                     let changes = saved.changes(i, want, &misfits);
-                    set_changes = ipset::write_restore(w, family, changes)?;
+                    *changed = ipset::write_restore(w, family, changes)?;
                     Ok(())
                 })?;
             } else {
@@ -538,12 +569,18 @@ impl Dataplane for IpvsDataplane {
                 if !changes.is_empty() {
                     self.ipset_elements(family, &changes)?;
                 }
-                set_changes = changes.len();
+                *changed = changes.len();
             }
-            operations += set_changes;
-            if !full && set_changes == 0 && !delta.local {
+            operations += *changed;
+        }
+        // 3. New addresses: IPVS answers on them once they are local.
+        self.dummy.bind_all(&bind).map_err(dp)?;
+        // 4. The chains.
+        for (i, changed) in set_changes.into_iter().enumerate() {
+            if !full && changed == 0 && !delta.local {
                 continue;
             }
+            let family = self.settings.families[i];
             let mut cfg = PlanConfig::new(family);
             cfg.masquerade_bit = self.settings.masquerade_bit;
             cfg.masquerade_all = self.settings.masquerade_all;
@@ -562,14 +599,11 @@ impl Dataplane for IpvsDataplane {
                 operations += 1;
             }
         }
-        let now = Instant::now();
-        operations += if full {
-            self.reconcile_ipvs(now)?
-        } else {
-            self.reconcile_keys(&delta.virtual_servers, now)?
-        };
+        // 5. Addresses no longer wanted, then 6. the virtual servers nothing reaches now.
         self.dummy.unbind_all(&unbind).map_err(dp)?;
         operations += bind.len() + unbind.len();
+        self.ipvs.apply(&deletions).map_err(dp)?;
+        operations += deletions.len();
         Ok(SyncReport {
             full,
             operations,
@@ -634,7 +668,10 @@ impl Dataplane for IpvsDataplane {
                     (d.service, planned.map(|v| v.service.clone()))
                 })
                 .collect();
-            self.reconcile_keys(&keys, now)?;
+            // A virtual server deleted while one of its real servers drained is gone from the
+            // plan, its address unbound by that sync: nothing reaches it.
+            let (_, deletions) = self.reconcile_keys(&keys, now)?;
+            self.ipvs.apply(&deletions).map_err(dp)?;
         }
         Ok(())
     }
