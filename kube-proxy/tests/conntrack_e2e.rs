@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use kp_test::echo::{self, Outcome, Proto, Request};
+use kp_test::echo::{self, Proto, Request};
 use kp_test::lab::Lab;
 
 mod common;
@@ -147,10 +147,7 @@ fn iptables_mode_leaves_no_udp_blackhole() {
 fn resolver_answers(client: &kp_test::netns::ChildGuard) -> Vec<String> {
     echo::resolver_queries(&client.log())
         .into_iter()
-        .map(|(_, o)| match o {
-            Outcome::Answered { backend, .. } => backend,
-            other => other.to_string(),
-        })
+        .map(|(_, o)| o.label())
         .collect()
 }
 

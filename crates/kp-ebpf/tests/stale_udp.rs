@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kp_core::model::{Protocol, ServiceKey as ServiceName};
 use kp_ebpf::{MapSizes, SocketLb};
 use kp_ebpf_plan::{Planner, StaleUdp};
-use kp_test::echo::{resolver_queries, spawn_resolver, Outcome};
+use kp_test::echo::{resolver_queries, spawn_resolver};
 use kp_test::netns::{require_root, ChildGuard, Netns};
 
 mod common;
@@ -27,10 +27,7 @@ fn answers_after(client: &ChildGuard, after: Duration) -> Vec<String> {
     resolver_queries(&client.log())
         .into_iter()
         .filter(|(at, _)| *at > after)
-        .map(|(_, o)| match o {
-            Outcome::Answered { backend, .. } => backend,
-            other => other.to_string(),
-        })
+        .map(|(_, o)| o.label())
         .collect()
 }
 

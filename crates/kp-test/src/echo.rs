@@ -96,6 +96,16 @@ impl Outcome {
             _ => None,
         }
     }
+
+    /// The backend that answered, or the failure's word (`timeout`, `refused`, `unreachable`,
+    /// `reset`, `error`): what tests count and compare.
+    pub fn label(&self) -> String {
+        match self {
+            Outcome::Answered { backend, .. } => backend.clone(),
+            Outcome::Other(_) => "error".to_string(),
+            other => other.to_string(),
+        }
+    }
 }
 
 impl fmt::Display for Outcome {
@@ -120,12 +130,7 @@ impl fmt::Display for Outcome {
 pub fn tally(outcomes: &[Outcome]) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for outcome in outcomes {
-        let key = match outcome {
-            Outcome::Answered { backend, .. } => backend.clone(),
-            Outcome::Other(_) => "error".to_string(),
-            other => other.to_string(),
-        };
-        *counts.entry(key).or_insert(0) += 1;
+        *counts.entry(outcome.label()).or_insert(0) += 1;
     }
     counts
 }
