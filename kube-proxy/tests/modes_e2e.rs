@@ -344,9 +344,10 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
         // - to ebpf, its long-lived NodePort connection from outside is held too: its tc path
         //   starts TCP connections only at a SYN and leaves the packets of one it does not hold
         //   to the stack, where conntrack carries the old mode's translation.
-        // - from ebpf, it is printed, not held: the tc path's connections are unknown to
-        //   netfilter, whose rules pick a backend afresh mid-stream (a reset unless it is the
-        //   same one).
+        // - from ebpf, it is held too: the next mode leaves the tc programs attached, with
+        //   their frontends emptied, until the connections they made (unknown to netfilter)
+        //   have been idle for --bpf-handover-idle (`kp_ebpf::hand_over`); new ones meet the
+        //   next mode's rules at once.
         // - both ways, failed new NodePort connections are printed, not held: one in a few
         //   hundred whose handshake meets the switch, or whose masqueraded port meets the
         //   other path's, fails (seen in 45 of 72 switches to ebpf, twice in one of them).
@@ -356,9 +357,8 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
         // proxy's exit are held as in every pair. They run last (`every_pair_hub_last`), so the
         // conntrack entries and TIME_WAITs they leave meet no other pair.
         let problems = if w.contains(&"ebpf") {
-            let streams: &[&str] = if w[0] == "ebpf" { &["NodePort"] } else { &[] };
             seen.problems_besides(
-                streams,
+                &[],
                 &["NodePort"],
                 false,
                 switching::EBPF_FAILURES_PER_MILLE,
@@ -371,7 +371,19 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
             seen.summary(),
             if problems.is_empty() { "ok" } else { "FAILED" }
         );
-        // The old mode's state is gone once the new mode has taken over.
+        // The old mode's state is gone once the new mode has taken over (ebpf's tc programs
+        // once the connections they carried have been idle for `--bpf-handover-idle`).
+        if w[0] == "ebpf" {
+            if let Err(e) = proxy.wait_for_log(
+                switching::LEFTOVERS_GONE,
+                ebpf_lab::HANDOVER_IDLE + Duration::from_secs(25),
+            ) {
+                failed.push(format!(
+                    "{} -> {}: ebpf's tc programs stayed: {e}",
+                    w[0], w[1]
+                ));
+            }
+        }
         if has_state(&lab, sandbox.as_ref(), w[0]) {
             failed.push(format!(
                 "{} -> {}: {} mode's state is left",

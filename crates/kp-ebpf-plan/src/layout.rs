@@ -27,6 +27,9 @@ pub const RANGE_DATA_SIZE: usize = 20;
 pub const CT_KEY_SIZE: usize = 40;
 /// Size of a connection-table value (`struct kp_ct_val`).
 pub const CT_VALUE_SIZE: usize = 40;
+/// Offset of a connection-table value's `seen` (`u16`, the host's order): when the tc path
+/// last used the entry, on [`ct_clock`].
+pub const CT_SEEN_OFFSET: usize = 38;
 /// Size of the socket hooks' affinity key (`struct kp_aff_key`: network namespace cookie (8),
 /// reverse-NAT id (2), padding).
 pub const AFFINITY_KEY_SIZE: usize = 16;
@@ -566,4 +569,53 @@ pub fn address_hash(ip: IpAddr) -> u32 {
 pub fn netns_hash(cookie: u64) -> u32 {
     // Truncations meant: the cookie's two halves.
     client_hash([cookie as u32, (cookie >> 32) as u32, 0, 0])
+}
+
+/// The connection table's clock (`ct_clock` in tc.c): `CLOCK_MONOTONIC` nanoseconds (the
+/// programs' `bpf_ktime_get_ns`) in units of 2^30 ns, about a second, wrapping at 16 bits
+/// (about 20 hours).
+pub fn ct_clock(monotonic_ns: u64) -> u16 {
+    // Truncation meant: the clock wraps.
+    (monotonic_ns >> 30) as u16
+}
+
+/// How long before `CLOCK_MONOTONIC` `now_ns` the connection-table value `value` was last used,
+/// to within a unit of [`ct_clock`] (an age past the clock's wrap reads modulo it).
+pub fn ct_idle(value: &[u8; CT_VALUE_SIZE], now_ns: u64) -> std::time::Duration {
+    let seen = u16::from_ne_bytes([value[CT_SEEN_OFFSET], value[CT_SEEN_OFFSET + 1]]);
+    let units = ct_clock(now_ns).wrapping_sub(seen);
+    std::time::Duration::from_nanos(u64::from(units) << 30)
+}
+
+#[cfg(test)]
+mod ct_tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn used_at(ns: u64) -> [u8; CT_VALUE_SIZE] {
+        let mut v = [0xaa; CT_VALUE_SIZE];
+        v[CT_SEEN_OFFSET..CT_SEEN_OFFSET + 2].copy_from_slice(&ct_clock(ns).to_ne_bytes());
+        v
+    }
+
+    #[test]
+    fn a_connection_entry_s_idle_time_reads_its_stamp_across_the_clock_s_wrap() {
+        let unit = 1u64 << 30;
+        let t = 5_000 * unit + 12;
+        assert_eq!(ct_idle(&used_at(t), t), Duration::ZERO);
+        assert_eq!(
+            ct_idle(&used_at(t), t + 90 * unit),
+            Duration::from_nanos(90 * unit)
+        );
+        // Stamped just before the 16-bit clock wraps, read just after.
+        let before = 65_535 * unit;
+        assert_eq!(
+            ct_idle(&used_at(before), before + 3 * unit),
+            Duration::from_nanos(3 * unit)
+        );
+        // The stamp is the two bytes at its offset, nothing else.
+        let mut v = used_at(t);
+        v[..CT_SEEN_OFFSET].fill(0);
+        assert_eq!(ct_idle(&v, t + unit), Duration::from_nanos(unit));
+    }
 }

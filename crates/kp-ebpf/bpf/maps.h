@@ -153,7 +153,10 @@ struct kp_ct_val {
 	__be16 sport;
 	__be16 dport;
 	__u16 rev_nat;
-	__u16 pad;
+	/* When the entry was last used: bpf_ktime_get_ns() >> 30 (units of 2^30 ns, about a
+	 * second), wrapping. Another mode taking over keeps the tc path attached until no entry
+	 * has been used for a while (its connections ended). */
+	__u16 seen;
 };
 
 /* Sizes here are defaults; the loader sets them from the configuration. */

@@ -17,7 +17,12 @@
  * kp_ct twice: the client's tuple, so the flow's later packets follow it (a new TCP SYN picks
  * again), and the backend's reply tuple, so replies are given the frontend back. Only a SYN
  * starts a TCP connection here: a later packet of one kp_ct does not hold (netfilter's, from
- * before the mode started) goes to the stack untouched. Masquerading takes the address the
+ * before the mode started) goes to the stack untouched. A later packet of one it holds follows
+ * it even once its frontend is gone (as conntrack keeps an established flow after its Service
+ * goes): so when another mode takes over, which empties kp_services and kp_addrs and leaves
+ * these programs attached, new connections reach that mode's rules and the ones made here go
+ * on to their backends. Each use stamps the entry (`seen`), which tells that mode when they
+ * ended. Masquerading takes the address the
  * kernel would send from towards the backend (bpf_fib_lookup with BPF_FIB_LOOKUP_SRC) and
  * keeps the client's port unless another connection holds it (then a random one of
  * 32768-60999).
@@ -230,6 +235,21 @@ static __always_inline int translate(struct __sk_buff *skb, const struct kp_pkt 
 	return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 }
 
+/* The clock of kp_ct's `seen`: units of 2^30 ns (about a second), wrapping at 16 bits. */
+static __always_inline __u16 ct_clock(void)
+{
+	return bpf_ktime_get_ns() >> 30;
+}
+
+/* Stamps a connection-table entry as used now (written only when the stamp moves). */
+static __always_inline void ct_touch(struct kp_ct_val *v)
+{
+	__u16 now = ct_clock();
+
+	if (v->seen != now)
+		v->seen = now;
+}
+
 static __always_inline void ct_key(struct kp_ct_key *k, const __u32 *src, __be16 sport,
 				   const __u32 *dst, __be16 dport, __u8 proto, __u8 dir)
 {
@@ -254,6 +274,7 @@ static __always_inline int reply(struct __sk_buff *skb, const struct kp_pkt *p)
 	v = bpf_map_lookup_elem(&kp_ct, &k);
 	if (!v)
 		return -1;
+	ct_touch(v);
 	t = *v;
 	return translate(skb, p, &t);
 }
@@ -275,6 +296,7 @@ static __always_inline int claim(struct kp_ct_val *fwd, const struct kp_pkt *p, 
 	__builtin_memcpy(back.dst, p->src, 16);
 	back.dport = p->sport;
 	back.rev_nat = rev_nat;
+	back.seen = ct_clock();
 	for (i = 0; i < 8; i++) {
 		ct_key(&k, fwd->dst, fwd->dport, fwd->src, fwd->sport, p->proto, KP_CT_REPLY);
 		held = bpf_map_lookup_elem(&kp_ct, &k);
@@ -338,6 +360,26 @@ static __always_inline int outside(struct __sk_buff *skb)
 		key.scope = KP_SCOPE_SOCKET;
 		svc = bpf_map_lookup_elem(&kp_services, &key);
 	}
+	/* A later packet of a connection this path made: to its backend while the frontend is
+	 * the same, or gone (see the top). */
+	ct_key(&k, p.src, p.sport, p.dst, p.dport, p.proto, KP_CT_FORWARD);
+	held = bpf_map_lookup_elem(&kp_ct, &k);
+	if (held && !p.syn && (!svc || held->rev_nat == svc->rev_nat)) {
+		ct_touch(held);
+		fwd = *held;
+		return translate(skb, &p, &fwd);
+	}
+	if (held && !svc) {
+		/* A new connection on the tuple of one this path made, whose frontend is gone: it is
+		 * the stack's (the mode that took over) now. Both entries go, so its later packets and
+		 * its replies are not taken for the old connection's. */
+		struct kp_ct_key rk;
+
+		fwd = *held;
+		ct_key(&rk, fwd.dst, fwd.dport, fwd.src, fwd.sport, p.proto, KP_CT_REPLY);
+		bpf_map_delete_elem(&kp_ct, &rk);
+		bpf_map_delete_elem(&kp_ct, &k);
+	}
 	if (!svc)
 		/* A ClusterIP's other ports and a Service CIDR's free addresses: dropped (no reject
 		 * is built here). */
@@ -347,12 +389,6 @@ static __always_inline int outside(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	masquerade = !(svc->flags & KP_SVC_KEEP_SOURCE);
 
-	ct_key(&k, p.src, p.sport, p.dst, p.dport, p.proto, KP_CT_FORWARD);
-	held = bpf_map_lookup_elem(&kp_ct, &k);
-	if (held && !p.syn && held->rev_nat == rev_nat) {
-		fwd = *held;
-		return translate(skb, &p, &fwd);
-	}
 	/* A TCP packet that opens nothing (no SYN) of a connection this path did not make: one that
 	 * netfilter translated before the mode started (conntrack still holds it, and the mode keeps
 	 * conntrack and the NAT hooks on), or one the stack resets. Left to the stack, so a switch
@@ -392,6 +428,7 @@ static __always_inline int outside(struct __sk_buff *skb)
 	fwd.dport = be->port;
 	fwd.sport = p.sport;
 	fwd.rev_nat = rev_nat;
+	fwd.seen = ct_clock();
 	if (masquerade) {
 		if (route(skb, &p, p.src, fwd.dst, &ifindex, fwd.src, 1) < 0)
 			return TC_ACT_SHOT;

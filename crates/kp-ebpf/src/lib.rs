@@ -44,8 +44,8 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachT
 use aya::util::KernelVersion;
 use aya::{Ebpf, EbpfLoader};
 use kp_ebpf_plan::layout::{
-    ADDR_DATA_SIZE, BACKEND_SIZE, MAGLEV_VALUE_SIZE, RANGE_DATA_SIZE, REV_NAT_SIZE,
-    SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE,
+    ADDR_DATA_SIZE, BACKEND_SIZE, CT_KEY_SIZE, CT_VALUE_SIZE, MAGLEV_VALUE_SIZE, RANGE_DATA_SIZE,
+    REV_NAT_SIZE, SERVICE_KEY_SIZE, SERVICE_VALUE_SIZE,
 };
 use kp_ebpf_plan::{
     AddrKey, AddrVerdict, Backend, Contents, MaglevTable, Op, RangeKey, RevNat, ServiceKey,
@@ -247,6 +247,105 @@ pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
             Ok(())
         }
         Err(e) => Err(e),
+    }
+}
+
+/// What [`hand_over`] left under the pin directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOver {
+    /// Nothing of the mode's.
+    Gone,
+    /// The tc programs and the maps they read, for connections they made from outside the node
+    /// that were used within the idle time.
+    Carrying {
+        /// Connection-table entries used within the idle time (two per connection: its
+        /// client's tuple and its backend's reply tuple).
+        entries: usize,
+        /// How long ago the most recently used one was.
+        last_used: std::time::Duration,
+    },
+}
+
+/// Hands the node over from a stopped ebpf mode (its pins under `dir`) to another mode, which
+/// calls this after its own first sync and again, while [`HandOver::Carrying`], until
+/// [`HandOver::Gone`]. The socket hooks are detached at once (connections they made went
+/// straight to their backends and need nothing more), and the frontends and addresses the tc
+/// programs look new connections up in are emptied, so every new connection meets the other
+/// mode's rules. The tc programs stay attached while a connection they made from outside has
+/// been used within `idle` (they translate its packets from their connection table, frontend or
+/// not, as conntrack carries an established flow); after that, or with no tc link pinned (no
+/// tcx before Linux 6.6), everything goes as [`remove_pins`] removes it. A directory that is
+/// not there is [`HandOver::Gone`].
+pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Error> {
+    let pin_err = |source| Error::PinDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let has_tc = match std::fs::read_dir(dir) {
+        Ok(entries) => entries.filter_map(Result::ok).any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(names::TC_LINK_PREFIX)
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HandOver::Gone),
+        Err(e) => return Err(pin_err(e)),
+    };
+    if !has_tc || idle.is_zero() {
+        remove_pins(dir).map_err(pin_err)?;
+        return Ok(HandOver::Gone);
+    }
+    for name in SOCK_PROGRAMS.map(names::link) {
+        match std::fs::remove_file(dir.join(&name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(pin_err(e)),
+            _ => {}
+        }
+    }
+    let open = |name: &'static str| {
+        MapData::from_pin(dir.join(name))
+            .and_then(Map::from_map_data)
+            .map_err(|source| Error::Map { name, source })
+    };
+    let err = |name: &'static str| move |source| Error::Map { name, source };
+    let mut services: HashMap<MapData, [u8; SERVICE_KEY_SIZE], [u8; SERVICE_VALUE_SIZE]> =
+        typed(names::SERVICES, open(names::SERVICES)?)?;
+    let keys = services
+        .keys()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err(names::SERVICES))?;
+    for k in &keys {
+        services.remove(k).map_err(err(names::SERVICES))?;
+    }
+    let mut addrs: LpmTrie<MapData, [u8; ADDR_DATA_SIZE], u8> =
+        typed(names::ADDRS, open(names::ADDRS)?)?;
+    let keys = addrs
+        .keys()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err(names::ADDRS))?;
+    for k in &keys {
+        addrs.remove(k).map_err(err(names::ADDRS))?;
+    }
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_err(|e| pin_err(e.into()))?;
+    // Non-negative: the monotonic clock counts from boot.
+    let now_ns = u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(now.tv_nsec()).unwrap_or(0);
+    let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VALUE_SIZE]> =
+        typed(names::CT, open(names::CT)?)?;
+    let (mut entries, mut last_used) = (0, None::<std::time::Duration>);
+    for entry in ct.iter() {
+        let (_, v) = entry.map_err(err(names::CT))?;
+        let age = kp_ebpf_plan::layout::ct_idle(&v, now_ns);
+        if age < idle {
+            entries += 1;
+            last_used = Some(last_used.map_or(age, |l| l.min(age)));
+        }
+    }
+    match last_used {
+        Some(last_used) => Ok(HandOver::Carrying { entries, last_used }),
+        None => {
+            remove_pins(dir).map_err(pin_err)?;
+            Ok(HandOver::Gone)
+        }
     }
 }
 

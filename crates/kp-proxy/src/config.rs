@@ -208,6 +208,12 @@ pub struct Conntrack {
 /// well before the kubelet's SIGKILL.
 pub const DEFAULT_USERSPACE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long, unless `--bpf-handover-idle` says otherwise, the ebpf mode's tc programs carry the
+/// connections they made from outside after another mode took over, counted from their last
+/// packet: a minute, so that an interactive session's pauses and keep-alives of 30 s or more
+/// (HTTP/1.1 clients, gRPC pings) are carried while the programs go soon after the traffic.
+pub const DEFAULT_BPF_HANDOVER_IDLE: Duration = Duration::from_secs(60);
+
 /// Where the ebpf mode pins its maps unless `--bpf-pin-dir` says otherwise.
 pub const DEFAULT_BPF_PIN_DIR: &str = "/sys/fs/bpf/kube-proxy-rs";
 
@@ -275,6 +281,10 @@ pub struct Config {
     /// userspace proxy serves on while its redirect rules reach it, and lets its relays finish
     /// after another proxy took over. Zero stops at once.
     pub userspace_drain_timeout: Duration,
+    /// `--bpf-handover-idle` (our addition, read by the mode taking over from ebpf): how long
+    /// the ebpf mode's tc programs stay to carry connections they made from outside, counted
+    /// from the last packet of any. Zero removes them at once.
+    pub bpf_handover_idle: Duration,
     /// `--bpf-cgroup-root` (ebpf mode; our addition): the cgroup v2 directory the socket hooks
     /// attach to. `None`: the root of the cgroup v2 hierarchy, found in /proc/self/mountinfo at
     /// start, so every process of the node and its pods is covered.

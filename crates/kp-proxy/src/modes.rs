@@ -448,10 +448,15 @@ fn remove_iptables(
 
 fn remove_ebpf(
     ctx: &ModeContext<'_>,
-    _running: Option<&Footprint>,
+    running: Option<&Footprint>,
 ) -> Result<Removal, DataplaneError> {
-    ebpf::remove_ebpf(ctx)?;
-    Ok(Removal::Gone)
+    match running {
+        Some(_) => ebpf::hand_over(ctx),
+        None => {
+            ebpf::remove_ebpf(ctx)?;
+            Ok(Removal::Gone)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -32,6 +32,11 @@ fn cgroup2_root() -> PathBuf {
         .expect("no cgroup v2 hierarchy is mounted")
 }
 
+/// How long ebpf mode's tc programs carry idle connections from outside after another mode
+/// took over (`--bpf-handover-idle`, 60 s by default), in every mode the lab starts: a mode
+/// taking over removes them this long after their last packet (and its next recheck, 10 s).
+pub const HANDOVER_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A cgroup and a bpffs of the test's own.
 pub struct Sandbox {
     /// The cgroup (`--bpf-cgroup-root`).
@@ -88,6 +93,7 @@ impl Sandbox {
         vec![
             format!("--bpf-cgroup-root={}", self.cgroup.display()),
             format!("--bpf-pin-dir={}", self.pins.display()),
+            format!("--bpf-handover-idle={}s", HANDOVER_IDLE.as_secs()),
         ]
     }
 

@@ -229,6 +229,15 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub userspace_drain_timeout: Option<GoDuration>,
 
+    /// ebpf mode (not an upstream flag), read by the mode that takes over from it: the tc
+    /// programs stay attached to carry the connections they made from outside the node (a
+    /// NodePort's, an external or LoadBalancer IP's) until none has been used for this long,
+    /// then go with the rest of the mode's pins; new connections meet the new mode at once. A
+    /// connection idle for longer, then used again, is reset. 0 removes them at once.
+    /// [default: 60s]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub bpf_handover_idle: Option<GoDuration>,
+
     /// ebpf mode (not an upstream flag): the cgroup v2 directory the socket load balancer's
     /// hooks attach to. Unset: the root of the cgroup v2 hierarchy (found in
     /// /proc/self/mountinfo), which covers every process of the node and its pods.

@@ -584,6 +584,11 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
         .map_or(super::DEFAULT_USERSPACE_DRAIN_TIMEOUT, |d| {
             check.non_negative("--userspace-drain-timeout", d)
         });
+    let bpf_handover_idle = flags
+        .bpf_handover_idle
+        .map_or(super::DEFAULT_BPF_HANDOVER_IDLE, |d| {
+            check.non_negative("--bpf-handover-idle", d)
+        });
 
     let bind_address = doc.bind_address.parse::<IpAddr>().unwrap_or_else(|_| {
         check.fail(
@@ -681,6 +686,7 @@ fn build(doc: &mut KubeProxyConfiguration, flags: Flags, check: &mut Check) -> C
         udp_idle_timeout,
         userspace_drain_timeout,
         ebpf,
+        bpf_handover_idle,
         bpf_cgroup_root: flags.bpf_cgroup_root,
         bpf_pin_dir: flags
             .bpf_pin_dir

@@ -1129,6 +1129,19 @@ fn the_userspace_drain_timeout_defaults_to_10s_takes_zero_and_refuses_a_negative
 }
 
 #[test]
+fn the_bpf_handover_idle_time_defaults_to_a_minute_takes_zero_and_refuses_a_negative_one() {
+    let idle = |args: &[&str]| flags_only(args).map(|l| l.config.bpf_handover_idle);
+    assert_eq!(idle(&[]).unwrap(), Duration::from_secs(60));
+    assert_eq!(
+        idle(&["--bpf-handover-idle=5s"]).unwrap(),
+        Duration::from_secs(5)
+    );
+    assert_eq!(idle(&["--bpf-handover-idle", "0"]).unwrap(), Duration::ZERO);
+    let err = idle(&["--bpf-handover-idle=-1s"]).unwrap_err();
+    assert_eq!(err.field_errors()[0].field, "--bpf-handover-idle");
+}
+
+#[test]
 fn log_format_is_text_or_json_from_the_flag_or_the_file() {
     assert_eq!(
         flags_only(&[]).unwrap().config.logging_format,

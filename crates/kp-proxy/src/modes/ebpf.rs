@@ -17,7 +17,7 @@ use kp_ebpf::nat_hooks::NatHooks;
 use kp_ebpf::{MapSizes, Scheduler};
 use kp_metrics::Metrics;
 
-use super::{node_port_addresses, ModeContext};
+use super::{node_port_addresses, ModeContext, Removal};
 use crate::config::{Config, DEFAULT_BPF_PIN_DIR};
 use crate::Fatal;
 
@@ -172,6 +172,29 @@ pub fn build_ebpf(ctx: &ModeContext<'_>) -> Result<Box<dyn Dataplane>, Fatal> {
 /// running on the machine).
 fn owns_pins(cfg: &Config, netns: Option<&str>) -> bool {
     netns.is_none() || cfg.bpf_pin_dir != std::path::Path::new(DEFAULT_BPF_PIN_DIR)
+}
+
+/// The ebpf mode's leftovers on a switch to another mode: the socket hooks and the table that
+/// kept the NAT hooks go (the running mode has NAT chains of its own), new connections from
+/// outside meet the running mode, and the tc programs stay for the connections they made until
+/// none has been used for `--bpf-handover-idle` ([`kp_ebpf::hand_over`]).
+pub fn hand_over(ctx: &ModeContext<'_>) -> Result<Removal, DataplaneError> {
+    let left = if owns_pins(ctx.config, ctx.netns) {
+        kp_ebpf::hand_over(&ctx.config.bpf_pin_dir, ctx.config.bpf_handover_idle)
+            .map_err(DataplaneError::transient)?
+    } else {
+        kp_ebpf::HandOver::Gone
+    };
+    NatHooks::new(ctx.netns)
+        .remove()
+        .map_err(kp_nftables::Error::into_dataplane)?;
+    Ok(match left {
+        kp_ebpf::HandOver::Gone => Removal::Gone,
+        kp_ebpf::HandOver::Carrying { entries, last_used } => Removal::Draining(format!(
+            "the tc programs carry connections from outside the node ({entries} connection \
+             table entries used within --bpf-handover-idle, the last {last_used:?} ago)"
+        )),
+    })
 }
 
 /// Removes the links (detaching the programs) and maps the mode pinned, and their directory
