@@ -306,24 +306,16 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
             .map_err(|source| Error::Map { name, source })
     };
     let err = |name: &'static str| move |source| Error::Map { name, source };
+    // Every key read first, then removed: a hash map's iteration restarts when the key it
+    // stands on goes.
     let mut services: HashMap<MapData, [u8; SERVICE_KEY_SIZE], [u8; SERVICE_VALUE_SIZE]> =
         typed(names::SERVICES, open(names::SERVICES)?)?;
-    let keys = services
-        .keys()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err(names::SERVICES))?;
-    for k in &keys {
-        services.remove(k).map_err(err(names::SERVICES))?;
-    }
+    let keys: Result<Vec<_>, _> = services.keys().collect();
+    remove_all(names::SERVICES, keys, |k| services.remove(k))?;
     let mut addrs: LpmTrie<MapData, [u8; ADDR_DATA_SIZE], u8> =
         typed(names::ADDRS, open(names::ADDRS)?)?;
-    let keys = addrs
-        .keys()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err(names::ADDRS))?;
-    for k in &keys {
-        addrs.remove(k).map_err(err(names::ADDRS))?;
-    }
+    let keys: Result<Vec<_>, _> = addrs.keys().collect();
+    remove_all(names::ADDRS, keys, |k| addrs.remove(k))?;
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map_err(|e| pin_err(e.into()))?;
     // Non-negative: the monotonic clock counts from boot.
@@ -347,6 +339,19 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
             Ok(HandOver::Gone)
         }
     }
+}
+
+/// Removes `keys` (map `name`'s, as read) with `remove`.
+fn remove_all<K>(
+    name: &'static str,
+    keys: Result<Vec<K>, aya::maps::MapError>,
+    mut remove: impl FnMut(&K) -> Result<(), aya::maps::MapError>,
+) -> Result<(), Error> {
+    let err = |source| Error::Map { name, source };
+    for k in &keys.map_err(err)? {
+        remove(k).map_err(err)?;
+    }
+    Ok(())
 }
 
 /// Sizes of the maps, from the configuration.

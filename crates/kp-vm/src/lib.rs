@@ -598,12 +598,19 @@ pub fn is_guest() -> bool {
 /// For a test that needs the guest's kernel: on the host, boots a guest (killed after
 /// `timeout`) and runs test `name` of the current test binary there, alone, with ignored tests
 /// included (kp-echo found or built here first: the guest's file system is the host's,
-/// read-only), and panics unless it passed there. Returns whether this is the guest (go on with
-/// the test) or the host (done).
+/// read-only), and panics unless it passed there. The guests of one test binary run one at a
+/// time. Returns whether this is the guest (go on with the test) or the host (done).
 pub fn in_guest(name: &str, timeout: Duration) -> bool {
     if is_guest() {
         return true;
     }
+    // One guest at a time per test binary: two TCG guests on a 2-core machine starve each
+    // other (and the tests' own timing bars) for nothing. A guest test that failed leaves the
+    // lock poisoned; the next one runs anyway.
+    static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_GUEST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let exe = std::env::current_exe().expect("the test binary's path");
     let echo = kp_test::echo_binary();
     let script = format!(
