@@ -300,11 +300,7 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
             _ => {}
         }
     }
-    let open = |name: &'static str| {
-        MapData::from_pin(dir.join(name))
-            .and_then(Map::from_map_data)
-            .map_err(|source| Error::Map { name, source })
-    };
+    let open = |name| open_pinned(dir, name);
     let err = |name: &'static str| move |source| Error::Map { name, source };
     // Every key read first, then removed: a hash map's iteration restarts when the key it
     // stands on goes.
@@ -895,11 +891,7 @@ impl SocketLb {
 /// attached, each map is opened by its pin. A map that is not pinned there is
 /// [`Error::Map`] (`BPF_OBJ_GET` failing with `ENOENT`).
 pub fn read_pinned(dir: &Path) -> Result<Contents, Error> {
-    let open = |name: &'static str| {
-        MapData::from_pin(dir.join(name))
-            .and_then(Map::from_map_data)
-            .map_err(|source| Error::Map { name, source })
-    };
+    let open = |name| open_pinned(dir, name);
     read_contents(
         &typed(names::SERVICES, open(names::SERVICES)?)?,
         &typed(names::BACKENDS, open(names::BACKENDS)?)?,
@@ -908,6 +900,13 @@ pub fn read_pinned(dir: &Path) -> Result<Contents, Error> {
         &typed(names::ADDRS, open(names::ADDRS)?)?,
         &typed(names::MAGLEV, open(names::MAGLEV)?)?,
     )
+}
+
+/// Map `name` pinned under `dir`, opened by its pin (nothing loaded or attached).
+fn open_pinned(dir: &Path, name: &'static str) -> Result<Map, Error> {
+    MapData::from_pin(dir.join(name))
+        .and_then(Map::from_map_data)
+        .map_err(|source| Error::Map { name, source })
 }
 
 /// Map `name`, opened (owned or borrowed), as the typed map it is.
