@@ -37,11 +37,33 @@ vm=()
 for pair in qemu-system-x86_64:qemu-system-x86 busybox:busybox-static modinfo:kmod ipvsadm:ipvsadm ipset:ipset; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || vm+=("${pair#*:}")
 done
-ls /lib/modules/*/kernel/net/netfilter/ipvs/ip_vs.ko* >/dev/null 2>&1 || vm+=(linux-image-amd64)
-if [ ${#need[@]} -gt 0 ] || [ ${#vm[@]} -gt 0 ]; then
+# The guest also runs ebpf mode (its pairs with ipvs in the switching test), whose tc path
+# needs Linux 6.8 or later (BPF_FIB_LOOKUP_SRC): bookworm's own kernel is 6.1, so on bookworm
+# the kernel comes from bookworm-backports (kp-vm boots the newest kernel with IPVS).
+guest_kernel=
+for m in /lib/modules/*/kernel/net/netfilter/ipvs/ip_vs.ko*; do
+    v=${m#/lib/modules/}
+    v=${v%%/*}
+    if [ -e "/boot/vmlinuz-$v" ] && printf '%s\n' 6.8 "$v" | sort -V -C; then
+        guest_kernel=$v
+    fi
+done
+kernel=()
+kernel_suite=
+if [ -z "$guest_kernel" ]; then
+    kernel=(linux-image-amd64)
+    if grep -q '^VERSION_CODENAME=bookworm$' /etc/os-release 2>/dev/null; then
+        kernel_suite=bookworm-backports
+    fi
+fi
+if [ ${#need[@]} -gt 0 ] || [ ${#vm[@]} -gt 0 ] || [ ${#kernel[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then
-        say "installing ${need[*]} ${vm[*]}"
+        say "installing ${need[*]} ${vm[*]} ${kernel[*]}${kernel_suite:+ (from $kernel_suite)}"
         export DEBIAN_FRONTEND=noninteractive
+        if [ -n "$kernel_suite" ] && ! grep -rqs "$kernel_suite" /etc/apt/sources.list /etc/apt/sources.list.d; then
+            printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+                "$kernel_suite" >/etc/apt/sources.list.d/kube-proxy-rs-backports.sources
+        fi
         apt-get update -qq
         if [ ${#need[@]} -gt 0 ]; then
             apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
@@ -49,8 +71,11 @@ if [ ${#need[@]} -gt 0 ] || [ ${#vm[@]} -gt 0 ]; then
         if [ ${#vm[@]} -gt 0 ]; then
             apt-get install -y -qq "${vm[@]}" >/dev/null
         fi
+        if [ ${#kernel[@]} -gt 0 ]; then
+            apt-get install -y -qq ${kernel_suite:+-t "$kernel_suite"} "${kernel[@]}" >/dev/null
+        fi
     else
-        say "missing ${need[*]} ${vm[*]} and not root: kernel tests will be skipped"
+        say "missing ${need[*]} ${vm[*]} ${kernel[*]} and not root: kernel tests will be skipped"
     fi
 fi
 

@@ -60,13 +60,7 @@ fn has_state(lab: &Lab, sandbox: Option<&ebpf_lab::Sandbox>, mode: &str) -> bool
     match mode {
         "ebpf" => {
             let sandbox = sandbox.expect("ebpf mode's state is seen in the test's sandbox");
-            let mut state = sandbox.state(lab);
-            if nft_tables(lab)
-                .lines()
-                .any(|l| l == "table inet kube-proxy-ebpf")
-            {
-                state.push("table inet kube-proxy-ebpf (the NAT hooks)".into());
-            }
+            let state = sandbox.mode_state(lab);
             if !state.is_empty() {
                 eprintln!("  ebpf mode's state: {}", state.join("; "));
             }
@@ -356,16 +350,7 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
         // Every kind of new connection must have run, and the old mode's state and the old
         // proxy's exit are held as in every pair. They run last (`every_pair_hub_last`), so the
         // conntrack entries and TIME_WAITs they leave meet no other pair.
-        let problems = if w.contains(&"ebpf") {
-            seen.problems_besides(
-                &[],
-                &["NodePort"],
-                false,
-                switching::EBPF_FAILURES_PER_MILLE,
-            )
-        } else {
-            seen.problems()
-        };
+        let problems = seen.held_problems();
         eprintln!(
             "{} [{}]",
             seen.summary(),

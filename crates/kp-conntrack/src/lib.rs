@@ -131,6 +131,12 @@ impl Conntrack {
         Ok(self.connect()?.list(family, protocol)?.0)
     }
 
+    /// `conntrack -L -p tcp --state TIME_WAIT,CLOSE -f FAMILY`: the TCP entries of connections
+    /// that have ended (the kernel keeps them two minutes in `TIME_WAIT`).
+    pub fn list_closed_tcp(&self, family: IpFamily) -> Result<Vec<FlowEntry>, Error> {
+        Ok(self.connect()?.list_closed_tcp(family)?.0)
+    }
+
     /// `conntrack -D` of each entry, by original tuple (and zone, and the kernel's id when the
     /// entry came from [`list`](Self::list), so a different entry that took the tuple meanwhile
     /// is usually spared; see [`FlowEntry::id`]). Returns how many the kernel deleted; entries

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use kp_core::conntrack::FlowEntry;
 use kp_core::model::{IpFamily, Protocol};
 use kp_netlink::socket::Error as SocketError;
-use kp_netlink::{KernelError, Protocol as NetlinkProtocol, Socket};
+use kp_netlink::{KernelError, Message, Protocol as NetlinkProtocol, Socket};
 
 use crate::wire;
 use crate::Error;
@@ -75,15 +75,35 @@ impl Conn {
         family: IpFamily,
         protocol: Protocol,
     ) -> Result<(Vec<FlowEntry>, usize), Error> {
+        self.list_where(family, protocol, |_| Ok(true))
+    }
+
+    /// The TCP entries of one family whose connection has ended (`TIME_WAIT`, `CLOSE`).
+    pub fn list_closed_tcp(&mut self, family: IpFamily) -> Result<(Vec<FlowEntry>, usize), Error> {
+        self.list_where(family, Protocol::Tcp, |m| {
+            Ok(matches!(
+                wire::tcp_state(m)?,
+                Some(wire::TCP_TIME_WAIT | wire::TCP_CLOSE)
+            ))
+        })
+    }
+
+    /// [`Conn::list`] of the entries whose message `keep` accepts.
+    fn list_where(
+        &mut self,
+        family: IpFamily,
+        protocol: Protocol,
+        keep: impl Fn(&Message<'_>) -> Result<bool, wire::Malformed> + Copy,
+    ) -> Result<(Vec<FlowEntry>, usize), Error> {
         let filtered = !FILTER_REFUSED.load(Ordering::Relaxed);
-        match self.dump(family, protocol, filtered) {
+        match self.dump(family, protocol, filtered, keep) {
             Err(Error::Kernel { errno, .. }) if filtered && errno.is_not_supported() => {
                 tracing::info!(
                     %errno,
                     "the kernel refuses filtered conntrack dumps; dumping whole families"
                 );
                 FILTER_REFUSED.store(true, Ordering::Relaxed);
-                self.dump(family, protocol, false)
+                self.dump(family, protocol, false, keep)
             }
             other => other,
         }
@@ -94,6 +114,7 @@ impl Conn {
         family: IpFamily,
         protocol: Protocol,
         filtered: bool,
+        keep: impl Fn(&Message<'_>) -> Result<bool, wire::Malformed>,
     ) -> Result<(Vec<FlowEntry>, usize), Error> {
         let op = format!(
             "listing {} {} conntrack entries in {}",
@@ -109,7 +130,10 @@ impl Conn {
                     if m.kind() != wire::CT_NEW {
                         return Err(format!("unexpected message type {:#x}", m.kind()).into());
                     }
-                    match wire::decode_entry(m) {
+                    match keep(m).and_then(|kept| match kept {
+                        true => wire::decode_entry(m),
+                        false => Ok(None),
+                    }) {
                         Ok(Some(e)) if e.protocol == protocol => d.entries.push(e),
                         Ok(_) => {}
                         Err(detail) => {

@@ -20,6 +20,7 @@ const IPCTNL_MSG_CT_DELETE: u8 = 2;
 // enum ctattr_type
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_PROTOINFO: u16 = 4;
 const CTA_ID: u16 = 12;
 const CTA_ZONE: u16 = 18;
 const CTA_FILTER: u16 = 25;
@@ -36,6 +37,14 @@ const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 // enum ctattr_filter
+const CTA_PROTOINFO_TCP: u16 = 1;
+const CTA_PROTOINFO_TCP_STATE: u16 = 1;
+// include/uapi/linux/netfilter/nf_conntrack_tcp.h: enum tcp_conntrack.
+/// `TCP_CONNTRACK_TIME_WAIT`: both ends closed.
+pub(crate) const TCP_TIME_WAIT: u8 = 7;
+/// `TCP_CONNTRACK_CLOSE`: reset.
+pub(crate) const TCP_CLOSE: u8 = 8;
+
 const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 // net/netfilter/nf_internals.h: CTA_FILTER_F_CTA_PROTO_NUM, a bit of the filter flags
 const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
@@ -226,6 +235,25 @@ pub(crate) fn decode_entry(m: &Message<'_>) -> Result<Option<FlowEntry>, Malform
         zone,
         id,
     }))
+}
+
+/// The TCP state of a dumped conntrack entry (`CTA_PROTOINFO_TCP_STATE`), `None` for an entry
+/// without one (not TCP).
+pub(crate) fn tcp_state(m: &Message<'_>) -> Result<Option<u8>, Malformed> {
+    let (_, body) = nfnl::NfGenMsg::parse(m.payload)?;
+    let a: [Option<&[u8]>; 5] = attr::table(body)?;
+    let Some(info) = a[usize::from(CTA_PROTOINFO)] else {
+        return Ok(None);
+    };
+    let info: [Option<&[u8]>; 2] = attr::table(info)?;
+    let Some(tcp) = info[usize::from(CTA_PROTOINFO_TCP)] else {
+        return Ok(None);
+    };
+    let tcp: [Option<&[u8]>; 2] = attr::table(tcp)?;
+    match tcp[usize::from(CTA_PROTOINFO_TCP_STATE)] {
+        Some(state) => Ok(Some(attr::u8(Some(state), "CTA_PROTOINFO_TCP_STATE")?)),
+        None => Ok(None),
+    }
 }
 
 /// The parts of one direction's tuple the reconciler uses.

@@ -743,3 +743,56 @@ fn ten_thousand_stale_entries_go_in_one_reconcile_and_the_rest_stay() {
         0
     );
 }
+
+#[test]
+fn closed_tcp_entries_are_listed_apart_from_open_ones() {
+    if !require_root() {
+        return;
+    }
+    let ns = kp_test::Netns::new("ct-closed").expect("netns");
+    let tcp = |sport: &str, state: &str| {
+        insert(
+            &ns,
+            &[
+                "-p",
+                "tcp",
+                "-s",
+                "192.0.2.2",
+                "-d",
+                "10.96.0.10",
+                "--sport",
+                sport,
+                "--dport",
+                "80",
+                "-r",
+                "10.244.1.10",
+                "-q",
+                "192.0.2.2",
+                "--reply-port-src",
+                "8080",
+                "--reply-port-dst",
+                sport,
+                "--state",
+                state,
+            ],
+        )
+        .unwrap_or_else(|e| panic!("inserting a {state} entry: {e}"))
+    };
+    tcp("40001", "ESTABLISHED");
+    tcp("40002", "TIME_WAIT");
+    tcp("40003", "CLOSE");
+    tcp("40004", "FIN_WAIT");
+    tcp("40005", "CLOSE_WAIT");
+    let ct = Conntrack::in_netns(ns.name());
+    assert_eq!(ct.list(IpFamily::V4, Protocol::Tcp).expect("list").len(), 5);
+    let mut closed: Vec<u16> = ct
+        .list_closed_tcp(IpFamily::V4)
+        .expect("list closed")
+        .iter()
+        .map(|e| e.orig_sport)
+        .collect();
+    closed.sort();
+    // Half-closed connections (FIN_WAIT, CLOSE_WAIT) may still carry data: not closed.
+    assert_eq!(closed, [40002, 40003]);
+    assert!(ct.list_closed_tcp(IpFamily::V6).expect("list").is_empty());
+}

@@ -21,8 +21,10 @@
  * it even once its frontend is gone (as conntrack keeps an established flow after its Service
  * goes): so when another mode takes over, which empties kp_services and kp_addrs and leaves
  * these programs attached, new connections reach that mode's rules and the ones made here go
- * on to their backends. Each use stamps the entry (`seen`), which tells that mode when they
- * ended. Masquerading takes the address the
+ * on to their backends; a SYN on one of their tuples, or a SYN-ACK answering on one (the new
+ * mode masqueraded its own connection to the same port), is the new mode's and ends both
+ * entries. Each use stamps the entry (`seen`), which tells that mode when they ended.
+ * Masquerading takes the address the
  * kernel would send from towards the backend (bpf_fib_lookup with BPF_FIB_LOOKUP_SRC) and
  * keeps the client's port unless another connection holds it (then a random one of
  * 32768-60999).
@@ -54,6 +56,7 @@ struct kp_pkt {
 	__u8 proto;
 	__u8 v6;
 	__u8 syn;
+	__u8 synack;
 	__u8 tos;
 	__u32 l3_off;
 	__u32 l4_off;
@@ -109,11 +112,13 @@ static __always_inline int parse(struct __sk_buff *skb, struct kp_pkt *p)
 	p->sport = ports[0];
 	p->dport = ports[1];
 	p->syn = 0;
+	p->synack = 0;
 	if (p->proto == KP_IPPROTO_TCP) {
 		if (bpf_skb_load_bytes(skb, p->l4_off + 13, &flags, 1) < 0)
 			return -1;
-		/* SYN without ACK: a new connection. */
+		/* SYN without ACK: a new connection; SYN with ACK: its answer. */
 		p->syn = (flags & 0x12) == 0x02;
+		p->synack = (flags & 0x12) == 0x12;
 	}
 	return 0;
 }
@@ -267,6 +272,8 @@ static __always_inline void ct_key(struct kp_ct_key *k, const __u32 *src, __be16
 static __always_inline int reply(struct __sk_buff *skb, const struct kp_pkt *p)
 {
 	struct kp_ct_key k;
+	struct kp_ct_key fk;
+	struct kp_svc_key svc;
 	struct kp_ct_val *v;
 	struct kp_ct_val t;
 
@@ -274,8 +281,29 @@ static __always_inline int reply(struct __sk_buff *skb, const struct kp_pkt *p)
 	v = bpf_map_lookup_elem(&kp_ct, &k);
 	if (!v)
 		return -1;
-	ct_touch(v);
 	t = *v;
+	if (p->synack) {
+		/* A handshake's answer on the tuple of a connection this path made, whose frontend
+		 * is gone (another mode took over): no SYN can have been sent on from here for it,
+		 * so it answers the stack's new connection, masqueraded by the mode that took over
+		 * to the same port. Both entries go and the packet is the stack's (given the old
+		 * frontend back, the new connection would be reset). */
+		__builtin_memset(&svc, 0, sizeof(svc));
+		__builtin_memcpy(svc.addr, t.src, 16);
+		svc.port = t.sport;
+		svc.proto = p->proto;
+		svc.scope = KP_SCOPE_OUTSIDE;
+		if (!bpf_map_lookup_elem(&kp_services, &svc)) {
+			svc.scope = KP_SCOPE_SOCKET;
+			if (!bpf_map_lookup_elem(&kp_services, &svc)) {
+				ct_key(&fk, t.dst, t.dport, t.src, t.sport, p->proto, KP_CT_FORWARD);
+				bpf_map_delete_elem(&kp_ct, &fk);
+				bpf_map_delete_elem(&kp_ct, &k);
+				return TC_ACT_OK;
+			}
+		}
+	}
+	ct_touch(v);
 	return translate(skb, p, &t);
 }
 

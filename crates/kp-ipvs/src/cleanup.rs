@@ -35,7 +35,7 @@ use kp_ipvs_plan::rules::{
     jump_rules, KUBE_IPVS_FILTER, KUBE_IPVS_OUT_FILTER, KUBE_LOAD_BALANCER, KUBE_NODE_PORT,
     KUBE_SOURCE_RANGES_FIREWALL,
 };
-use kp_netlink::ipvs::ServiceKey;
+use kp_netlink::ipvs::{Destination, ServiceKey};
 
 use crate::link::Dummy;
 use crate::{Client, Error, Result};
@@ -55,6 +55,9 @@ pub struct Removed {
     /// Virtual servers left in place because they still carry connections (only with
     /// [`Keep::draining`]); `kube-ipvs0` stays with them.
     pub draining: usize,
+    /// Real servers deleted from those virtual servers because they carry no established
+    /// connection.
+    pub real_servers: usize,
 }
 
 /// What a removal must leave because the mode now running uses it (empty for `--cleanup`
@@ -426,21 +429,43 @@ pub fn remove_leftovers_keeping(
     if let Some(dummy) = Dummy::find(netns, DUMMY_INTERFACE)? {
         match Client::open(netns) {
             Ok(mut ipvs) => {
-                for svc in ipvs.services()? {
-                    let ours = match svc.key {
+                let ours: Vec<ServiceKey> = ipvs
+                    .services()?
+                    .into_iter()
+                    .map(|svc| svc.key)
+                    .filter(|key| match *key {
                         ServiceKey::Addr { addr, .. } => !exclude.iter().any(|n| n.contains(&addr)),
                         ServiceKey::Fwmark { mark, .. } => {
                             kp_ipvs_plan::local::is_short_circuit_mark(mark)
                         }
+                    })
+                    .collect();
+                // The kept virtual servers' idle real servers first: until they go, IPVS
+                // answers for their closed connections (see `established_on`).
+                let mut gone = Vec::new();
+                for key in ours {
+                    let established = match keep.draining {
+                        true => established_on(&mut ipvs, &key)?,
+                        false => None,
                     };
-                    if ours && keep.draining && carries_connections(&mut ipvs, &svc.key)? {
-                        removed.draining += 1;
-                    } else if ours {
-                        match ipvs.delete_service(&svc.key) {
-                            Ok(()) => removed.services += 1,
+                    let Some(idle) = established else {
+                        gone.push(key);
+                        continue;
+                    };
+                    removed.draining += 1;
+                    for d in idle {
+                        match ipvs.delete_destination(&key, d.addr, d.port) {
+                            Ok(()) => removed.real_servers += 1,
                             Err(e) if e.is_not_found() => {}
                             Err(e) => return Err(e),
                         }
+                    }
+                }
+                for key in gone {
+                    match ipvs.delete_service(&key) {
+                        Ok(()) => removed.services += 1,
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => return Err(e),
                     }
                 }
             }
@@ -458,16 +483,32 @@ pub fn remove_leftovers_keeping(
     Ok(removed)
 }
 
-/// Whether a virtual server's real servers still count established connections. Closing ones
-/// (IPVS keeps `TIME_WAIT` for two minutes), UDP flows and persistence templates do not hold
-/// a removal: the new mode serves the next packets of a UDP flow, and a template only steers
-/// connections IPVS no longer sees.
-fn carries_connections(ipvs: &mut Client, key: &ServiceKey) -> Result<bool> {
-    match ipvs.destinations(key) {
-        Ok(dests) => Ok(dests.iter().any(|d| d.active_connections > 0)),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(e),
+/// Whether a virtual server's real servers still count established connections, and if so
+/// the real servers that count none (to delete: the virtual server stays for the others).
+/// Closing ones (IPVS keeps `TIME_WAIT` for two minutes), UDP flows and persistence templates
+/// do not hold a removal: the new mode serves the next packets of a UDP flow, and a template
+/// only steers connections IPVS no longer sees. Deleting the idle real servers matters for a
+/// mode that connects straight to a backend (ebpf's socket hooks): while a virtual server
+/// exists IPVS's hooks stay registered, and a backend's answer to a new connection from a
+/// client port that one of IPVS's `TIME_WAIT` entries holds is given the virtual server's
+/// address (and the connection fails); with `expire_nodest_conn` (which the ipvs mode sets) a
+/// deleted real server's entries go at once (Linux 5.9+).
+fn established_on(ipvs: &mut Client, key: &ServiceKey) -> Result<Option<Vec<Destination>>> {
+    let dests = match ipvs.destinations(key) {
+        Ok(dests) => dests,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !dests.iter().any(|d| d.active_connections > 0) {
+        return Ok(None);
     }
+    Ok(Some(
+        dests
+            .into_iter()
+            .filter(|d| d.active_connections == 0)
+            .map(|d| d.destination)
+            .collect(),
+    ))
 }
 
 #[cfg(test)]

@@ -80,6 +80,10 @@ pub struct Mode {
     /// delete after each sync. True for modes that translate in netfilter; a userspace proxy's
     /// REDIRECT entries point at the proxy itself and must not be taken for stale.
     pub reconciles_conntrack: bool,
+    /// What the mode does to take the node over from the mode before it, beside the removal
+    /// of that mode's leftovers, and with it: after its first successful sync, then at each
+    /// recheck while leftovers stay.
+    pub take_over: Option<fn(&ModeContext<'_>) -> Result<(), DataplaneError>>,
 }
 
 /// What a removal of one mode's leftovers left.
@@ -107,6 +111,7 @@ pub static MODES: &[Mode] = &[
         footprint: footprint::nftables,
         leftovers: "the kube-proxy nftables tables",
         reconciles_conntrack: true,
+        take_over: None,
     },
     Mode {
         mode: ProxyMode::Iptables,
@@ -115,6 +120,7 @@ pub static MODES: &[Mode] = &[
         footprint: footprint::iptables,
         leftovers: "the kube-proxy iptables chains (nft and legacy backends)",
         reconciles_conntrack: true,
+        take_over: None,
     },
     Mode {
         mode: ProxyMode::Userspace,
@@ -124,6 +130,7 @@ pub static MODES: &[Mode] = &[
         leftovers: "the kube-proxy-userspace nftables table and its policy routing",
         // Its UDP entries are REDIRECTs to the proxy itself, never stale.
         reconciles_conntrack: false,
+        take_over: None,
     },
     Mode {
         mode: ProxyMode::Ipvs,
@@ -132,6 +139,7 @@ pub static MODES: &[Mode] = &[
         footprint: footprint::ipvs,
         leftovers: "the kube-proxy IPVS virtual servers, kube-ipvs0, the ipvs-mode ipsets and iptables chains",
         reconciles_conntrack: true,
+        take_over: None,
     },
     Mode {
         mode: ProxyMode::Ebpf,
@@ -141,6 +149,7 @@ pub static MODES: &[Mode] = &[
         leftovers: "the ebpf mode's pinned programs and maps (--bpf-pin-dir) and its kube-proxy-ebpf nftables table",
         // Socket load balancing translates no packet: no conntrack entry is its.
         reconciles_conntrack: false,
+        take_over: Some(ebpf::forget_closed_translations),
     },
 ];
 
@@ -244,13 +253,22 @@ impl Leftovers {
 /// that still carries connections stays until they end. Call it only after the running mode's
 /// first successful sync: until then the other modes' rules are what serves.
 pub fn remove_leftovers(ctx: &ModeContext<'_>, running: Option<ProxyMode>) -> Leftovers {
-    let keep = running.and_then(find).map(|m| (m.footprint)());
+    let running_mode = running.and_then(find);
+    let keep = running_mode.map(|m| (m.footprint)());
     let mut out = Leftovers::default();
     for m in MODES.iter().filter(|m| Some(m.mode) != running) {
         match (m.remove_leftovers)(ctx, keep.as_ref()) {
             Ok(Removal::Gone) => tracing::debug!(mode = m.name(), "removed {}", m.leftovers),
             Ok(Removal::Draining(what)) => out.draining.push((m.name(), what)),
             Err(e) => out.failed.push((m.name(), e)),
+        }
+    }
+    // After the removals: the old mode's rules translate nothing more from here on.
+    if let Some(m) = running_mode {
+        if let Some(take_over) = m.take_over {
+            if let Err(e) = take_over(ctx) {
+                out.failed.push((m.name(), e));
+            }
         }
     }
     out

@@ -77,6 +77,7 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p proc sys dev tmp run
 mount -t proc proc proc || fail guest proc
 mount -t sysfs sysfs sys || fail guest sysfs
+mount -t cgroup2 cgroup2 sys/fs/cgroup || fail guest cgroup2
 mount -t devtmpfs devtmpfs dev || fail guest dev
 mount -t tmpfs -o mode=1777 tmp tmp || fail guest tmp
 mount -t tmpfs -o mode=0755 run run || fail guest run

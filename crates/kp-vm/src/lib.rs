@@ -6,7 +6,7 @@
 //! [`Vm::run`] boots the guest, loads the requested modules with the host's `modprobe` (which
 //! orders them by their dependencies), runs one shell script as root in a fresh tmpfs root
 //! (`/usr`, `/etc`, `/var`, the workspace ... bound read-only from the host; `/tmp`, `/run`,
-//! `/proc`, `/sys`, `/dev` new), and returns what the script printed and its exit status. The
+//! `/proc`, `/sys` with cgroup v2 at `/sys/fs/cgroup`, `/dev` new), and returns what the script printed and its exit status. The
 //! guest is always stopped: it powers itself off after the script, and the host kills qemu on a
 //! timeout, on an error, and when the run is dropped (a panicking test included).
 //!
@@ -170,8 +170,9 @@ impl Kernel {
         })
     }
 
-    /// The file of module `name` and the modules it needs, from `modinfo`.
-    fn modinfo(&self, name: &str) -> Result<(PathBuf, Vec<String>)> {
+    /// The file of module `name` (`None` when it is built into the kernel) and the modules it
+    /// needs, from `modinfo`.
+    fn modinfo(&self, name: &str) -> Result<(Option<PathBuf>, Vec<String>)> {
         let field = |f: &str| -> Result<String> {
             let out = Command::new("modinfo")
                 .args(["-k", &self.version, "-F", f, name])
@@ -189,19 +190,58 @@ impl Kernel {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
         };
         let file = field("filename")?;
-        if !file.ends_with(".ko") {
-            return Err(Error::Module {
-                module: name.into(),
-                detail: format!("{file}: busybox insmod needs an uncompressed .ko"),
-            });
+        if file == "(builtin)" {
+            return Ok((None, Vec::new()));
         }
         let depends = field("depends")?
             .split(',')
             .filter(|d| !d.is_empty())
             .map(str::to_string)
             .collect();
-        Ok((PathBuf::from(file), depends))
+        Ok((Some(PathBuf::from(file)), depends))
     }
+}
+
+/// A host file's contents.
+fn read(file: &Path) -> Result<Vec<u8>> {
+    std::fs::read(file).map_err(|source| Error::Io {
+        what: format!("reading {}", file.display()),
+        source,
+    })
+}
+
+/// A module file's contents, uncompressed: busybox's `insmod` in the initramfs takes a plain
+/// `.ko`, and Debian's newer kernels ship `.ko.xz` (decompressed with the host's `xz`; `.ko.zst`
+/// with `zstd`).
+fn read_module(file: &Path) -> Result<Vec<u8>> {
+    let name = file.to_string_lossy();
+    let tool = if name.ends_with(".ko") {
+        return read(file);
+    } else if name.ends_with(".ko.xz") {
+        "xz"
+    } else if name.ends_with(".ko.zst") {
+        "zstd"
+    } else {
+        return Err(Error::Missing {
+            what: "a module format busybox insmod can load",
+            detail: format!("{name}: neither .ko, .ko.xz nor .ko.zst"),
+        });
+    };
+    let out = Command::new(tool)
+        .args(["-d", "-c", "-q"])
+        .arg(file)
+        .output()
+        .map_err(|source| Error::Io {
+            what: format!("running {tool} -d on {name}"),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(Error::Io {
+            what: format!("{tool} -d {name}"),
+            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        });
+    }
+    Ok(out.stdout)
 }
 
 /// Numbers compare as numbers, so 6.10 sorts after 6.9.
@@ -396,12 +436,6 @@ impl Vm {
     /// The initramfs: static busybox, the boot modules in dependency order, the init script,
     /// the kernel's modprobe helper, and the test's script.
     fn initramfs(&self, script: &str) -> Result<Vec<u8>> {
-        let read = |p: &Path| {
-            std::fs::read(p).map_err(|source| Error::Io {
-                what: format!("reading {}", p.display()),
-                source,
-            })
-        };
         let mut info = std::collections::BTreeMap::new();
         let order = load_order(BOOT_MODULES, |m| {
             let (file, depends) = self.kernel.modinfo(m)?;
@@ -417,9 +451,11 @@ impl Vm {
         a.file("bin/busybox", 0o755, &read(&self.busybox)?);
         let mut boot_modules = Vec::new();
         for m in &order {
-            let file = &info[m];
+            let Some(file) = &info[m] else {
+                continue;
+            };
             let name = format!("{m}.ko");
-            a.file(&format!("modules/{name}"), 0o644, &read(file)?);
+            a.file(&format!("modules/{name}"), 0o644, &read_module(file)?);
             boot_modules.push(name);
         }
         let binds = host_binds()?;

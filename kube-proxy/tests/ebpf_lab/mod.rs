@@ -178,6 +178,22 @@ impl Sandbox {
     }
 }
 
+impl Sandbox {
+    /// All of ebpf mode's state: [`Sandbox::state`], and in the node's namespace the table
+    /// that keeps the NAT hooks (`kp_ebpf::nat_hooks`). Empty: nothing is left.
+    pub fn mode_state(&self, lab: &kp_test::lab::Lab) -> Vec<String> {
+        let mut state = self.state(lab);
+        let tables = lab
+            .node()
+            .run(&["nft", "list", "tables"])
+            .unwrap_or_default();
+        if tables.lines().any(|l| l == "table inet kube-proxy-ebpf") {
+            state.push("table inet kube-proxy-ebpf (the NAT hooks)".into());
+        }
+        state
+    }
+}
+
 /// `cgroup DIR`: the programs attached to DIR at each socket address hook ebpf mode uses
 /// (connect, sendmsg, recvmsg, getpeername; IPv4 and IPv6); `tcx`: the programs attached with
 /// tcx to each interface of the namespace, ingress and egress. One line per attach point that

@@ -45,7 +45,9 @@ pub const STRAY_FAILURES: usize = 1;
 /// its own series of initial sequence numbers and timestamps: a SYN that meets the backend's
 /// TIME_WAIT of the other tuple is answered with an ACK, not a SYN-ACK, and one connection in a
 /// few thousand loses both its SYNs (a timeout); and one whose conntrack entry outlived the
-/// switch may be sent on untranslated (refused). Seen: up to 2 in 2,600 in 36 switches.
+/// switch may be sent on untranslated (refused). Seen: up to 2 in 2,600 in 36 switches; none
+/// in 9,000 over three switches to ebpf since it deletes the old mode's closed conntrack
+/// entries after its first sync (`modes::ebpf::forget_closed_translations`).
 /// An instant without rules refuses hundreds.
 pub const EBPF_FAILURES_PER_MILLE: usize = 2;
 /// A new connection this slow lost its first SYN.
@@ -176,6 +178,18 @@ impl Seen {
         out.extend(self.fresh_problems());
         out.extend(self.old.clone());
         out
+    }
+
+    /// What went wrong of what every pair is held to: [`Seen::problems`], and for a pair with
+    /// ebpf mode, whose failed new NodePort connections are printed, not held, and whose new
+    /// ClusterIP connections may fail [`EBPF_FAILURES_PER_MILLE`] (modes_e2e's switching test
+    /// says why), [`Seen::problems_besides`] that.
+    pub fn held_problems(&self) -> Vec<String> {
+        if self.pair.split(" -> ").any(|m| m == "ebpf") {
+            self.problems_besides(&[], &["NodePort"], false, EBPF_FAILURES_PER_MILLE)
+        } else {
+            self.problems()
+        }
     }
 
     /// What went wrong, if anything, apart from the long-lived connections named in `streams`,

@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 
 use kp_core::dataplane::{Dataplane, DataplaneError};
+use kp_core::model::IpFamily;
 use kp_ebpf::dataplane::{Config as EbpfConfig, EbpfDataplane, Event, Events, TcDevices};
 use kp_ebpf::nat_hooks::NatHooks;
 use kp_ebpf::{MapSizes, Scheduler};
@@ -195,6 +196,43 @@ pub fn hand_over(ctx: &ModeContext<'_>) -> Result<Removal, DataplaneError> {
              table entries used within --bpf-handover-idle, the last {last_used:?} ago)"
         )),
     })
+}
+
+/// Taking the node over: forgets the conntrack entries of TCP connections that the mode before
+/// translated and that have ended (`TIME_WAIT`, `CLOSE`; established ones stay, they carry the
+/// old mode's connections on). The socket hooks connect straight to a backend, so a new
+/// connection's reply tuple (backend to the client's port) can be the one such an entry holds
+/// for two minutes: conntrack refuses the new entry when the SYN leaves and drops it, and the
+/// client times out (seen as a few in a thousand new ClusterIP connections failing in a switch
+/// to ebpf mode, a few in a hundred after a busy ipvs mode). Entries of connections this mode
+/// made are never translated, so only the old mode's are found.
+pub fn forget_closed_translations(ctx: &ModeContext<'_>) -> Result<(), DataplaneError> {
+    let conntrack = match ctx.netns {
+        Some(ns) => kp_conntrack::Conntrack::in_netns(ns),
+        None => kp_conntrack::Conntrack::new(),
+    };
+    let mut forgotten = 0;
+    for family in IpFamily::ALL {
+        let closed: Vec<_> = conntrack
+            .list_closed_tcp(family)
+            .map_err(DataplaneError::transient)?
+            .into_iter()
+            .filter(|e| e.translated())
+            .collect();
+        let deleted = conntrack.delete(&closed);
+        ctx.metrics
+            .conntrack_deleted_entries
+            .inc_by(deleted.as_ref().map_or_else(|e| e.deleted(), |n| *n) as u64);
+        forgotten += deleted.map_err(DataplaneError::transient)?;
+    }
+    if forgotten > 0 {
+        tracing::info!(
+            entries = forgotten,
+            "forgot the conntrack entries of ended TCP connections the previous mode translated \
+             (they would refuse this mode's direct connections from the same client ports)"
+        );
+    }
+    Ok(())
 }
 
 /// Removes the links (detaching the programs) and maps the mode pinned, and their directory

@@ -108,6 +108,7 @@ pub(super) fn remove(
             chains = removed.chains,
             sets = removed.sets,
             draining = removed.draining,
+            idle_real_servers = removed.real_servers,
             "removed the ipvs mode's leftovers"
         );
     }
