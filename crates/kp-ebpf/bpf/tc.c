@@ -267,6 +267,27 @@ static __always_inline void ct_key(struct kp_ct_key *k, const __u32 *src, __be16
 	k->dir = dir;
 }
 
+/* The frontend addr:port as the tc path looks it up: its outside scope entry where it has one,
+ * else its socket scope entry; NULL when there is neither. `key` is left naming the entry
+ * found (slot 0), for the caller's slot lookups. */
+static __always_inline struct kp_svc_val *frontend(struct kp_svc_key *key, const __u32 *addr,
+						   __be16 port, __u8 proto)
+{
+	struct kp_svc_val *svc;
+
+	__builtin_memset(key, 0, sizeof(*key));
+	__builtin_memcpy(key->addr, addr, 16);
+	key->port = port;
+	key->proto = proto;
+	key->scope = KP_SCOPE_OUTSIDE;
+	svc = bpf_map_lookup_elem(&kp_services, key);
+	if (!svc) {
+		key->scope = KP_SCOPE_SOCKET;
+		svc = bpf_map_lookup_elem(&kp_services, key);
+	}
+	return svc;
+}
+
 /* A reply of a translated connection: given the frontend back. Returns -1 when the packet is
  * none. */
 static __always_inline int reply(struct __sk_buff *skb, const struct kp_pkt *p)
@@ -288,19 +309,11 @@ static __always_inline int reply(struct __sk_buff *skb, const struct kp_pkt *p)
 		 * so it answers the stack's new connection, masqueraded by the mode that took over
 		 * to the same port. Both entries go and the packet is the stack's (given the old
 		 * frontend back, the new connection would be reset). */
-		__builtin_memset(&svc, 0, sizeof(svc));
-		__builtin_memcpy(svc.addr, t.src, 16);
-		svc.port = t.sport;
-		svc.proto = p->proto;
-		svc.scope = KP_SCOPE_OUTSIDE;
-		if (!bpf_map_lookup_elem(&kp_services, &svc)) {
-			svc.scope = KP_SCOPE_SOCKET;
-			if (!bpf_map_lookup_elem(&kp_services, &svc)) {
-				ct_key(&fk, t.dst, t.dport, t.src, t.sport, p->proto, KP_CT_FORWARD);
-				bpf_map_delete_elem(&kp_ct, &fk);
-				bpf_map_delete_elem(&kp_ct, &k);
-				return TC_ACT_OK;
-			}
+		if (!frontend(&svc, t.src, t.sport, p->proto)) {
+			ct_key(&fk, t.dst, t.dport, t.src, t.sport, p->proto, KP_CT_FORWARD);
+			bpf_map_delete_elem(&kp_ct, &fk);
+			bpf_map_delete_elem(&kp_ct, &k);
+			return TC_ACT_OK;
 		}
 	}
 	ct_touch(v);
@@ -378,16 +391,7 @@ static __always_inline int outside(struct __sk_buff *skb)
 	if (rc >= 0)
 		return rc;
 
-	__builtin_memset(&key, 0, sizeof(key));
-	__builtin_memcpy(key.addr, p.dst, 16);
-	key.port = p.dport;
-	key.proto = p.proto;
-	key.scope = KP_SCOPE_OUTSIDE;
-	svc = bpf_map_lookup_elem(&kp_services, &key);
-	if (!svc) {
-		key.scope = KP_SCOPE_SOCKET;
-		svc = bpf_map_lookup_elem(&kp_services, &key);
-	}
+	svc = frontend(&key, p.dst, p.dport, p.proto);
 	/* A later packet of a connection this path made: to its backend while the frontend is
 	 * the same, or gone (see the top). */
 	ct_key(&k, p.src, p.sport, p.dst, p.dport, p.proto, KP_CT_FORWARD);
