@@ -25,6 +25,15 @@ use std::time::{Duration, Instant};
 
 pub use init::load_order;
 
+/// How many times [`Vm::run`] boots a guest whose kernel crashed before the script started.
+pub const BOOT_ATTEMPTS: u32 = 3;
+
+/// Whether a guest's console shows its kernel crashing before the script started: the console
+/// of a run that never printed the init's ready marker and ends in a kernel panic.
+fn crashed_while_booting(console: &str) -> bool {
+    !console.lines().any(|l| l.trim_end() == init::READY) && console.contains("Kernel panic")
+}
+
 /// The packages a VM test needs, for messages (Debian names).
 pub const PACKAGES: &str = "qemu-system-x86 linux-image-amd64 busybox-static";
 
@@ -338,7 +347,40 @@ impl Vm {
     /// Boots a guest, runs `script` with `/bin/sh` as root inside it (working directory `/`,
     /// `PATH` the usual one, `KP_VM_GUEST=1` set), and returns its output and exit status. The
     /// guest is stopped when this returns, whatever happened.
+    ///
+    /// One guest at a time per process: two TCG guests on a 2-core machine starve each other
+    /// (and the tests' own timing bars) for nothing, and a starved vCPU thread is what lets the
+    /// emulator's race below happen. A guest whose kernel crashed before the script started is
+    /// booted again, at most [`BOOT_ATTEMPTS`] times, with the crash printed: multi-threaded
+    /// TCG does not make one vCPU's code patching visible to the other at once, and now and
+    /// then a guest kernel meets a breakpoint its own live patching has already removed ("Oops:
+    /// int3", seen in `sched_clock_cpu` 1.6 s into a boot). A crash once the script runs is
+    /// reported as it is.
     pub fn run(&self, script: &str) -> Result<Run> {
+        static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A test that panicked while its guest ran leaves the lock poisoned; the next runs anyway.
+        let _one = ONE_GUEST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut attempt = 1;
+        loop {
+            match self.boot(script) {
+                Err(Error::Exited { status, console })
+                    if attempt < BOOT_ATTEMPTS && crashed_while_booting(&console) =>
+                {
+                    eprintln!(
+                        "kp-vm: the guest kernel crashed before the script started (attempt \
+                         {attempt} of {BOOT_ATTEMPTS}, qemu {status}); booting again. Its \
+                         console:\n{console}"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn boot(&self, script: &str) -> Result<Run> {
         let dir = TempDir::new()?;
         let initrd = dir.0.join("initrd.cpio");
         let archive = self.initramfs(script)?;
@@ -635,18 +677,11 @@ pub fn is_guest() -> bool {
 /// `timeout`) and runs test `name` of the current test binary there, alone, with ignored tests
 /// included (kp-echo found or built here first: the guest's file system is the host's,
 /// read-only), and panics unless it passed there. The guests of one test binary run one at a
-/// time. Returns whether this is the guest (go on with the test) or the host (done).
+/// time ([`Vm::run`]). Returns whether this is the guest (go on with the test) or the host (done).
 pub fn in_guest(name: &str, timeout: Duration) -> bool {
     if is_guest() {
         return true;
     }
-    // One guest at a time per test binary: two TCG guests on a 2-core machine starve each
-    // other (and the tests' own timing bars) for nothing. A guest test that failed leaves the
-    // lock poisoned; the next one runs anyway.
-    static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE_GUEST
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let exe = std::env::current_exe().expect("the test binary's path");
     let echo = kp_test::echo_binary();
     let script = format!(
@@ -670,4 +705,22 @@ pub fn in_guest(name: &str, timeout: Duration) -> bool {
     );
     assert!(run.output.contains("1 passed"), "{}", run.output);
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_kernel_panic_before_the_script_counts_as_a_crash_while_booting() {
+        let oops = "[    1.658098] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n\
+                    [    1.661946] Kernel panic - not syncing: Fatal exception in interrupt\n";
+        assert!(crashed_while_booting(oops));
+        // The script had started: its crash is the test's to report.
+        assert!(!crashed_while_booting(&format!("{}\n{oops}", init::READY)));
+        // qemu ended without a panic (killed, or failed to start): not a boot crash.
+        assert!(!crashed_while_booting(
+            "[    0.000000] Linux version 6.12\n"
+        ));
+    }
 }
