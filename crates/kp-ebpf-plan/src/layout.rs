@@ -580,10 +580,17 @@ pub fn ct_clock(monotonic_ns: u64) -> u16 {
 }
 
 /// How long before `CLOCK_MONOTONIC` `now_ns` the connection-table value `value` was last used,
-/// to within a unit of [`ct_clock`] (an age past the clock's wrap reads modulo it).
+/// to within a unit of [`ct_clock`] (an age past the clock's wrap reads modulo it). Read the
+/// clock after the value: the programs stamp entries all the time, and a stamp newer than
+/// `now_ns` would wrap to some 20 hours. One that is still found a unit or two ahead (a clock
+/// read before a long walk of the map) reads as just used.
 pub fn ct_idle(value: &[u8; CT_VALUE_SIZE], now_ns: u64) -> std::time::Duration {
+    const AHEAD: u16 = 2;
     let seen = u16::from_ne_bytes([value[CT_SEEN_OFFSET], value[CT_SEEN_OFFSET + 1]]);
     let units = ct_clock(now_ns).wrapping_sub(seen);
+    if units > u16::MAX - AHEAD {
+        return std::time::Duration::ZERO;
+    }
     std::time::Duration::from_nanos(u64::from(units) << 30)
 }
 
@@ -613,6 +620,10 @@ mod ct_tests {
             ct_idle(&used_at(before), before + 3 * unit),
             Duration::from_nanos(3 * unit)
         );
+        // Stamped after the clock was read (a packet during a walk of the map): just used,
+        // not twenty hours ago.
+        assert_eq!(ct_idle(&used_at(t + unit), t), Duration::ZERO);
+        assert_eq!(ct_idle(&used_at(t + 2 * unit), t), Duration::ZERO);
         // The stamp is the two bytes at its offset, nothing else.
         let mut v = used_at(t);
         v[..CT_SEEN_OFFSET].fill(0);

@@ -312,17 +312,25 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
         typed(names::ADDRS, open(names::ADDRS)?)?;
     let keys: Result<Vec<_>, _> = addrs.keys().collect();
     remove_all(names::ADDRS, keys, |k| addrs.remove(k))?;
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map_err(|e| pin_err(e.into()))?;
-    // Non-negative: the monotonic clock counts from boot.
-    let now_ns = u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
-        + u64::try_from(now.tv_nsec()).unwrap_or(0);
+    let monotonic_ns = || {
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(|now| {
+                // Non-negative: the monotonic clock counts from boot.
+                u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
+                    + u64::try_from(now.tv_nsec()).unwrap_or(0)
+            })
+            .map_err(|e| pin_err(e.into()))
+    };
     let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VALUE_SIZE]> =
         typed(names::CT, open(names::CT)?)?;
     let (mut entries, mut last_used) = (0, None::<std::time::Duration>);
     for entry in ct.iter() {
         let (_, v) = entry.map_err(err(names::CT))?;
-        let age = kp_ebpf_plan::layout::ct_idle(&v, now_ns);
+        // The clock is read after the entry: the walk of a large table takes a while, and a
+        // connection the programs carry stamps its entries all along (a clock read once before
+        // the walk found a live connection's stamps a unit ahead, took them for 20 hours old,
+        // and removed the programs under it).
+        let age = kp_ebpf_plan::layout::ct_idle(&v, monotonic_ns()?);
         if age < idle {
             entries += 1;
             last_used = Some(last_used.map_or(age, |l| l.min(age)));

@@ -1,0 +1,99 @@
+//! `kp_ebpf::hand_over` over a stopped ebpf mode's real pins: the maps the loader pinned on a
+//! bpffs of the test's own, the tc programs attached by `kp-tc-attach` in kp_test's lab (its node
+//! namespace only), and connection-table entries written the way the tc programs stamp them.
+//!
+//! - An entry stamped a unit after the clock reading the walk started with (a connection the
+//!   programs carry, used while a large table is walked) keeps the programs: it was read as
+//!   twenty hours old once, and the programs went from under a live connection (ebpf -> ipvs in
+//!   the guest's switching test, one run in three).
+//! - Entries last used longer ago than the idle time do not: the pins go.
+
+use std::time::Duration;
+
+use aya::maps::{HashMap, Map, MapData};
+use kp_core::dataplane::Dataplane;
+use kp_core::track::Changes;
+use kp_ebpf::dataplane::{Config, EbpfDataplane};
+use kp_ebpf::{hand_over, names, HandOver};
+use kp_ebpf_plan::layout::{ct_clock, CT_KEY_SIZE, CT_SEEN_OFFSET, CT_VALUE_SIZE};
+use kp_test::lab::Lab;
+use kp_test::netns::require_root;
+
+mod common;
+use common::{Bpffs, Cgroup};
+#[path = "common/outside.rs"]
+mod outside;
+use outside::attach_tc;
+
+const IDLE: Duration = Duration::from_secs(2);
+
+fn monotonic_ns() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    u64::try_from(now.tv_sec()).expect("since boot") * 1_000_000_000
+        + u64::try_from(now.tv_nsec()).expect("non-negative")
+}
+
+/// Writes connection-table entry `n` (any tuple: hand_over reads stamps only) into the pinned
+/// `kp_ct`, stamped `units` of the table's clock after now (negative: before).
+fn stamp(pins: &std::path::Path, n: u8, units: i32) {
+    let data = MapData::from_pin(pins.join(names::CT)).expect("open the pinned kp_ct");
+    let mut ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VALUE_SIZE]> =
+        HashMap::try_from(Map::from_map_data(data).expect("map")).expect("a hash map");
+    let mut key = [0u8; CT_KEY_SIZE];
+    key[0] = n;
+    let mut value = [0u8; CT_VALUE_SIZE];
+    let seen =
+        ct_clock(monotonic_ns()).wrapping_add_signed(i16::try_from(units).expect("a few units"));
+    value[CT_SEEN_OFFSET..CT_SEEN_OFFSET + 2].copy_from_slice(&seen.to_ne_bytes());
+    ct.insert(key, value, 0).expect("write the entry");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_connection_used_during_the_walk_keeps_the_tc_programs_and_idle_ones_do_not() {
+    if !require_root() {
+        return;
+    }
+    let lab = Lab::new(1).expect("lab");
+    let cgroup = Cgroup::new();
+    let bpffs = Bpffs::new();
+    let mut dp = EbpfDataplane::new(Config {
+        pin_dir: Some(bpffs.path.clone()),
+        ..Config::new(cgroup.path.clone())
+    });
+    dp.start().expect("load and attach");
+    dp.sync(&kp_flows::fixture::state(), &Changes::default(), true)
+        .expect("full sync");
+    attach_tc(&lab, &bpffs.path);
+    // The mode stops; its pins stay for the next.
+    drop(dp);
+
+    // Idle ones, and one stamped a unit after the clock was read (the walk's start, before).
+    for n in 0..50 {
+        stamp(&bpffs.path, n, -10);
+    }
+    stamp(&bpffs.path, 200, 1);
+    match hand_over(&bpffs.path, IDLE).expect("hand over") {
+        HandOver::Carrying { entries, last_used } => {
+            assert_eq!(entries, 1);
+            assert_eq!(last_used, Duration::ZERO);
+        }
+        HandOver::Gone => panic!("the tc programs went from under a connection in use"),
+    }
+    assert!(bpffs.path.join(names::CT).exists());
+
+    // Once every entry was last used longer ago than the idle time: gone, pins and all.
+    stamp(&bpffs.path, 200, -5);
+    assert_eq!(
+        hand_over(&bpffs.path, IDLE).expect("hand over"),
+        HandOver::Gone
+    );
+    // (The bpffs's own `maps.debug` and `progs.debug` stay.)
+    let left: Vec<_> = std::fs::read_dir(&bpffs.path)
+        .expect("the pin directory")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("kp_"))
+        .collect();
+    assert!(left.is_empty(), "pins left: {left:?}");
+}
