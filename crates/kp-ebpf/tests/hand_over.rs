@@ -21,6 +21,8 @@ use kp_test::netns::require_root;
 
 mod common;
 use common::{Bpffs, Cgroup};
+// Only its tc attachment is used here.
+#[allow(dead_code)]
 #[path = "common/outside.rs"]
 mod outside;
 use outside::attach_tc;
