@@ -850,6 +850,14 @@ fn an_interrupted_run_removes_its_namespaces_and_the_processes_in_them() {
         "left behind: {:?}",
         namespaces_of(pid)
     );
+    // Nor the logs of what it started in them (the data path's server among them).
+    let logs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("kpt-{pid}-")) && n.ends_with(".log"))
+        .collect();
+    assert!(logs.is_empty(), "logs left behind: {logs:?}");
     // Killed, then reaped by init once bench is gone.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while inside

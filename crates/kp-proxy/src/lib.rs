@@ -253,10 +253,16 @@ async fn remove_leftovers_after_first_sync(
             return;
         }
         for (name, e) in &left.failed {
-            if failures_logged {
-                tracing::debug!(error = %e, mode = name, "still cannot remove another mode's leftovers");
+            // The running mode's own name: its take-over step failed (`Mode::take_over`).
+            let what = if *name == running.as_str() {
+                "cannot take the node over from the mode before"
             } else {
-                tracing::warn!(error = %e, mode = name, "cannot remove another mode's leftovers; retrying every {LEFTOVER_RETRY:?}");
+                "cannot remove another mode's leftovers"
+            };
+            if failures_logged {
+                tracing::debug!(error = %e, mode = name, "still {what}");
+            } else {
+                tracing::warn!(error = %e, mode = name, "{what}; retrying every {LEFTOVER_RETRY:?}");
             }
         }
         failures_logged |= !left.failed.is_empty();

@@ -235,7 +235,8 @@ fn iptables_unusable(ctx: &ModeContext<'_>) -> Option<String> {
 /// What [`remove_leftovers`] did.
 #[derive(Debug, Default)]
 pub struct Leftovers {
-    /// Modes whose removal failed, with why.
+    /// Modes whose removal failed, with why; the running mode's name when its take-over
+    /// ([`Mode::take_over`]) failed.
     pub failed: Vec<(&'static str, DataplaneError)>,
     /// Modes with state left on purpose (connections still use it), with what.
     pub draining: Vec<(&'static str, String)>,

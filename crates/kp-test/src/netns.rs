@@ -487,25 +487,43 @@ fn owner(name: &str) -> Option<u32> {
 }
 
 /// Deletes namespaces this crate created in processes that no longer exist (a test killed by
-/// a signal cannot run its Drop guards). Namespaces of live processes are left alone.
+/// a signal cannot run its Drop guards), and the logs of what they spawned. Namespaces of live
+/// processes are left alone.
 pub fn sweep_stale() {
     let me = std::process::id();
+    let dead = |pid: u32| pid != me && !Path::new(&format!("/proc/{pid}")).exists();
     for name in list().unwrap_or_default() {
         let Some(pid) = owner(&name) else {
             continue;
         };
-        if pid != me && !Path::new(&format!("/proc/{pid}")).exists() {
+        if dead(pid) {
             if let Err(e) = delete(&name) {
                 eprintln!("kp-test: could not delete stale namespace {name}: {e}");
             }
+        }
+    }
+    remove_spawn_logs(dead);
+}
+
+/// Deletes the logs [`Netns::spawn`] wrote (`<namespace>-<n>-<program>.log` in the temporary
+/// directory) for namespaces of the processes `whose` picks: a process that exits on a signal
+/// drops no [`ChildGuard`], which would have deleted them.
+fn remove_spawn_logs(whose: impl Fn(u32) -> bool) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(std::result::Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".log") && owner(&name).is_some_and(&whose) {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }
 
 /// For a process about to exit on a signal, whose Drop guards will not run: stops it creating
 /// namespaces (waiting for a creation in progress; every later [`Netns::new`] fails with
-/// [`Error::Stopping`]), then kills everything in each namespace it created and deletes them.
-/// Returns how many it deleted.
+/// [`Error::Stopping`]), then kills everything in each namespace it created and deletes them,
+/// and the logs of what it spawned in them. Returns how many namespaces it deleted.
 pub fn remove_own() -> usize {
     stop_creating();
     let me = std::process::id();
@@ -519,6 +537,7 @@ pub fn remove_own() -> usize {
             Err(e) => eprintln!("kp-test: could not delete namespace {name}: {e}"),
         }
     }
+    remove_spawn_logs(|pid| pid == me);
     removed
 }
 

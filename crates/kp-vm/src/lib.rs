@@ -97,12 +97,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// `modinfo` could not describe a module. Not retryable.
-    #[error("modinfo {module}: {detail}")]
+    /// `modinfo` could not describe a module, or its file is not one the guest can load. Not
+    /// retryable.
+    #[error("module {module}: {detail}")]
     Module {
-        /// The module.
+        /// The module (its name, or its file).
         module: String,
-        /// What `modinfo` said.
+        /// What `modinfo` said, or what is wrong with the file.
         detail: String,
     },
     /// The guest did not reach the script: a module failed to load or the 9p mount failed.
@@ -193,7 +194,7 @@ impl Kernel {
             if !out.status.success() {
                 return Err(Error::Module {
                     module: name.into(),
-                    detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                    detail: format!("modinfo: {}", String::from_utf8_lossy(&out.stderr).trim()),
                 });
             }
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -231,9 +232,9 @@ fn read_module(file: &Path) -> Result<Vec<u8>> {
     } else if name.ends_with(".ko.zst") {
         "zstd"
     } else {
-        return Err(Error::Missing {
-            what: "a module format busybox insmod can load",
-            detail: format!("{name}: neither .ko, .ko.xz nor .ko.zst"),
+        return Err(Error::Module {
+            module: name.into_owned(),
+            detail: "a file busybox insmod cannot load: neither .ko, .ko.xz nor .ko.zst".into(),
         });
     };
     let out = Command::new(tool)
