@@ -342,12 +342,12 @@ fn switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_drops_no_connection() {
             // hold it in every run). Printed, not held, with the node's and the two pods'
             // counters that tell the suspects apart. The NodePort one the tc programs carry is
             // held (its reset, one run in three, was hand_over's clock: kp-ebpf's README).
-            if seen
+            if let Some((_, broke)) = seen
                 .streams
                 .iter()
-                .any(|(what, s)| *what == "ClusterIP" && s.failed.is_some())
+                .find(|(what, s)| *what == "ClusterIP" && s.failed.is_some())
             {
-                print_forwarded_break(&lab, &seen.streams[0].1.backend);
+                print_forwarded_break(&lab, &broke.backend);
             }
             seen.problems_besides(
                 &["ClusterIP"],

@@ -312,15 +312,6 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
         typed(names::ADDRS, open(names::ADDRS)?)?;
     let keys: Result<Vec<_>, _> = addrs.keys().collect();
     remove_all(names::ADDRS, keys, |k| addrs.remove(k))?;
-    let monotonic_ns = || {
-        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-            .map(|now| {
-                // Non-negative: the monotonic clock counts from boot.
-                u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
-                    + u64::try_from(now.tv_nsec()).unwrap_or(0)
-            })
-            .map_err(|e| pin_err(e.into()))
-    };
     let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VALUE_SIZE]> =
         typed(names::CT, open(names::CT)?)?;
     let (mut entries, mut last_used) = (0, None::<std::time::Duration>);
@@ -330,7 +321,7 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
         // connection the programs carry stamps its entries all along (a clock read once before
         // the walk found a live connection's stamps a unit ahead, took them for 20 hours old,
         // and removed the programs under it).
-        let age = kp_ebpf_plan::layout::ct_idle(&v, monotonic_ns()?);
+        let age = kp_ebpf_plan::layout::ct_idle(&v, monotonic_ns().map_err(pin_err)?);
         if age < idle {
             entries += 1;
             last_used = Some(last_used.map_or(age, |l| l.min(age)));
@@ -343,6 +334,15 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
             Ok(HandOver::Gone)
         }
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock the programs read (`bpf_ktime_get_ns`), which
+/// stamps the connection table's entries (`kp_ebpf_plan::layout::ct_clock`).
+pub fn monotonic_ns() -> std::io::Result<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
+    // Non-negative: the monotonic clock counts from boot.
+    Ok(u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(now.tv_nsec()).unwrap_or(0))
 }
 
 /// Removes `keys` (map `name`'s, as read) with `remove`.

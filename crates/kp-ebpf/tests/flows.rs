@@ -23,14 +23,12 @@ use std::time::{Duration, Instant};
 
 use kp_core::dataplane::Dataplane;
 use kp_core::flow::Origin;
-use kp_core::track::Changes;
-use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_flows::{Case, Expect, Support};
 use kp_test::lab::Lab;
 use kp_test::netns::require_root;
 
 mod common;
-use common::{Bpffs, Cgroup};
+use common::{pinned_config, started, Bpffs, Cgroup};
 
 /// What the mode declares, for every row.
 const SUPPORT: Support = Support::SOCKET_LB_TC;
@@ -80,15 +78,9 @@ fn the_flow_table_with_real_packets_through_the_socket_hooks_and_the_tc_path() {
     let _servers = kp_test::flows::serve_fixture_pods(&lab).expect("echo servers");
     let cgroup = Cgroup::new();
     let bpffs = Bpffs::new();
-    // No tc path: not in this process's namespace (the machine's own); in the lab node's, below.
-    let mut dp = EbpfDataplane::new(Config {
-        pin_dir: Some(bpffs.path.clone()),
-        ..Config::new(cgroup.path.clone())
-    });
-    dp.start().expect("load and attach");
+    // The tc path goes in the lab node's namespace, below.
     let state = kp_flows::state();
-    dp.sync(&state, &Changes::default(), true)
-        .expect("full sync");
+    let mut dp = started(pinned_config(&cgroup, &bpffs), &state);
     assert_eq!(dp.verify().expect("read back"), Vec::<String>::new());
 
     // Without the tc programs, nothing answers a client outside the node.

@@ -11,16 +11,13 @@
 use std::time::Duration;
 
 use aya::maps::{HashMap, Map, MapData};
-use kp_core::dataplane::Dataplane;
-use kp_core::track::Changes;
-use kp_ebpf::dataplane::{Config, EbpfDataplane};
 use kp_ebpf::{hand_over, names, HandOver};
 use kp_ebpf_plan::layout::{ct_clock, CT_KEY_SIZE, CT_SEEN_OFFSET, CT_VALUE_SIZE};
 use kp_test::lab::Lab;
 use kp_test::netns::require_root;
 
 mod common;
-use common::{Bpffs, Cgroup};
+use common::{pinned_config, started, Bpffs, Cgroup};
 // Only its tc attachment is used here.
 #[allow(dead_code)]
 #[path = "common/outside.rs"]
@@ -28,12 +25,6 @@ mod outside;
 use outside::attach_tc;
 
 const IDLE: Duration = Duration::from_secs(2);
-
-fn monotonic_ns() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
-    u64::try_from(now.tv_sec()).expect("since boot") * 1_000_000_000
-        + u64::try_from(now.tv_nsec()).expect("non-negative")
-}
 
 /// Writes connection-table entry `n` (any tuple: hand_over reads stamps only) into the pinned
 /// `kp_ct`, stamped `units` of the table's clock after now (negative: before).
@@ -44,8 +35,8 @@ fn stamp(pins: &std::path::Path, n: u8, units: i32) {
     let mut key = [0u8; CT_KEY_SIZE];
     key[0] = n;
     let mut value = [0u8; CT_VALUE_SIZE];
-    let seen =
-        ct_clock(monotonic_ns()).wrapping_add_signed(i16::try_from(units).expect("a few units"));
+    let seen = ct_clock(kp_ebpf::monotonic_ns().expect("the clock"))
+        .wrapping_add_signed(i16::try_from(units).expect("a few units"));
     value[CT_SEEN_OFFSET..CT_SEEN_OFFSET + 2].copy_from_slice(&seen.to_ne_bytes());
     ct.insert(key, value, 0).expect("write the entry");
 }
@@ -59,13 +50,7 @@ fn a_connection_used_during_the_walk_keeps_the_tc_programs_and_idle_ones_do_not(
     let lab = Lab::new(1).expect("lab");
     let cgroup = Cgroup::new();
     let bpffs = Bpffs::new();
-    let mut dp = EbpfDataplane::new(Config {
-        pin_dir: Some(bpffs.path.clone()),
-        ..Config::new(cgroup.path.clone())
-    });
-    dp.start().expect("load and attach");
-    dp.sync(&kp_flows::fixture::state(), &Changes::default(), true)
-        .expect("full sync");
+    let dp = started(pinned_config(&cgroup, &bpffs), &kp_flows::fixture::state());
     attach_tc(&lab, &bpffs.path);
     // The mode stops; its pins stay for the next.
     drop(dp);

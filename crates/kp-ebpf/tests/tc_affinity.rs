@@ -24,15 +24,14 @@ use std::time::Duration;
 
 use aya::maps::{HashMap, Map, MapData, MapInfo};
 use kp_core::dataplane::Dataplane;
-use kp_core::track::Changes;
-use kp_ebpf::dataplane::{Config, EbpfDataplane};
+use kp_ebpf::dataplane::Config;
 use kp_ebpf::{names, MapSizes};
 use kp_ebpf_plan::layout::{AFFINITY_KEY_SIZE, AFFINITY_OUTSIDE_KEY_SIZE, AFFINITY_VALUE_SIZE};
 use kp_test::lab::{Lab, CLIENT_IP};
 use kp_test::netns::require_root;
 
 mod common;
-use common::{Bpffs, Cgroup};
+use common::{pinned_config, started, Bpffs, Cgroup};
 #[path = "common/outside.rs"]
 mod outside;
 use outside::{attach_tc, connect, distinct, tally_of, twelve_clients, update, web_with_affinity};
@@ -74,16 +73,15 @@ fn client_ip_affinity_sticks_an_outside_client_to_one_endpoint_through_the_tc_pa
         affinity: 1024,
         ..MapSizes::default()
     };
-    // No tc path: not in this process's namespace (the machine's own); in the lab node's, below.
-    let mut dp = EbpfDataplane::new(Config {
-        pin_dir: Some(bpffs.path.clone()),
-        sizes,
-        ..Config::new(cgroup.path.clone())
-    });
-    dp.start().expect("load and attach");
+    // The tc path goes in the lab node's namespace, below.
     let mut state = kp_flows::fixture::state();
-    dp.sync(&state, &Changes::default(), true)
-        .expect("full sync");
+    let mut dp = started(
+        Config {
+            sizes,
+            ..pinned_config(&cgroup, &bpffs)
+        },
+        &state,
+    );
 
     // Both affinity maps are pinned, sized by the one setting, with maps.h's layout as
     // kp-ebpf-plan's layout.rs states it.

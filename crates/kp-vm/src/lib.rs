@@ -6,9 +6,10 @@
 //! [`Vm::run`] boots the guest, loads the requested modules with the host's `modprobe` (which
 //! orders them by their dependencies), runs one shell script as root in a fresh tmpfs root
 //! (`/usr`, `/etc`, `/var`, the workspace ... bound read-only from the host; `/tmp`, `/run`,
-//! `/proc`, `/sys` with cgroup v2 at `/sys/fs/cgroup`, `/dev` new), and returns what the script printed and its exit status. The
-//! guest is always stopped: it powers itself off after the script, and the host kills qemu on a
-//! timeout, on an error, and when the run is dropped (a panicking test included).
+//! `/proc`, `/sys` with cgroup v2 at `/sys/fs/cgroup`, `/dev` new), and returns what the
+//! script printed and its exit status. The guest is always stopped: it powers itself off after
+//! the script, and the host kills qemu on a timeout, on an error, and when the run is dropped
+//! (a panicking test included).
 //!
 //! Installs nothing: the packages are `qemu-system-x86`, `linux-image-amd64` and
 //! `busybox-static` (`scripts/test.sh` installs them). Under TCG a boot to the script takes about
@@ -678,7 +679,8 @@ pub fn is_guest() -> bool {
 /// `timeout`) and runs test `name` of the current test binary there, alone, with ignored tests
 /// included (kp-echo found or built here first: the guest's file system is the host's,
 /// read-only), and panics unless it passed there. The guests of one test binary run one at a
-/// time ([`Vm::run`]). Returns whether this is the guest (go on with the test) or the host (done).
+/// time ([`Vm::run`]). Returns whether this is the guest (go on with the test) or the host
+/// (done).
 pub fn in_guest(name: &str, timeout: Duration) -> bool {
     if is_guest() {
         return true;

@@ -95,6 +95,29 @@ pub fn ip(s: &str) -> IpAddr {
     s.parse().expect("address")
 }
 
+/// ebpf mode's configuration as a proxy in this process's namespace would run it, over the
+/// test's own cgroup (the socket hooks) and bpffs (the pins). No tc path: not in the machine's
+/// own namespace; a tc test attaches it in a lab's node namespace.
+pub fn pinned_config(cgroup: &Cgroup, bpffs: &Bpffs) -> kp_ebpf::dataplane::Config {
+    kp_ebpf::dataplane::Config {
+        pin_dir: Some(bpffs.path.clone()),
+        ..kp_ebpf::dataplane::Config::new(cgroup.path.clone())
+    }
+}
+
+/// A dataplane of `config`, loaded, attached and fully synced with `state`.
+pub fn started(
+    config: kp_ebpf::dataplane::Config,
+    state: &kp_core::track::ProxyState,
+) -> kp_ebpf::dataplane::EbpfDataplane {
+    use kp_core::dataplane::Dataplane;
+    let mut dp = kp_ebpf::dataplane::EbpfDataplane::new(config);
+    dp.start().expect("load and attach");
+    dp.sync(state, &kp_core::track::Changes::default(), true)
+        .expect("full sync");
+    dp
+}
+
 /// A ClusterIP frontend `vip:port` of the socket hooks with `backends` (address, port).
 pub fn spec(
     vip: &str,
