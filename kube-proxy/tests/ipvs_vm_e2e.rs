@@ -236,6 +236,10 @@ fn print_forwarded_break(lab: &kp_test::Lab, backend: &str) {
     }
 }
 
+/// In the guest's ipvs -> ebpf switch, the failed new ClusterIP connections that pass, per
+/// thousand (each printed): see the switch's comment in the test below.
+const IPVS_TO_EBPF_FAILURES_PER_MILLE: usize = 4;
+
 /// Every pair of ipvs with each other mode, switched under traffic: iptables -> ipvs ->
 /// nftables -> ipvs -> userspace -> ipvs -> ebpf -> ipvs -> iptables. Each switch is the host's
 /// switching test (`modes_e2e.rs`, tests/switching: a long-lived connection through the web
@@ -331,10 +335,12 @@ fn switching_to_and_from_ipvs_mode_on_a_real_ipvs_kernel_drops_no_connection() {
             // virtual servers that carry the long-lived connections, its hooks stay: a
             // backend's SYN-ACK to a client port one of IPVS's TIME_WAIT entries of that real
             // server holds (two minutes) is given the virtual server's address, and the
-            // connection times out. The idle real servers go after ebpf's first sync (their
-            // entries with them); the ones carrying a connection keep theirs: 20-30 of
-            // 2,000-3,700 new ClusterIP connections failed here. Printed, not held.
-            seen.problems_besides(&[], &["ClusterIP", "NodePort"], false, 0)
+            // connection times out: 18-34 of 2,000-4,200 new ClusterIP connections did (4.5 to
+            // 8.5 per mille) before ebpf mode left such real servers out of new connections
+            // (`HeldBackend`), 7 of 8,524 and 9 of 5,462 after (0.8 and 1.65 per mille, near
+            // the 2 per mille every ebpf pair is held to for a backend's two tuples). Held to
+            // IPVS_TO_EBPF_FAILURES_PER_MILLE, which the defect's return would pass.
+            seen.problems_besides(&[], &["NodePort"], false, IPVS_TO_EBPF_FAILURES_PER_MILLE)
         } else if (from, to) == ("ebpf", "ipvs") {
             // The long-lived ClusterIP connection (pod 4 straight to a backend through the
             // socket hooks, forwarded by the node) went 2 s without an echo once in five runs

@@ -16,10 +16,13 @@
 //! reads and compares while the loop waits.
 
 use std::any::Any;
+use std::collections::BTreeSet;
 use std::error::Error as StdError;
 use std::fmt;
+use std::net::SocketAddr;
 use std::time::Instant;
 
+use crate::model::Protocol;
 use crate::track::{Changes, ProxyState};
 
 #[cfg(test)]
@@ -35,6 +38,20 @@ pub struct SyncReport {
     /// Service ports with no usable local endpoints under a Local policy:
     /// (internal, external) counts, for `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
     pub no_local_endpoints: (u64, u64),
+}
+
+/// An endpoint that the mode before a switch still answers for: IPVS keeps connection
+/// entries (closing ones for two minutes) on a real server it still serves established
+/// connections through, and rewrites a backend's answer to a new connection from a client port
+/// one of them holds as if it came from the virtual server. A mode that connects clients
+/// straight to backends ([`Dataplane::hold_backends`]) leaves such endpoints out of new
+/// connections while it can.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HeldBackend {
+    /// The protocol.
+    pub protocol: Protocol,
+    /// The endpoint's address and port.
+    pub addr: SocketAddr,
 }
 
 /// What a read of the kernel taken off the loop returned, for the [`Dataplane::finish_check`] of
@@ -235,6 +252,17 @@ pub trait Dataplane: Send {
             "the {} mode cannot check a read taken off the loop",
             self.mode()
         )])
+    }
+
+    /// The endpoints the mode before a switch still answers for ([`HeldBackend`]), replacing
+    /// the last set (empty once that mode's state is gone). Returns whether that changes what
+    /// the mode programs: the loop then makes the next sync full. A mode whose translation
+    /// happens in netfilter (or in a proxy process) is not affected: an old IPVS entry's
+    /// rewrite of a backend's answer gives it the same Service address that its own reverse NAT
+    /// would, so the default ignores the set.
+    fn hold_backends(&mut self, held: &BTreeSet<HeldBackend>) -> bool {
+        let _ = held;
+        false
     }
 
     /// The proxy is stopping: release what [`Dataplane::start`] took. Kernel rules stay in

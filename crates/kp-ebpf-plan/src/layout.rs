@@ -393,6 +393,17 @@ impl Backend {
     }
 }
 
+/// The backend an endpoint that another mode still answers for is.
+impl From<kp_core::dataplane::HeldBackend> for Backend {
+    fn from(h: kp_core::dataplane::HeldBackend) -> Backend {
+        Backend {
+            ip: h.addr.ip(),
+            port: h.addr.port(),
+            protocol: h.protocol,
+        }
+    }
+}
+
 /// A reverse-NAT map value (key: the frontend's `u16` id, host order): the address and port a
 /// reply from a backend is given back, so the client sees the frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -180,6 +180,24 @@ pub fn frontend_specs(frontends: &Frontends<'_>, node_addresses: &[IpAddr]) -> V
     out
 }
 
+/// Leaves the `held` backends out of each socket-hook frontend in `specs` that has others, so
+/// that new connections from the node and its pods go to those: the mode before a switch still
+/// answers for the held ones (see `kp_core::dataplane::HeldBackend`), and a connection made
+/// straight to one from a client port that mode's state holds would fail. A frontend whose
+/// every backend is held keeps them all, as a Service whose endpoints are all terminating does.
+/// Outside traffic's frontends keep theirs: the tc path gives their replies the frontend's
+/// address back before netfilter sees them.
+pub fn hold(specs: &mut [FrontendSpec], held: &BTreeSet<Backend>) {
+    if held.is_empty() {
+        return;
+    }
+    for spec in specs.iter_mut().filter(|s| s.addr.scope == Scope::Socket) {
+        if spec.backends.iter().any(|b| !held.contains(b)) {
+            spec.backends.retain(|b| !held.contains(b));
+        }
+    }
+}
+
 /// The node's addresses NodePorts answer on, given its interface addresses `local`: with
 /// `nodePortAddresses: primary` the Node object's addresses; unset, every address in `local`;
 /// with CIDRs, those of `local` inside the CIDRs of their family (every one of a family no CIDR
@@ -264,21 +282,31 @@ pub fn plan_state(
     node_ports: &NodePortAddresses,
     local: &[IpAddr],
 ) -> Result<Planner, Error> {
-    plan_state_with(state, node_ports, local, Scheduler::Random)
+    plan_state_with(
+        state,
+        node_ports,
+        local,
+        Scheduler::Random,
+        &BTreeSet::new(),
+    )
 }
 
 /// [`plan_state`] for the programs' pick `scheduler` (with [`Scheduler::Maglev`], every
-/// frontend with backends has a Maglev table).
+/// frontend with backends has a Maglev table), with the `held` backends left out where
+/// [`hold`] leaves them out.
 pub fn plan_state_with(
     state: &ProxyState,
     node_ports: &NodePortAddresses,
     local: &[IpAddr],
     scheduler: Scheduler,
+    held: &BTreeSet<Backend>,
 ) -> Result<Planner, Error> {
     let node_addresses = node_port_addresses(node_ports, state, local);
     let mut planner = Planner::with_scheduler(scheduler);
     for service in state.service_keys() {
-        planner.set_service(service, &service_specs(state, service, &node_addresses))?;
+        let mut specs = service_specs(state, service, &node_addresses);
+        hold(&mut specs, held);
+        planner.set_service(service, &specs)?;
     }
     // In key order, each claimant of a shared address comes after the one it displaces:
     // nothing is handed off.

@@ -190,6 +190,43 @@ fn a_backend_shared_by_two_services_stays_until_both_let_it_go() {
 }
 
 #[test]
+fn held_backends_leave_socket_frontends_that_have_others_and_no_outside_one() {
+    let outside = |s: FrontendSpec| FrontendSpec {
+        addr: FrontendAddr {
+            scope: Scope::Outside,
+            ..s.addr
+        },
+        ..s
+    };
+    let mut specs = vec![
+        spec("10.96.0.1", &["10.244.0.1", "10.244.0.2", "10.244.0.3"]),
+        spec("10.96.0.2", &["10.244.0.1"]),
+        outside(spec("203.0.113.10", &["10.244.0.1", "10.244.0.2"])),
+    ];
+    let before = specs.clone();
+    hold(&mut specs, &BTreeSet::new());
+    assert_eq!(specs, before, "nothing held, nothing left out");
+    let held: BTreeSet<Backend> = [backend("10.244.0.1"), backend("10.244.0.3")].into();
+    hold(&mut specs, &held);
+    assert_eq!(specs[0].backends, vec![backend("10.244.0.2")]);
+    assert_eq!(
+        specs[1].backends,
+        vec![backend("10.244.0.1")],
+        "a frontend whose every backend is held keeps them"
+    );
+    assert_eq!(specs[2], before[2], "the tc path's frontends keep theirs");
+    // Another port of a held address is another backend.
+    let other_port = Backend {
+        port: 9090,
+        ..backend("10.244.0.2")
+    };
+    let mut specs = vec![spec("10.96.0.1", &["10.244.0.2"])];
+    specs[0].backends.push(other_port);
+    hold(&mut specs, &[other_port].into());
+    assert_eq!(specs[0].backends, vec![backend("10.244.0.2")]);
+}
+
+#[test]
 fn a_frontend_without_endpoints_keeps_a_zero_count() {
     let mut planner = Planner::new();
     let mut maps = Contents::default();

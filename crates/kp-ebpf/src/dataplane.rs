@@ -18,13 +18,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kp_core::dataplane::{Dataplane, DataplaneError, SyncReport};
+use kp_core::dataplane::{Dataplane, DataplaneError, HeldBackend, SyncReport};
 use kp_core::model::ServiceKey as ServiceName;
 use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
 use kp_ebpf_plan::{
-    diff, diff_into, no_local_endpoints, node_port_addresses, service_cidrs,
-    service_specs as specs, Planner, Scheduler, StaleUdp,
+    diff, diff_into, hold, no_local_endpoints, node_port_addresses, service_cidrs, service_specs,
+    Backend, FrontendSpec, Planner, Scheduler, StaleUdp,
 };
 
 use crate::nat_hooks::NatHooks;
@@ -186,6 +186,9 @@ pub struct EbpfDataplane {
     planner: Planner,
     /// Per Service, its ports with a Local policy and no local endpoint, per family.
     no_local: HashMap<ServiceName, [(u64, u64); 2]>,
+    /// Endpoints the mode before a switch still answers for: left out of the socket hooks'
+    /// picks where a frontend has others ([`Dataplane::hold_backends`]).
+    held: BTreeSet<Backend>,
 }
 
 impl EbpfDataplane {
@@ -195,8 +198,21 @@ impl EbpfDataplane {
             lb: None,
             planner: Planner::with_scheduler(config.scheduler),
             no_local: HashMap::new(),
+            held: BTreeSet::new(),
             config,
         }
+    }
+
+    /// `service`'s frontends as this dataplane writes them: held backends left out.
+    fn specs(
+        &self,
+        state: &ProxyState,
+        service: &ServiceName,
+        node_addresses: &[std::net::IpAddr],
+    ) -> Vec<FrontendSpec> {
+        let mut specs = service_specs(state, service, node_addresses);
+        hold(&mut specs, &self.held);
+        specs
     }
 
     /// Makes the NAT hooks' table again unless it is there as it should be.
@@ -351,6 +367,7 @@ impl Dataplane for EbpfDataplane {
                 &self.config.node_ports,
                 &local,
                 self.config.scheduler,
+                &self.held,
             )
             .map_err(plan_error)?;
             let have = self.lb()?.read_back().map_err(dataplane_error)?;
@@ -396,9 +413,10 @@ impl Dataplane for EbpfDataplane {
                     [(0, 0), (0, 0)] => self.no_local.remove(service),
                     n => self.no_local.insert(service.clone(), n),
                 };
+                let specs = self.specs(state, service, &node_addresses);
                 ops.extend(
                     self.planner
-                        .set_service(service, &specs(state, service, &node_addresses))
+                        .set_service(service, &specs)
                         .map_err(plan_error)?,
                 );
             }
@@ -406,9 +424,10 @@ impl Dataplane for EbpfDataplane {
             // Services list) hands it over: the other is planned again, writing its backends
             // there. That writes nothing new, so no more hand-offs follow.
             for service in self.planner.take_handoffs() {
+                let specs = self.specs(state, &service, &node_addresses);
                 ops.extend(
                     self.planner
-                        .set_service(&service, &specs(state, &service, &node_addresses))
+                        .set_service(&service, &specs)
                         .map_err(plan_error)?,
                 );
             }
@@ -436,6 +455,16 @@ impl Dataplane for EbpfDataplane {
                 })
                 .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1))),
         })
+    }
+
+    /// Socket load balancing connects clients straight to backends, which an IPVS entry of the
+    /// mode before would answer for with the virtual server's address: held backends leave the
+    /// hooks' picks (see [`hold`]) until the set says otherwise.
+    fn hold_backends(&mut self, held: &BTreeSet<HeldBackend>) -> bool {
+        let held: BTreeSet<Backend> = held.iter().map(|&h| Backend::from(h)).collect();
+        let changed = held != self.held;
+        self.held = held;
+        changed
     }
 
     fn verify(&mut self) -> Result<Vec<String>, DataplaneError> {

@@ -23,7 +23,8 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use ipnet::IpNet;
-use kp_core::model::IpFamily;
+use kp_core::dataplane::HeldBackend;
+use kp_core::model::{IpFamily, Protocol};
 use kp_iptables::{Backend, IptablesCommand};
 use kp_iptables_plan::names::{
     KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
@@ -35,7 +36,7 @@ use kp_ipvs_plan::rules::{
     jump_rules, KUBE_IPVS_FILTER, KUBE_IPVS_OUT_FILTER, KUBE_LOAD_BALANCER, KUBE_NODE_PORT,
     KUBE_SOURCE_RANGES_FIREWALL,
 };
-use kp_netlink::ipvs::{Destination, ServiceKey};
+use kp_netlink::ipvs::{Destination, DestinationState, Protocol as IpvsProtocol, ServiceKey};
 
 use crate::link::Dummy;
 use crate::{Client, Error, Result};
@@ -429,21 +430,10 @@ pub fn remove_leftovers_keeping(
     if let Some(dummy) = Dummy::find(netns, DUMMY_INTERFACE)? {
         match Client::open(netns) {
             Ok(mut ipvs) => {
-                let ours: Vec<ServiceKey> = ipvs
-                    .services()?
-                    .into_iter()
-                    .map(|svc| svc.key)
-                    .filter(|key| match *key {
-                        ServiceKey::Addr { addr, .. } => !exclude.iter().any(|n| n.contains(&addr)),
-                        ServiceKey::Fwmark { mark, .. } => {
-                            kp_ipvs_plan::local::is_short_circuit_mark(mark)
-                        }
-                    })
-                    .collect();
                 // The kept virtual servers' idle real servers first: until they go, IPVS
                 // answers for their closed connections (see `established_on`).
                 let mut gone = Vec::new();
-                for key in ours {
+                for key in our_services(&mut ipvs, exclude)? {
                     let established = match keep.draining {
                         true => established_on(&mut ipvs, &key)?,
                         false => None,
@@ -481,6 +471,70 @@ pub fn remove_leftovers_keeping(
     removed.chains = remove_chains(iptables, keep)?;
     removed.sets = remove_sets(netns)?;
     Ok(removed)
+}
+
+/// The real servers of the ipvs mode's leftover virtual servers (those
+/// [`remove_leftovers`] would remove) that carry established connections and on which IPVS
+/// also keeps closing connections' (or UDP flows') entries, read without changing anything:
+/// what another mode running in the ipvs mode's place must not connect clients straight to yet
+/// ([`HeldBackend`]). These are what a draining removal keeps (`established_on`); the idle
+/// ones it deletes, with their entries, so read before that removal (before the new mode's
+/// first sync) this already names what stays after it. Empty where the ipvs mode never ran.
+pub fn held_real_servers(netns: Option<&str>, exclude: &[IpNet]) -> Result<BTreeSet<HeldBackend>> {
+    let mut out = BTreeSet::new();
+    if Dummy::find(netns, DUMMY_INTERFACE)?.is_none() {
+        return Ok(out);
+    }
+    let mut ipvs = match Client::open(netns) {
+        Ok(ipvs) => ipvs,
+        Err(Error::Unavailable { .. }) => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for key in our_services(&mut ipvs, exclude)? {
+        match ipvs.destinations(&key) {
+            Ok(dests) => out.extend(held(&key, &dests)),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// The ipvs mode's virtual servers: with `kube-ipvs0` there, every address-based one outside
+/// `exclude`, and the firewall-mark ones of the short-circuit marks.
+fn our_services(ipvs: &mut Client, exclude: &[IpNet]) -> Result<Vec<ServiceKey>> {
+    Ok(ipvs
+        .services()?
+        .into_iter()
+        .map(|svc| svc.key)
+        .filter(|key| match *key {
+            ServiceKey::Addr { addr, .. } => !exclude.iter().any(|n| n.contains(&addr)),
+            ServiceKey::Fwmark { mark, .. } => kp_ipvs_plan::local::is_short_circuit_mark(mark),
+        })
+        .collect())
+}
+
+/// Of `dests` (real servers of the virtual server `key`), those that count established
+/// connections and closing connections' (or UDP flows') entries, as endpoints. A
+/// firewall-mark virtual server names no protocol; its real servers are the address-based
+/// ones' too.
+fn held(key: &ServiceKey, dests: &[DestinationState]) -> Vec<HeldBackend> {
+    let protocol = match *key {
+        ServiceKey::Addr { protocol, .. } => match protocol {
+            IpvsProtocol::Tcp => Protocol::Tcp,
+            IpvsProtocol::Udp => Protocol::Udp,
+            IpvsProtocol::Sctp => Protocol::Sctp,
+        },
+        ServiceKey::Fwmark { .. } => return Vec::new(),
+    };
+    dests
+        .iter()
+        .filter(|d| d.active_connections > 0 && d.inactive_connections > 0)
+        .map(|d| HeldBackend {
+            protocol,
+            addr: std::net::SocketAddr::new(d.destination.addr, d.destination.port),
+        })
+        .collect()
 }
 
 /// Whether a virtual server's real servers still count established connections, and if so

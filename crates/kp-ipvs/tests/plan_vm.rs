@@ -67,6 +67,92 @@ fn desired(ports: &[(ServicePort, Vec<Endpoint>)], config: &Config) -> Desired {
     d
 }
 
+/// kp-test's lab (client 192.0.2.2 -> node 192.0.2.1, forwarding -> pods 10.244.1.10, .11)
+/// with an echo server on port 8080 of both pods and the virtual address 10.96.0.1 on the
+/// node's `kube-ipvs0`, as the ipvs mode holds it.
+fn vip_lab() -> (Lab, Vec<kp_test::ChildGuard>) {
+    let lab = Lab::new(2).expect("lab");
+    let servers = (0..2)
+        .map(|i| lab.serve_echo(i, &[8080], &[]).expect("kp-echo"))
+        .collect();
+    let node = lab.node();
+    node.ip(&["link", "add", "kube-ipvs0", "type", "dummy"])
+        .expect("dummy link");
+    node.add_addr("kube-ipvs0", "10.96.0.1/32").expect("VIP");
+    node.link_up("kube-ipvs0").expect("up");
+    (lab, servers)
+}
+
+/// The TCP port 10.96.0.1:80 alone (no NodePort, no load balancer).
+fn vip_port() -> ServicePort {
+    let mut p = port(Protocol::Tcp);
+    p.node_port = None;
+    p.load_balancer_ips.clear();
+    p
+}
+
+/// Pod `i` of [`vip_lab`] as an endpoint on port 8080.
+fn pod_endpoint(lab: &Lab, i: usize) -> Endpoint {
+    Endpoint {
+        ip: lab.pod_ip(i),
+        ..ep("0.0.0.0")
+    }
+}
+
+/// 10.96.0.1:80 in IPVS, round robin over both pods of [`vip_lab`]: the client, the port and
+/// the configuration.
+fn round_robin_over_both_pods(lab: &Lab) -> (Client, ServicePort, Config) {
+    let p = vip_port();
+    let config = Config::new("rr", 0, Vec::new()).expect("config");
+    let mut client = Client::open(Some(lab.node().name())).expect("IPVS client");
+    let pods = vec![pod_endpoint(lab, 0), pod_endpoint(lab, 1)];
+    sync(
+        &mut client,
+        &desired(&[(p.clone(), pods)], &config),
+        &config,
+    );
+    (client, p, config)
+}
+
+/// Starts a long-lived connection from the lab's client through 10.96.0.1:80 (a line every
+/// 100 ms for `duration_ms`) and returns it with the real server IPVS gave it, once IPVS
+/// counts it established there.
+fn stream_to_a_busy_real_server(
+    lab: &Lab,
+    client: &mut Client,
+    duration_ms: u32,
+) -> (kp_test::ChildGuard, IpAddr) {
+    let echo = kp_test::echo_binary();
+    let echo = echo.to_str().expect("path");
+    let duration = duration_ms.to_string();
+    let mut stream = lab
+        .client()
+        .spawn(&[
+            echo,
+            "stream",
+            "tcp",
+            "10.96.0.1",
+            "80",
+            "--interval-ms",
+            "100",
+            "--duration-ms",
+            &duration,
+        ])
+        .expect("stream");
+    loop {
+        let dump = client.dump().expect("dump");
+        if let Some(d) = dump[0].1.iter().find(|d| d.active_connections == 1) {
+            return (stream, d.destination.addr);
+        }
+        assert!(
+            stream.try_wait().expect("stream").is_none(),
+            "{}",
+            stream.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Diffs against the kernel, applies, and checks that the next diff is empty; returns the
 /// applied changes.
 fn sync(client: &mut Client, want: &Desired, config: &Config) -> Vec<Change> {
@@ -192,63 +278,13 @@ fn a_removed_real_server_drains_at_weight_zero_under_a_held_tcp_connection() {
     {
         return;
     }
-    // kp-test's lab: client 192.0.2.2 -> node 192.0.2.1 (forwarding) -> pods 10.244.1.10, .11.
-    let lab = Lab::new(2).expect("lab");
-    let _servers: Vec<_> = (0..2)
-        .map(|i| lab.serve_echo(i, &[8080], &[]).expect("kp-echo"))
-        .collect();
-    let node = lab.node();
-    node.ip(&["link", "add", "kube-ipvs0", "type", "dummy"])
-        .expect("dummy link");
-    node.add_addr("kube-ipvs0", "10.96.0.1/32").expect("VIP");
-    node.link_up("kube-ipvs0").expect("up");
-
-    let mut p = port(Protocol::Tcp);
-    p.node_port = None;
-    p.load_balancer_ips.clear();
-    let pod = |i: usize| Endpoint {
-        ip: lab.pod_ip(i),
-        ..ep("0.0.0.0")
-    };
-    let config = Config::new("rr", 0, Vec::new()).expect("config");
-    let mut client = Client::open(Some(node.name())).expect("IPVS client");
-    sync(
-        &mut client,
-        &desired(&[(p.clone(), vec![pod(0), pod(1)])], &config),
-        &config,
-    );
+    let (lab, _servers) = vip_lab();
+    let (mut client, p, config) = round_robin_over_both_pods(&lab);
+    let pod = |i: usize| pod_endpoint(&lab, i);
 
     // A long-lived connection through the virtual server.
-    let echo = kp_test::echo_binary();
-    let echo = echo.to_str().expect("path");
-    let mut stream = lab
-        .client()
-        .spawn(&[
-            echo,
-            "stream",
-            "tcp",
-            "10.96.0.1",
-            "80",
-            "--interval-ms",
-            "100",
-            "--duration-ms",
-            "6000",
-        ])
-        .expect("stream");
+    let (mut stream, held) = stream_to_a_busy_real_server(&lab, &mut client, 6000);
     let vip = ip("10.96.0.1");
-    let held = loop {
-        let dump = client.dump().expect("dump");
-        let busy = dump[0].1.iter().find(|d| d.active_connections == 1);
-        if let Some(d) = busy {
-            break d.destination.addr;
-        }
-        assert!(
-            stream.try_wait().expect("stream").is_none(),
-            "{}",
-            stream.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
     let (gone, kept) = if held == lab.pod_ip(0) {
         (0, 1)
     } else {
@@ -310,29 +346,10 @@ fn the_scheduler_is_honoured_lc_picks_the_idle_real_server_and_sh_keeps_a_source
     {
         return;
     }
-    // kp-test's lab: client 192.0.2.2 -> node 192.0.2.1 (forwarding) -> pods 10.244.1.10, .11.
-    let lab = Lab::new(2).expect("lab");
-    let _servers: Vec<_> = (0..2)
-        .map(|i| lab.serve_echo(i, &[8080], &[]).expect("kp-echo"))
-        .collect();
+    let (lab, _servers) = vip_lab();
     let node = lab.node();
-    node.ip(&["link", "add", "kube-ipvs0", "type", "dummy"])
-        .expect("dummy link");
-    node.add_addr("kube-ipvs0", "10.96.0.1/32").expect("VIP");
-    node.link_up("kube-ipvs0").expect("up");
-    let mut p = port(Protocol::Tcp);
-    p.node_port = None;
-    p.load_balancer_ips.clear();
-    let pods = vec![
-        Endpoint {
-            ip: lab.pod_ip(0),
-            ..ep("0.0.0.0")
-        },
-        Endpoint {
-            ip: lab.pod_ip(1),
-            ..ep("0.0.0.0")
-        },
-    ];
+    let p = vip_port();
+    let pods = vec![pod_endpoint(&lab, 0), pod_endpoint(&lab, 1)];
     let vip = ip("10.96.0.1");
     let mut client = Client::open(Some(node.name())).expect("IPVS client");
     let backend = |lab: &Lab| match lab.request(lab.client(), Proto::Tcp, vip, 80) {
@@ -349,34 +366,7 @@ fn the_scheduler_is_honoured_lc_picks_the_idle_real_server_and_sh_keeps_a_source
         &lc,
     );
     assert_eq!(client.services().expect("services")[0].scheduler, "lc");
-    let echo = kp_test::echo_binary();
-    let echo = echo.to_str().expect("path");
-    let mut stream = lab
-        .client()
-        .spawn(&[
-            echo,
-            "stream",
-            "tcp",
-            "10.96.0.1",
-            "80",
-            "--interval-ms",
-            "100",
-            "--duration-ms",
-            "4000",
-        ])
-        .expect("stream");
-    let held = loop {
-        let dump = client.dump().expect("dump");
-        if let Some(d) = dump[0].1.iter().find(|d| d.active_connections == 1) {
-            break d.destination.addr;
-        }
-        assert!(
-            stream.try_wait().expect("stream").is_none(),
-            "{}",
-            stream.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let (mut stream, held) = stream_to_a_busy_real_server(&lab, &mut client, 4000);
     let idle = if held == lab.pod_ip(0) { 1 } else { 0 };
     for _ in 0..6 {
         assert_eq!(backend(&lab), lab.pod_name(idle));
@@ -418,4 +408,96 @@ fn counts(log: &str) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("sent="), field("echoed="))
+}
+
+/// A mode switch away from ipvs keeps a virtual server whose real server carries an
+/// established connection, and deletes its idle real servers (with their entries); the kept
+/// real servers IPVS also keeps closing connections' entries on are what another mode must not
+/// connect clients straight to (`held_real_servers`): the busy one, read before the removal as
+/// after it; after a removal without keeping, none.
+#[test]
+#[ignore = "needs root"]
+fn a_draining_removal_keeps_the_busy_real_server_and_says_it_is_held() {
+    use kp_core::dataplane::HeldBackend;
+    use kp_ipvs::cleanup::{held_real_servers, remove_leftovers, remove_leftovers_keeping, Keep};
+
+    if !kp_test::netns::require_root()
+        || !in_guest("a_draining_removal_keeps_the_busy_real_server_and_says_it_is_held")
+    {
+        return;
+    }
+    let (lab, _servers) = vip_lab();
+    let node = lab.node();
+    let (mut client, _, _) = round_robin_over_both_pods(&lab);
+    let netns = Some(node.name());
+    let iptables = kp_iptables::IptablesCommand::in_netns(node.name());
+    let held_of = |i: usize| HeldBackend {
+        protocol: Protocol::Tcp,
+        addr: std::net::SocketAddr::new(lab.pod_ip(i), 8080),
+    };
+    assert_eq!(
+        held_real_servers(netns, &[]).expect("held"),
+        BTreeSet::new(),
+        "no connection, nothing held"
+    );
+
+    // A long-lived connection through the virtual server, then closed ones to both real
+    // servers (round robin): IPVS keeps their entries in TIME_WAIT.
+    let (mut stream, busy) = stream_to_a_busy_real_server(&lab, &mut client, 20000);
+    let busy = if busy == lab.pod_ip(0) { 0 } else { 1 };
+    for _ in 0..4 {
+        let answer = lab.request(lab.client(), Proto::Tcp, ip("10.96.0.1"), 80);
+        assert!(matches!(answer, Outcome::Answered { .. }), "{answer:?}");
+    }
+    let dump = client.dump().expect("dump");
+    assert!(
+        dump[0].1.iter().all(|d| d.inactive_connections > 0),
+        "both real servers keep closed connections' entries: {dump:?}"
+    );
+    assert_eq!(
+        held_real_servers(netns, &[]).expect("held"),
+        BTreeSet::from([held_of(busy)]),
+        "the idle one goes with its entries at the removal: {dump:?}"
+    );
+    let service_cidr: ipnet::IpNet = "10.96.0.0/16".parse().expect("CIDR");
+    assert_eq!(
+        held_real_servers(netns, &[service_cidr]).expect("held"),
+        BTreeSet::new(),
+        "an excluded virtual server is not the mode's"
+    );
+
+    // A switch: the idle real server goes with its entries, the busy one stays, held.
+    let keep = Keep {
+        draining: true,
+        ..Keep::default()
+    };
+    let removed = remove_leftovers_keeping(netns, &iptables, &[], &keep).expect("removal");
+    assert_eq!(
+        (removed.draining, removed.real_servers),
+        (1, 1),
+        "{removed:?}"
+    );
+    let dump = client.dump().expect("dump");
+    let left: Vec<IpAddr> = dump[0].1.iter().map(|d| d.destination.addr).collect();
+    assert_eq!(left, [lab.pod_ip(busy)], "{dump:?}");
+    assert_eq!(
+        held_real_servers(netns, &[]).expect("held"),
+        BTreeSet::from([held_of(busy)])
+    );
+    // The long-lived connection lives on through it.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        stream.try_wait().expect("stream").is_none(),
+        "{}",
+        stream.log()
+    );
+
+    // `--cleanup`: everything goes, nothing is held.
+    let removed = remove_leftovers(netns, &iptables, &[]).expect("cleanup");
+    assert!(removed.interface, "{removed:?}");
+    assert_eq!(
+        held_real_servers(netns, &[]).expect("held"),
+        BTreeSet::new()
+    );
+    let _ = stream.kill_now();
 }

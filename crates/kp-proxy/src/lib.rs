@@ -10,9 +10,10 @@ pub mod config;
 pub mod modes;
 mod sync_loop;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use kp_core::dataplane::DataplaneError;
+use kp_core::dataplane::{DataplaneError, HeldBackend};
 use kp_core::model::IpFamily;
 use kp_core::sync::SyncSchedule;
 use kp_core::track::{ProxyState, SourceEvent};
@@ -200,12 +201,20 @@ pub async fn run(loaded: Loaded) -> Result<(), Fatal> {
     // without rules.
     let dataplane = (mode.build)(&ctx)?;
     let conntrack = mode.reconciles_conntrack.then(ConntrackCleanup::new);
+    // What the other modes' leftovers still answer for, before this mode's first sync: that
+    // sync already sends no new connection where they would break it.
+    let held = modes::held_backends(&ctx, Some(mode.mode)).unwrap_or_else(|(name, e)| {
+        tracing::warn!(error = %e, mode = name, "cannot read what another mode's leftovers still answer for; the removal of its leftovers reads it again");
+        Default::default()
+    });
+    let (held_tx, held_rx) = tokio::sync::watch::channel(held);
     let leftovers = tokio::spawn(remove_leftovers_after_first_sync(
         cfg.clone(),
         metrics.clone(),
         mode.mode,
+        held_tx,
     ));
-    let result = run_mode(&loaded, metrics, dataplane, conntrack).await;
+    let result = run_mode(&loaded, metrics, dataplane, conntrack, held_rx).await;
     leftovers.abort();
     result
 }
@@ -225,6 +234,7 @@ async fn remove_leftovers_after_first_sync(
     cfg: Config,
     metrics: Arc<Metrics>,
     running: config::ProxyMode,
+    held: tokio::sync::watch::Sender<BTreeSet<HeldBackend>>,
 ) {
     while metrics.last_sync_timestamp.get() <= 0.0 {
         tokio::time::sleep(FIRST_SYNC_POLL).await;
@@ -245,6 +255,14 @@ async fn remove_leftovers_after_first_sync(
                 return;
             }
         };
+        // Unread (a failure, listed below): the last set stays.
+        if let Some(now_held) = left.held.clone() {
+            held.send_if_modified(|h| {
+                let changed = *h != now_held;
+                *h = now_held;
+                changed
+            });
+        }
         if left.done() {
             tracing::info!(
                 mode = running.as_str(),
@@ -296,6 +314,7 @@ async fn run_mode(
     metrics: Arc<Metrics>,
     dataplane: Box<dyn kp_core::dataplane::Dataplane>,
     conntrack: Option<ConntrackCleanup>,
+    held: tokio::sync::watch::Receiver<BTreeSet<HeldBackend>>,
 ) -> Result<(), Fatal> {
     let cfg = &loaded.config;
     let mode = dataplane.mode();
@@ -373,7 +392,8 @@ async fn run_mode(
         metrics,
         health,
         conntrack,
-    );
+    )
+    .with_held_backends(held);
     // The health and metrics servers stop with the signal, before the dataplane's own stop:
     // a userspace proxy serves on while its rules still reach it (`--userspace-drain-timeout`),
     // and the proxy that takes over on this node must be able to bind the same ports.

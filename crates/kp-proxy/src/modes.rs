@@ -16,7 +16,9 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use kp_core::dataplane::{Dataplane, DataplaneError};
+use std::collections::BTreeSet;
+
+use kp_core::dataplane::{Dataplane, DataplaneError, HeldBackend};
 use kp_core::model::IpFamily;
 use kp_core::node::InterfaceName;
 use kp_iptables::{IptablesCommand, IptablesConfig, IptablesDataplane};
@@ -84,6 +86,10 @@ pub struct Mode {
     /// of that mode's leftovers, and with it: after its first successful sync, then at each
     /// recheck while leftovers stay.
     pub take_over: Option<fn(&ModeContext<'_>) -> Result<(), DataplaneError>>,
+    /// The endpoints this mode's leftovers still answer for while another mode runs
+    /// ([`HeldBackend`]: IPVS's closing connections' entries), read without changing anything.
+    pub held_backends:
+        Option<fn(&ModeContext<'_>) -> Result<BTreeSet<HeldBackend>, DataplaneError>>,
 }
 
 /// What a removal of one mode's leftovers left.
@@ -112,6 +118,7 @@ pub static MODES: &[Mode] = &[
         leftovers: "the kube-proxy nftables tables",
         reconciles_conntrack: true,
         take_over: None,
+        held_backends: None,
     },
     Mode {
         mode: ProxyMode::Iptables,
@@ -121,6 +128,7 @@ pub static MODES: &[Mode] = &[
         leftovers: "the kube-proxy iptables chains (nft and legacy backends)",
         reconciles_conntrack: true,
         take_over: None,
+        held_backends: None,
     },
     Mode {
         mode: ProxyMode::Userspace,
@@ -131,6 +139,7 @@ pub static MODES: &[Mode] = &[
         // Its UDP entries are REDIRECTs to the proxy itself, never stale.
         reconciles_conntrack: false,
         take_over: None,
+        held_backends: None,
     },
     Mode {
         mode: ProxyMode::Ipvs,
@@ -140,6 +149,7 @@ pub static MODES: &[Mode] = &[
         leftovers: "the kube-proxy IPVS virtual servers, kube-ipvs0, the ipvs-mode ipsets and iptables chains",
         reconciles_conntrack: true,
         take_over: None,
+        held_backends: Some(ipvs::held),
     },
     Mode {
         mode: ProxyMode::Ebpf,
@@ -150,6 +160,7 @@ pub static MODES: &[Mode] = &[
         // Socket load balancing translates no packet: no conntrack entry is its.
         reconciles_conntrack: false,
         take_over: Some(ebpf::forget_closed_translations),
+        held_backends: None,
     },
 ];
 
@@ -240,6 +251,9 @@ pub struct Leftovers {
     pub failed: Vec<(&'static str, DataplaneError)>,
     /// Modes with state left on purpose (connections still use it), with what.
     pub draining: Vec<(&'static str, String)>,
+    /// The endpoints what is left still answers for ([`held_backends`]), read after the
+    /// removals; `None`: it could not be read (the failure is in `failed`).
+    pub held: Option<BTreeSet<HeldBackend>>,
 }
 
 impl Leftovers {
@@ -264,6 +278,17 @@ pub fn remove_leftovers(ctx: &ModeContext<'_>, running: Option<ProxyMode>) -> Le
             Err(e) => out.failed.push((m.name(), e)),
         }
     }
+    // What stays may still answer for some endpoints.
+    out.held = match out.draining.is_empty() {
+        true => Some(BTreeSet::new()),
+        false => match held_backends(ctx, running) {
+            Ok(held) => Some(held),
+            Err((name, e)) => {
+                out.failed.push((name, e));
+                None
+            }
+        },
+    };
     // After the removals: the old mode's rules translate nothing more from here on.
     if let Some(m) = running_mode {
         if let Some(take_over) = m.take_over {
@@ -273,6 +298,23 @@ pub fn remove_leftovers(ctx: &ModeContext<'_>, running: Option<ProxyMode>) -> Le
         }
     }
     out
+}
+
+/// The endpoints that other modes' leftovers (all but `running`) still answer for
+/// ([`Mode::held_backends`]), read without changing anything: before the running mode's first
+/// sync, and after each removal of leftovers that keeps some. The first mode that cannot say
+/// fails it.
+pub fn held_backends(
+    ctx: &ModeContext<'_>,
+    running: Option<ProxyMode>,
+) -> Result<BTreeSet<HeldBackend>, (&'static str, DataplaneError)> {
+    let mut out = BTreeSet::new();
+    for m in MODES.iter().filter(|m| Some(m.mode) != running) {
+        if let Some(held) = m.held_backends {
+            out.extend(held(ctx).map_err(|e| (m.name(), e))?);
+        }
+    }
+    Ok(out)
 }
 
 /// detect-local, as the kernel modes interpret it.

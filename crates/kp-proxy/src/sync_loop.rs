@@ -36,20 +36,22 @@
 //! on the loop (a lookup per element read) and, when there is drift, its repair. A mode
 //! without [`Dataplane::begin_check`] keeps the in-line check inside its full sync.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use kp_conntrack::Conntrack;
 use kp_core::conntrack::ConntrackPlanner;
-use kp_core::dataplane::{CheckOutcome, CheckRead, Dataplane, DataplaneError, KernelRead, Retry};
+use kp_core::dataplane::{
+    CheckOutcome, CheckRead, Dataplane, DataplaneError, HeldBackend, KernelRead, Retry,
+};
 use kp_core::model::{IpFamily, ServiceKey};
 use kp_core::sync::{SyncKind, SyncSchedule};
 use kp_core::track::{Applied, Changes, Kind, ProxyState, SourceEvent};
 use kp_metrics::{Metrics, TrafficPolicyLabel};
 use kp_serve::{ServiceHealthServer, SharedHealth};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::Fatal;
 
@@ -154,6 +156,8 @@ enum Woke {
     Stop,
     /// The drift check's read is back (or its thread died: `None`).
     Read(Option<(CheckRead, std::time::Duration)>),
+    /// The endpoints the mode before still answers for changed.
+    Held,
 }
 
 /// The running proxy's state between syncs.
@@ -176,6 +180,9 @@ pub struct SyncLoop {
     check: Option<Check>,
     /// The thread drift checks read the kernel on, started with the first one.
     reader: Option<CheckReader>,
+    /// The endpoints the mode before a switch still answers for, as the removal of its
+    /// leftovers finds them ([`Dataplane::hold_backends`]); `None`: not followed.
+    held: Option<watch::Receiver<BTreeSet<HeldBackend>>>,
 }
 
 /// A read handed to the [`CheckReader`]: the read, and where its result goes.
@@ -236,6 +243,35 @@ impl SyncLoop {
             conntrack,
             check: None,
             reader: None,
+            held: None,
+        }
+    }
+
+    /// Follows `held`: the dataplane is handed each new set of endpoints the mode before still
+    /// answers for, and a set that changes what it programs makes the next sync full.
+    pub fn with_held_backends(mut self, held: watch::Receiver<BTreeSet<HeldBackend>>) -> Self {
+        self.held = Some(held);
+        self
+    }
+
+    /// Hands the dataplane the latest held set: the first one at start, then each that came.
+    fn take_held(&mut self) {
+        let Some(rx) = self.held.as_mut() else {
+            return;
+        };
+        let held = rx.borrow_and_update().clone();
+        if self.dataplane.hold_backends(&held) {
+            if held.is_empty() {
+                tracing::info!("the mode before answers for no endpoint any more: every endpoint takes new connections again");
+            } else {
+                tracing::info!(
+                    held = held.len(),
+                    "the mode before still answers for {} endpoints: new connections go to \
+                     their Services' other endpoints where there are any",
+                    held.len()
+                );
+            }
+            self.schedule.force_full(now());
         }
     }
 
@@ -256,6 +292,8 @@ impl SyncLoop {
         blocking(|| self.dataplane.start()).map_err(|e| fatal(mode, e))?;
         // As upstream's SyncLoop: healthy from the start until an update waits too long.
         self.health.updated();
+        // The set read before the mode's first sync, so that sync already leaves them out.
+        self.take_held();
         tokio::pin!(stop);
         let mut waiting_logged = false;
         loop {
@@ -269,15 +307,26 @@ impl SyncLoop {
             if let Some(deadline) = self.dataplane.next_deadline() {
                 wake = wake.min(deadline);
             }
+            let (check, held) = (&mut self.check, &mut self.held);
             let read = async {
-                match self.check.as_mut() {
+                match check.as_mut() {
                     Some(c) => (&mut c.done).await.ok(),
                     None => std::future::pending().await,
                 }
             };
+            let held_changed = async {
+                // A closed channel (the removal is done) changes nothing more.
+                if let Some(h) = held.as_mut() {
+                    if h.changed().await.is_ok() {
+                        return;
+                    }
+                }
+                std::future::pending::<()>().await
+            };
             let woke = tokio::select! {
                 ev = rx.recv() => Woke::Event(ev),
                 r = read => Woke::Read(r),
+                _ = held_changed => Woke::Held,
                 _ = tokio::time::sleep_until(wake.into()) => Woke::Timer,
                 _ = &mut stop => Woke::Stop,
             };
@@ -300,6 +349,7 @@ impl SyncLoop {
                     let check = self.check.take().expect("a read comes from a check");
                     self.finish_check(check, read);
                 }
+                Woke::Held => self.take_held(),
             }
             self.tick()?;
             if !self.state.ready_to_program() {

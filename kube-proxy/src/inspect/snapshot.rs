@@ -199,7 +199,15 @@ pub fn plan_ebpf(
     // The scheduler decides whether frontends have Maglev tables (`sh`, `mh`), as in the
     // running proxy's plan.
     let scheduler = kp_proxy::modes::ebpf_scheduler(cfg).map_err(|e| e.to_string())?;
-    let planner = kp_ebpf_plan::plan_state_with(state, &node_ports, &interfaces, scheduler)
+    // Endpoints the mode before a switch still answers for are left out of the socket hooks'
+    // picks, as the running proxy reads them.
+    let ctx = kp_proxy::modes::ModeContext::new(cfg, Arc::new(Metrics::new()));
+    let held = kp_proxy::modes::held_backends(&ctx, Some(kp_proxy::config::ProxyMode::Ebpf))
+        .map_err(|(mode, e)| format!("reading what the {mode} mode's leftovers answer for: {e}"))?
+        .into_iter()
+        .map(kp_ebpf_plan::Backend::from)
+        .collect();
+    let planner = kp_ebpf_plan::plan_state_with(state, &node_ports, &interfaces, scheduler, &held)
         .map_err(|e| format!("planning the maps: {e}"))?;
     Ok(EbpfTracer::new(planner.contents(), local))
 }

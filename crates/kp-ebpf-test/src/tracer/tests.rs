@@ -480,6 +480,7 @@ fn planned_maglev() -> EbpfTracer {
         &NodePortAddresses::Primary,
         &[],
         kp_ebpf_plan::Scheduler::Maglev,
+        &Default::default(),
     )
     .expect("plan");
     EbpfTracer::new(planner.contents(), kp_flows::node_addresses())

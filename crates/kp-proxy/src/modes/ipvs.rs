@@ -2,9 +2,10 @@
 //! removal of what it leaves, and the start-up probe that sends a node without IPVS to the
 //! iptables mode (as upstream's `CanUseIPVSProxier` did before choosing a proxier).
 
+use std::collections::BTreeSet;
 use std::process::Command;
 
-use kp_core::dataplane::{Dataplane, DataplaneError};
+use kp_core::dataplane::{Dataplane, DataplaneError, HeldBackend};
 use kp_core::model::IpFamily;
 use kp_iptables::IptablesCommand;
 use kp_ipvs::dataplane::{IpvsDataplane, IpvsSettings, NodeResolve};
@@ -119,6 +120,13 @@ pub(super) fn remove(
         )));
     }
     Ok(Removal::Gone)
+}
+
+/// The real servers of the ipvs mode's leftover virtual servers that IPVS keeps closing
+/// connections' entries on (`kp_ipvs::cleanup::held_real_servers`).
+pub(super) fn held(ctx: &ModeContext<'_>) -> Result<BTreeSet<HeldBackend>, DataplaneError> {
+    kp_ipvs::cleanup::held_real_servers(ctx.netns, &ctx.config.ipvs.exclude_cidrs)
+        .map_err(kp_ipvs::Error::into_dataplane)
 }
 
 /// Why the ipvs mode cannot run here, if it cannot: the kernel has no IPVS generic netlink

@@ -1,21 +1,21 @@
 //! The sync loop with a fake dataplane, on paused time.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_core::dataplane::{
-    CheckOutcome, CheckRead, Dataplane, DataplaneError, KernelRead, SyncReport,
+    CheckOutcome, CheckRead, Dataplane, DataplaneError, HeldBackend, KernelRead, SyncReport,
 };
-use kp_core::model::IpFamily;
+use kp_core::model::{IpFamily, Protocol};
 use kp_core::sync::SyncSchedule;
 use kp_core::track::{Changes, Kind, Object, ProxyState, SourceEvent};
 use kp_metrics::Metrics;
 use kp_serve::{ProxyHealth, SharedHealth};
 use serde_json::json;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{programming_latencies, SyncLoop};
 use crate::Fatal;
@@ -42,6 +42,8 @@ enum Call {
     CheckFinish {
         at: Duration,
     },
+    /// Handed a set of held endpoints of this size.
+    Hold(usize),
 }
 
 /// Drift checks off the loop, for a fake that offers them: each read blocks while `held`, and
@@ -80,6 +82,8 @@ struct FakeDataplane {
     epoch: Option<tokio::time::Instant>,
     /// Set: the fake checks for drift off the loop.
     checks: Option<Arc<Checks>>,
+    /// The held endpoints it was last handed.
+    held: Arc<Mutex<BTreeSet<HeldBackend>>>,
 }
 
 impl FakeDataplane {
@@ -175,6 +179,14 @@ impl Dataplane for FakeDataplane {
         self.calls.lock().unwrap().push(Call::Shutdown);
     }
 
+    fn hold_backends(&mut self, held: &BTreeSet<HeldBackend>) -> bool {
+        self.calls.lock().unwrap().push(Call::Hold(held.len()));
+        let mut last = self.held.lock().unwrap();
+        let changed = *last != *held;
+        *last = held.clone();
+        changed
+    }
+
     fn begin_check(&mut self) -> Option<KernelRead> {
         let checks = self.checks.clone()?;
         self.calls
@@ -264,6 +276,14 @@ impl Running {
 }
 
 fn start(fake: &FakeDataplane) -> Running {
+    start_holding(fake, None)
+}
+
+/// [`start`], following `held` when given.
+fn start_holding(
+    fake: &FakeDataplane,
+    held: Option<watch::Receiver<BTreeSet<HeldBackend>>>,
+) -> Running {
     let (tx, rx) = mpsc::channel(64);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let metrics = Arc::new(Metrics::new());
@@ -276,6 +296,9 @@ fn start(fake: &FakeDataplane) -> Running {
         health.clone(),
         None,
     );
+    if let Some(held) = held {
+        sync_loop = sync_loop.with_held_backends(held);
+    }
     let done = tokio::spawn(async move {
         let result = sync_loop
             .run(rx, async {
@@ -671,4 +694,68 @@ async fn an_unsure_check_reads_again_and_repairs_only_if_the_second_read_differs
     assert!(readers.iter().all(|t| *t == readers[0]), "{readers:?}");
     assert_ne!(readers[0], std::thread::current().id());
     running.stop().await.0.unwrap();
+}
+
+fn held(addrs: &[&str]) -> BTreeSet<HeldBackend> {
+    addrs
+        .iter()
+        .map(|a| HeldBackend {
+            protocol: Protocol::Tcp,
+            addr: a.parse().unwrap(),
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_endpoints_reach_the_mode_before_its_first_sync_and_a_change_makes_the_next_sync_full()
+{
+    let fake = FakeDataplane::new();
+    let (held_tx, held_rx) = watch::channel(held(&["10.244.1.5:8080"]));
+    let running = start_holding(&fake, Some(held_rx));
+    running
+        .send([service("web"), slice("web", "10.244.1.5", 1_000_000.0)])
+        .await;
+    running.send(synced_all()).await;
+    wait(Duration::from_secs(1)).await;
+    let calls = fake.calls();
+    assert!(
+        matches!(
+            calls[..],
+            [Call::Start, Call::Hold(1), Call::Sync { full: true, .. }]
+        ),
+        "the set read before the first sync is handed over before it: {calls:?}"
+    );
+    // A change syncs partially, as ever.
+    running
+        .send([slice("web", "10.244.1.6", 1_000_001.0)])
+        .await;
+    wait(Duration::from_secs(1)).await;
+    assert!(
+        matches!(fake.syncs().last(), Some(Call::Sync { full: false, .. })),
+        "{:?}",
+        fake.calls()
+    );
+    // A new set, with no change of any object: one full sync.
+    held_tx.send(held(&[])).unwrap();
+    wait(Duration::from_secs(1)).await;
+    let syncs = fake.syncs();
+    assert_eq!(syncs.len(), 3, "{:?}", fake.calls());
+    assert!(
+        matches!(syncs[2], Call::Sync { full: true, .. }),
+        "{syncs:?}"
+    );
+    // The same set again changes nothing the mode programs: no sync.
+    held_tx.send(held(&[])).unwrap();
+    wait(Duration::from_secs(1)).await;
+    assert_eq!(fake.syncs().len(), 3, "{:?}", fake.calls());
+    assert_eq!(count(&fake.calls(), |c| *c == Call::Hold(0)), 2);
+    // The removal is done (the sender goes): the loop goes on.
+    drop(held_tx);
+    running
+        .send([slice("web", "10.244.1.7", 1_000_002.0)])
+        .await;
+    wait(Duration::from_secs(1)).await;
+    assert_eq!(fake.syncs().len(), 4, "{:?}", fake.calls());
+    let (result, _) = running.stop().await;
+    assert!(result.is_ok());
 }
