@@ -13,11 +13,10 @@
 //! and ipvs modes share) and, for the ipvs mode, the virtual servers that still carry
 //! connections, until those end.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use std::collections::BTreeSet;
-
 use kp_core::dataplane::{Dataplane, DataplaneError, HeldBackend};
 use kp_core::model::IpFamily;
 use kp_core::node::InterfaceName;
