@@ -269,11 +269,21 @@ pub struct Desired {
     local: local::LocalPolicy,
 }
 
-fn protocol(p: CoreProtocol) -> Protocol {
+/// A Service port's protocol as IPVS names it.
+pub fn protocol(p: CoreProtocol) -> Protocol {
     match p {
         CoreProtocol::Tcp => Protocol::Tcp,
         CoreProtocol::Udp => Protocol::Udp,
         CoreProtocol::Sctp => Protocol::Sctp,
+    }
+}
+
+/// An IPVS virtual server's protocol as a Service port names it ([`protocol`]'s inverse).
+pub fn core_protocol(p: Protocol) -> CoreProtocol {
+    match p {
+        Protocol::Tcp => CoreProtocol::Tcp,
+        Protocol::Udp => CoreProtocol::Udp,
+        Protocol::Sctp => CoreProtocol::Sctp,
     }
 }
 

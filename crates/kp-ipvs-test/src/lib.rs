@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kp_core::flow::{Ingress, Packet, Tracer, Verdict};
-use kp_core::model::{IpFamily, Protocol as CoreProtocol};
+use kp_core::model::IpFamily;
 use kp_core::node::NodeContext;
 use kp_iptables_plan::PlanConfig;
 use kp_iptables_test::tracer::{Beyond, IptablesTracer, Probe, Scheduled, SetSide, TraceError};
@@ -32,7 +32,7 @@ use kp_ipvs_plan::ipset::{Entry, SetName, SetType, Sets};
 use kp_ipvs_plan::local::LocalPolicy;
 use kp_ipvs_plan::planner::Planner;
 use kp_ipvs_plan::{rules, Planned as _};
-use kp_netlink::ipvs::{abi, Protocol};
+use kp_netlink::ipvs::abi;
 pub use kp_netlink::ipvs::{Destination, Service, ServiceKey};
 
 /// The node's state beyond iptables' tables, as the iptables tracer consults it: the mode's
@@ -95,14 +95,6 @@ impl IpvsNode {
     }
 }
 
-fn protocol(p: CoreProtocol) -> Protocol {
-    match p {
-        CoreProtocol::Tcp => Protocol::Tcp,
-        CoreProtocol::Udp => Protocol::Udp,
-        CoreProtocol::Sctp => Protocol::Sctp,
-    }
-}
-
 impl Beyond for IpvsNode {
     fn set_contains(&self, set: &str, sides: &[SetSide], p: &Probe) -> bool {
         let family = IpFamily::of(&p.dst);
@@ -156,7 +148,7 @@ impl Beyond for IpvsNode {
         let (service, reals) = by_mark.or_else(|| {
             self.virtual_servers.get(&ServiceKey::Addr {
                 addr: p.dst,
-                protocol: protocol(p.protocol),
+                protocol: kp_ipvs_plan::protocol(p.protocol),
                 port: p.dport,
             })
         })?;

@@ -24,7 +24,7 @@ use std::process::Command;
 
 use ipnet::IpNet;
 use kp_core::dataplane::HeldBackend;
-use kp_core::model::{IpFamily, Protocol};
+use kp_core::model::IpFamily;
 use kp_iptables::{Backend, IptablesCommand};
 use kp_iptables_plan::names::{
     KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES,
@@ -36,7 +36,7 @@ use kp_ipvs_plan::rules::{
     jump_rules, KUBE_IPVS_FILTER, KUBE_IPVS_OUT_FILTER, KUBE_LOAD_BALANCER, KUBE_NODE_PORT,
     KUBE_SOURCE_RANGES_FIREWALL,
 };
-use kp_netlink::ipvs::{Destination, DestinationState, Protocol as IpvsProtocol, ServiceKey};
+use kp_netlink::ipvs::{Destination, DestinationState, ServiceKey};
 
 use crate::link::Dummy;
 use crate::{Client, Error, Result};
@@ -520,11 +520,7 @@ fn our_services(ipvs: &mut Client, exclude: &[IpNet]) -> Result<Vec<ServiceKey>>
 /// ones' too.
 fn held(key: &ServiceKey, dests: &[DestinationState]) -> Vec<HeldBackend> {
     let protocol = match *key {
-        ServiceKey::Addr { protocol, .. } => match protocol {
-            IpvsProtocol::Tcp => Protocol::Tcp,
-            IpvsProtocol::Udp => Protocol::Udp,
-            IpvsProtocol::Sctp => Protocol::Sctp,
-        },
+        ServiceKey::Addr { protocol, .. } => kp_ipvs_plan::core_protocol(protocol),
         ServiceKey::Fwmark { .. } => return Vec::new(),
     };
     dests

@@ -397,7 +397,7 @@ impl Vm {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (mut boots, mut races) = (1, 1);
         loop {
-            let crash = match self.boot(script) {
+            match self.boot(script) {
                 Err(Error::Exited { status, console }) => match crash_to_rerun(&console) {
                     Some(Crash::WhileBooting) if boots < BOOT_ATTEMPTS => {
                         eprintln!(
@@ -406,7 +406,6 @@ impl Vm {
                              again. Its console:\n{console}"
                         );
                         boots += 1;
-                        continue;
                     }
                     Some(Crash::PatchingRace) if races < RACE_ATTEMPTS => {
                         eprintln!(
@@ -416,13 +415,11 @@ impl Vm {
                              again in a new guest. Its console:\n{console}"
                         );
                         races += 1;
-                        continue;
                     }
-                    _ => Error::Exited { status, console },
+                    _ => return Err(Error::Exited { status, console }),
                 },
                 other => return other,
-            };
-            return Err(crash);
+            }
         }
     }
 
