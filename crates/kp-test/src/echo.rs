@@ -366,6 +366,19 @@ pub fn spawn_stream(
     interval: Duration,
     duration: Duration,
 ) -> Result<ChildGuard> {
+    spawn_stream_from_port(from, None, ip, port, interval, duration)
+}
+
+/// [`spawn_stream`] from the local port `src_port` when given (bound with `SO_REUSEADDR`), else
+/// from one the kernel picks.
+pub fn spawn_stream_from_port(
+    from: &Netns,
+    src_port: Option<u16>,
+    ip: IpAddr,
+    port: u16,
+    interval: Duration,
+    duration: Duration,
+) -> Result<ChildGuard> {
     let binary = try_echo_binary()?;
     let binary = binary.to_string_lossy();
     let (ip, port) = (ip.to_string(), port.to_string());
@@ -373,8 +386,9 @@ pub fn spawn_stream(
         interval.as_millis().max(1).to_string(),
         duration.as_millis().max(1).to_string(),
     );
-    from.spawn(&[
-        &binary,
+    let src_port = src_port.map(|p| p.to_string());
+    let mut args = vec![
+        &*binary,
         "stream",
         "tcp",
         &ip,
@@ -385,7 +399,11 @@ pub fn spawn_stream(
         &duration,
         "--timeout-ms",
         "2000",
-    ])
+    ];
+    if let Some(src_port) = &src_port {
+        args.extend(["--src-port", src_port]);
+    }
+    from.spawn(&args)
 }
 
 /// Waits up to `timeout` for a [`spawn_stream`] run to end and parses its result line.

@@ -52,6 +52,28 @@ pub const STRAY_FAILURES: usize = 1;
 pub const EBPF_FAILURES_PER_MILLE: usize = 2;
 /// A new connection this slow lost its first SYN.
 pub const SLOW_CONNECT: Duration = Duration::from_millis(500);
+/// The local ports the pod's long-lived ClusterIP connection is made from, the next one each
+/// switch (a port is not bound again while its last connection waits in TIME_WAIT): below the
+/// kernel's ephemeral range (32768-60999), so that none of the pod's new connections takes
+/// it. Linux gives a new connection a local port that another connection of the pod uses when
+/// the two go to different destinations; after a switch from ebpf to ipvs the long-lived
+/// connection goes straight to its backend (ebpf's socket hooks connected it there), and a new
+/// connection to the ClusterIP from its port that IPVS schedules to the same backend meets
+/// IPVS's known limit (kubernetes/kubernetes#90042, #107249, upstream's ipvs mode alike, for
+/// any pod that talks to an endpoint both directly and through its Service): IPVS gives the
+/// old connection's replies the ClusterIP's address and conntrack drops the new SYN (its reply
+/// tuple is the old connection's). Measured in the kp-vm guest: the new connection timed out
+/// and the old one stalled until reset. In the test that pair met it about once in seven runs
+/// (a stall of seconds); the README's "Switching modes" says what an operator sees.
+const STREAM_PORTS: std::ops::Range<u16> = 20000..30000;
+static NEXT_STREAM_PORT: std::sync::atomic::AtomicU16 =
+    std::sync::atomic::AtomicU16::new(STREAM_PORTS.start);
+
+/// The local port for the next long-lived ClusterIP connection ([`STREAM_PORTS`]).
+fn stream_port() -> u16 {
+    let n = NEXT_STREAM_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    STREAM_PORTS.start + (n - STREAM_PORTS.start) % STREAM_PORTS.len() as u16
+}
 pub use crate::common::LEFTOVERS_GONE;
 /// The log line of leftovers kept because connections still use them.
 pub const LEFTOVERS_DRAINING: &str = "kept until they end";
@@ -350,7 +372,8 @@ pub fn switch(
     let mut streams = vec![
         (
             "ClusterIP",
-            echo::spawn_stream(pod, web, 80, interval, traffic_for).expect("ClusterIP stream"),
+            echo::spawn_stream_from_port(pod, Some(stream_port()), web, 80, interval, traffic_for)
+                .expect("ClusterIP stream"),
         ),
         (
             "NodePort",

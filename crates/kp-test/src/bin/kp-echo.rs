@@ -42,7 +42,8 @@ usage:
   kp-echo serve --name NAME [--tcp PORT]... [--udp PORT]... [--sctp PORT]...
   kp-echo request tcp|udp|sctp HOST PORT [--timeout-ms N] [--src-port P] [--src-ip IP]
                   [--count N | --duration-ms N]
-  kp-echo stream tcp HOST PORT [--interval-ms N] [--duration-ms N] [--timeout-ms N] [--src-ip IP]
+  kp-echo stream tcp HOST PORT [--interval-ms N] [--duration-ms N] [--timeout-ms N] [--src-port P]
+                 [--src-ip IP]
   kp-echo resolver udp HOST PORT [--interval-ms N] [--duration-ms N] [--timeout-ms N]
 
 serve listens on every address (IPv4 and IPv6) and prints `kp-echo NAME ready` once all ports
