@@ -189,6 +189,18 @@ fn start_with(lab: &Lab, mode: &str, manifests: &Path, tools: &Path, extra: &[&s
     proxy
 }
 
+/// Asserts that six requests from pod 4 to the web Service are all answered by its pods.
+fn web_answers_from_its_pods(lab: &Lab, mode: &str) {
+    assert_eq!(
+        web_backends(lab, 6)
+            .iter()
+            .filter(|b| !b.starts_with("pod-"))
+            .count(),
+        0,
+        "{mode}: the web Service stopped answering during the failures"
+    );
+}
+
 /// The kernel tool fails `FAILURES` times in a row while a new Service waits to be programmed.
 fn tool_failures_are_survived(mode: &str, legacy: bool, failures: Failures) {
     const FAILURES: u32 = 3;
@@ -214,14 +226,7 @@ fn tool_failures_are_survived(mode: &str, legacy: bool, failures: Failures) {
         "the new Service to be programmed after the injected failures",
         wait(60, 180),
         || {
-            assert_eq!(
-                web_backends(&lab, 6)
-                    .iter()
-                    .filter(|b| !b.starts_with("pod-"))
-                    .count(),
-                0,
-                "{mode}: the web Service stopped answering during the failures"
-            );
+            web_answers_from_its_pods(&lab, mode);
             checks += 1;
             answers(&lab, "10.96.0.140")
         },
@@ -234,14 +239,7 @@ fn tool_failures_are_survived(mode: &str, legacy: bool, failures: Failures) {
         "every injected failure to be hit and counted",
         wait(60, 180),
         || {
-            assert_eq!(
-                web_backends(&lab, 6)
-                    .iter()
-                    .filter(|b| !b.starts_with("pod-"))
-                    .count(),
-                0,
-                "{mode}: the web Service stopped answering during the failures"
-            );
+            web_answers_from_its_pods(&lab, mode);
             checks += 1;
             fails_left(&tools.0) == 0 && failures.count(&lab, &proxy) >= f64::from(FAILURES)
         },
