@@ -74,6 +74,7 @@ fn stream_port() -> u16 {
     let n = NEXT_STREAM_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     STREAM_PORTS.start + (n - STREAM_PORTS.start) % STREAM_PORTS.len() as u16
 }
+
 pub use crate::common::LEFTOVERS_GONE;
 /// The log line of leftovers kept because connections still use them.
 pub const LEFTOVERS_DRAINING: &str = "kept until they end";
