@@ -247,6 +247,19 @@ pub fn service_specs(
     out
 }
 
+/// [`service_specs`] with the `held` backends left out where [`hold`] leaves them out: what the
+/// dataplane programs for `service`.
+pub fn service_specs_holding(
+    state: &ProxyState,
+    service: &ServiceName,
+    node_addresses: &[IpAddr],
+    held: &BTreeSet<Backend>,
+) -> Vec<FrontendSpec> {
+    let mut specs = service_specs(state, service, node_addresses);
+    hold(&mut specs, held);
+    specs
+}
+
 /// How many ports of `service` have a `Local` policy with endpoints elsewhere but none on this
 /// node, per family (IPv4, IPv6): (internal, external), as upstream counts for
 /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
@@ -304,8 +317,7 @@ pub fn plan_state_with(
     let node_addresses = node_port_addresses(node_ports, state, local);
     let mut planner = Planner::with_scheduler(scheduler);
     for service in state.service_keys() {
-        let mut specs = service_specs(state, service, &node_addresses);
-        hold(&mut specs, held);
+        let specs = service_specs_holding(state, service, &node_addresses, held);
         planner.set_service(service, &specs)?;
     }
     // In key order, each claimant of a shared address comes after the one it displaces:

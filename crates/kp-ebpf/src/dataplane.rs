@@ -23,7 +23,7 @@ use kp_core::model::ServiceKey as ServiceName;
 use kp_core::node::NodePortAddresses;
 use kp_core::track::{Changes, ProxyState};
 use kp_ebpf_plan::{
-    diff, diff_into, hold, no_local_endpoints, node_port_addresses, service_cidrs, service_specs,
+    diff, diff_into, no_local_endpoints, node_port_addresses, service_cidrs, service_specs_holding,
     Backend, FrontendSpec, Planner, Scheduler, StaleUdp,
 };
 
@@ -210,9 +210,7 @@ impl EbpfDataplane {
         service: &ServiceName,
         node_addresses: &[std::net::IpAddr],
     ) -> Vec<FrontendSpec> {
-        let mut specs = service_specs(state, service, node_addresses);
-        hold(&mut specs, &self.held);
-        specs
+        service_specs_holding(state, service, node_addresses, &self.held)
     }
 
     /// Makes the NAT hooks' table again unless it is there as it should be.
@@ -459,7 +457,7 @@ impl Dataplane for EbpfDataplane {
 
     /// Socket load balancing connects clients straight to backends, which an IPVS entry of the
     /// mode before would answer for with the virtual server's address: held backends leave the
-    /// hooks' picks (see [`hold`]) until the set says otherwise.
+    /// hooks' picks (see [`kp_ebpf_plan::hold`]) until the set says otherwise.
     fn hold_backends(&mut self, held: &BTreeSet<HeldBackend>) -> bool {
         let held: BTreeSet<Backend> = held.iter().map(|&h| Backend::from(h)).collect();
         let changed = held != self.held;

@@ -122,23 +122,14 @@ fn stream_to_a_busy_real_server(
     client: &mut Client,
     duration_ms: u32,
 ) -> (kp_test::ChildGuard, IpAddr) {
-    let echo = kp_test::echo_binary();
-    let echo = echo.to_str().expect("path");
-    let duration = duration_ms.to_string();
-    let mut stream = lab
-        .client()
-        .spawn(&[
-            echo,
-            "stream",
-            "tcp",
-            "10.96.0.1",
-            "80",
-            "--interval-ms",
-            "100",
-            "--duration-ms",
-            &duration,
-        ])
-        .expect("stream");
+    let mut stream = kp_test::echo::spawn_stream(
+        lab.client(),
+        ip("10.96.0.1"),
+        80,
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_millis(duration_ms.into()),
+    )
+    .expect("stream");
     loop {
         let dump = client.dump().expect("dump");
         if let Some(d) = dump[0].1.iter().find(|d| d.active_connections == 1) {
