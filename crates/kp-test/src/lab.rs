@@ -424,6 +424,14 @@ impl Lab {
         self.all().for_each(|ns| ns.place_in_cgroup(cgroup));
     }
 
+    /// Every namespace's new connections take their local port from `ports` from now on
+    /// (`net.ipv4.ip_local_port_range`, which IPv6 shares).
+    pub fn set_local_ports(&self, ports: std::ops::RangeInclusive<u16>) -> Result<()> {
+        let range = format!("{} {}", ports.start(), ports.end());
+        self.all()
+            .try_for_each(|ns| ns.sysctl("net.ipv4.ip_local_port_range", &range))
+    }
+
     fn all(&self) -> impl Iterator<Item = &Netns> {
         let other = self
             .other
