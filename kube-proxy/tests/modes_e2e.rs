@@ -377,10 +377,11 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
         //   their frontends emptied, until the connections they made (unknown to netfilter)
         //   have been idle for --bpf-handover-idle (`kp_ebpf::hand_over`); new ones meet the
         //   next mode's rules at once.
-        // - both ways, timed-out new NodePort connections are printed, not held: one in a few
-        //   hundred whose handshake meets the switch, or whose masqueraded port meets the
-        //   other path's, times out (seen in 45 of 72 switches to ebpf, twice in one of them);
-        //   a refused or reset one fails the switch, as in every pair.
+        // - both ways, new NodePort connections may time out twice in a switch
+        //   (`switching::EBPF_NODE_PORT_TIMEOUTS`): one in a few hundred whose handshake meets
+        //   the switch, or whose masqueraded port meets the other path's, times out (seen in 45
+        //   of 72 switches to ebpf, twice in one of them); a refused or reset one fails the
+        //   switch, as in every pair.
         // - its new ClusterIP connections may fail two in a thousand
         //   (`switching::EBPF_FAILURES_PER_MILLE` says why), and a lost SYN is printed.
         // Every kind of new connection must have run, and the old mode's state and the old
