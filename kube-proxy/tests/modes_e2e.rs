@@ -239,6 +239,7 @@ fn switching_modes_leaves_no_leftovers_and_traffic_works_after_each_start() {
     // switch's transient (`switching::EBPF_FAILURES_PER_MILLE`); this one checks the rules
     // each start leaves.
     // Even, so each range's ends differ in parity (as the kernel prefers).
+    use kp_test::lab::EPHEMERAL_PORTS;
     let span = ((EPHEMERAL_PORTS.end() - EPHEMERAL_PORTS.start()) / order.len() as u16) & !1;
     for (i, mode) in order.iter().enumerate() {
         let first = EPHEMERAL_PORTS.start() + i as u16 * span;
@@ -296,9 +297,6 @@ fn switching_modes_leaves_no_leftovers_and_traffic_works_after_each_start() {
     );
     assert!(kube_chains(&lab, "nft").is_empty());
 }
-
-/// Linux's default ephemeral port range (`net.ipv4.ip_local_port_range`).
-const EPHEMERAL_PORTS: std::ops::RangeInclusive<u16> = 32768..=60999;
 
 /// The modes the host can switch between under traffic: every registry mode but ipvs where
 /// the kernel has no IPVS (its pairs run in the kp-vm guest, `ipvs_vm_e2e.rs`). ebpf mode runs
@@ -382,7 +380,7 @@ fn switching_between_every_pair_of_modes_drops_no_connection() {
         //   the switch, or whose masqueraded port meets the other path's, times out (seen in 45
         //   of 72 switches to ebpf, twice in one of them); a refused or reset one fails the
         //   switch, as in every pair.
-        // - its new ClusterIP connections may fail two in a thousand
+        // - its new ClusterIP connections may time out two in a thousand
         //   (`switching::EBPF_FAILURES_PER_MILLE` says why), and a lost SYN is printed.
         // Every kind of new connection must have run, and the old mode's state and the old
         // proxy's exit are held as in every pair. They run last (`every_pair_hub_last`), so the

@@ -131,6 +131,10 @@ pub const OTHER_POD_CIDR6: &str = "fd00:10:244:2::/64";
 /// The remote pods' IPv4 gateway: node-b's address on every pod veth.
 pub const OTHER_POD_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 1);
 
+/// Linux's default ephemeral port range (`net.ipv4.ip_local_port_range`), from which a
+/// connection without a bound port takes its local port ([`Lab::set_local_ports`] narrows it).
+pub const EPHEMERAL_PORTS: std::ops::RangeInclusive<u16> = 32768..=60999;
+
 /// The lab topology; dropping it kills everything in it and deletes its namespaces.
 #[derive(Debug)]
 pub struct Lab {

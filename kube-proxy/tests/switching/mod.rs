@@ -59,20 +59,21 @@ pub const EBPF_FAILURES_PER_MILLE: usize = 2;
 pub const EBPF_NODE_PORT_TIMEOUTS: usize = 2;
 /// A new connection this slow lost its first SYN.
 pub const SLOW_CONNECT: Duration = Duration::from_millis(500);
-/// The local ports the pod's long-lived ClusterIP connection is made from, the next one each
-/// switch (a port is not bound again while its last connection waits in TIME_WAIT): below the
-/// kernel's ephemeral range (32768-60999), so that none of the pod's new connections takes
-/// it. Linux gives a new connection a local port that another connection of the pod uses when
-/// the two go to different destinations; after a switch from ebpf to ipvs the long-lived
-/// connection goes straight to its backend (ebpf's socket hooks connected it there), and a new
-/// connection to the ClusterIP from its port that IPVS schedules to the same backend meets
-/// IPVS's known limit (kubernetes/kubernetes#90042, #107249, upstream's ipvs mode alike, for
-/// any pod that talks to an endpoint both directly and through its Service): IPVS gives the
-/// old connection's replies the ClusterIP's address and conntrack drops the new SYN (its reply
-/// tuple is the old connection's). Measured in the kp-vm guest: the new connection timed out
-/// and the old one stalled until reset. In the test that pair met it about once in seven runs
-/// (a stall of seconds); the README's "Switching modes" says what an operator sees.
+/// The local ports the pod's long-lived ClusterIP connection is made from, the next one each switch
+/// (a port is not bound again while its last connection waits in TIME_WAIT): below the kernel's
+/// ephemeral range ([`kp_test::lab::EPHEMERAL_PORTS`]), so that none of the pod's new connections
+/// takes it. Linux gives a new connection a local port that another connection of the pod uses when
+/// the two go to different destinations; after a switch from ebpf to ipvs the long-lived connection
+/// goes straight to its backend (ebpf's socket hooks connected it there), and a new connection to
+/// the ClusterIP from its port that IPVS schedules to the same backend meets IPVS's known limit
+/// (kubernetes/kubernetes#90042, #107249, upstream's ipvs mode alike, for any pod that talks to an
+/// endpoint both directly and through its Service): IPVS gives the old connection's replies the
+/// ClusterIP's address and conntrack drops the new SYN (its reply tuple is the old connection's).
+/// Measured in the kp-vm guest: the new connection timed out and the old one stalled until reset.
+/// In the test that pair met it about once in seven runs (a stall of seconds); the README's
+/// "Switching modes" says what an operator sees.
 const STREAM_PORTS: std::ops::Range<u16> = 20000..30000;
+const _: () = assert!(STREAM_PORTS.end <= *kp_test::lab::EPHEMERAL_PORTS.start());
 static NEXT_STREAM_PORT: std::sync::atomic::AtomicU16 =
     std::sync::atomic::AtomicU16::new(STREAM_PORTS.start);
 
@@ -218,10 +219,7 @@ pub struct Seen {
 impl Seen {
     /// What went wrong, if anything.
     pub fn problems(&self) -> Vec<String> {
-        let mut out = self.stream_problems();
-        out.extend(self.fresh_problems());
-        out.extend(self.old.clone());
-        out
+        self.problems_allowing(&[], true, 0)
     }
 
     /// What went wrong of what every pair is held to: [`Seen::problems`], and for a pair with
@@ -284,11 +282,6 @@ impl Seen {
             }
         }
         out
-    }
-
-    /// What went wrong with the new connections.
-    pub fn fresh_problems(&self) -> Vec<String> {
-        self.fresh_problems_of(&[], true, 0, &mut Vec::new())
     }
 
     /// What went wrong with the new connections: a kind may time out `per_mille` in a thousand
