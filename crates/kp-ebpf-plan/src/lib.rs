@@ -388,6 +388,26 @@ impl Op {
     }
 }
 
+/// The deletions that empty the address and services maps of a stopped ebpf mode when another
+/// mode takes the node over (`kp_ebpf::hand_over`), in batch order: the addresses, then the
+/// frontends' heads, then their backend slots. The kernel detaches the socket hooks an RCU grace
+/// period and a work item after their pins go, so the hooks may meet every state this passes
+/// through: in each, a call to a frontend is translated whole (its head and slots are all
+/// there) or let through untouched to the other mode's rules (no head, no address), never
+/// refused or dropped by a head without its slots or an address without its frontend.
+pub fn hand_over_deletions(
+    addrs: impl IntoIterator<Item = AddrKey>,
+    services: impl IntoIterator<Item = ServiceKey>,
+) -> Vec<Op> {
+    let mut ops: Vec<Op> = addrs
+        .into_iter()
+        .map(Op::DeleteAddr)
+        .chain(services.into_iter().map(Op::DeleteService))
+        .collect();
+    ops.sort_by_key(Op::rank);
+    ops
+}
+
 /// What one frontend holds: its reverse-NAT id and its backends' ids by slot (index 0 is
 /// slot 1).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -302,16 +302,53 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
     }
     let open = |name| open_pinned(dir, name);
     let err = |name: &'static str| move |source| Error::Map { name, source };
-    // Every key read first, then removed: a hash map's iteration restarts when the key it
-    // stands on goes.
-    let mut services: HashMap<MapData, [u8; SERVICE_KEY_SIZE], [u8; SERVICE_VALUE_SIZE]> =
-        typed(names::SERVICES, open(names::SERVICES)?)?;
-    let keys: Result<Vec<_>, _> = services.keys().collect();
-    remove_all(names::SERVICES, keys, |k| services.remove(k))?;
+    // The socket hooks are still attached for a while after their pins go (the kernel frees
+    // a link after an RCU grace period and a work item): the maps are emptied in the order
+    // that never refuses a call they meet meanwhile (`hand_over_deletions`). Emptied in the
+    // hash map's order, a head outlived its slots once and refused a new connection (stop 34's
+    // CI, ebpf -> userspace). Every key is read before any goes: a hash map's iteration
+    // restarts when the key it stands on goes.
     let mut addrs: LpmTrie<MapData, [u8; ADDR_DATA_SIZE], u8> =
         typed(names::ADDRS, open(names::ADDRS)?)?;
-    let keys: Result<Vec<_>, _> = addrs.keys().collect();
-    remove_all(names::ADDRS, keys, |k| addrs.remove(k))?;
+    let mut services: HashMap<MapData, [u8; SERVICE_KEY_SIZE], [u8; SERVICE_VALUE_SIZE]> =
+        typed(names::SERVICES, open(names::SERVICES)?)?;
+    let addr_keys: Vec<Key<[u8; ADDR_DATA_SIZE]>> = addrs
+        .keys()
+        .collect::<Result<_, _>>()
+        .map_err(err(names::ADDRS))?;
+    let service_keys: Vec<[u8; SERVICE_KEY_SIZE]> = services
+        .keys()
+        .collect::<Result<_, _>>()
+        .map_err(err(names::SERVICES))?;
+    // A key this build cannot read (it writes none) goes last, as it is.
+    let (mut readable_addrs, mut odd_addrs) = (Vec::new(), Vec::new());
+    for k in addr_keys {
+        match AddrKey::from_trie(k.prefix_len(), k.data()) {
+            Some(a) => readable_addrs.push(a),
+            None => odd_addrs.push(k),
+        }
+    }
+    let (mut readable_services, mut odd_services) = (Vec::new(), Vec::new());
+    for k in service_keys {
+        match ServiceKey::from_bytes(&k) {
+            Some(s) => readable_services.push(s),
+            None => odd_services.push(k),
+        }
+    }
+    let ops = kp_ebpf_plan::hand_over_deletions(readable_addrs, readable_services);
+    for op in &ops {
+        match op {
+            Op::DeleteAddr(k) => addrs
+                .remove(&Key::new(k.trie_len(), k.data()))
+                .map_err(err(names::ADDRS))?,
+            Op::DeleteService(k) => services
+                .remove(&k.to_bytes())
+                .map_err(err(names::SERVICES))?,
+            _ => {}
+        }
+    }
+    remove_all(names::ADDRS, Ok(odd_addrs), |k| addrs.remove(k))?;
+    remove_all(names::SERVICES, Ok(odd_services), |k| services.remove(k))?;
     let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VALUE_SIZE]> =
         typed(names::CT, open(names::CT)?)?;
     let (mut entries, mut last_used) = (0, None::<std::time::Duration>);

@@ -620,3 +620,61 @@ fn differences_and_problems_cover_the_maglev_tables() {
         "{d:#?}"
     );
 }
+
+/// What `ops` do to the flow table's rows step by step, from `tracer`'s maps: each row that at
+/// some step is decided otherwise than over the full maps and not left untouched either.
+fn refused_on_the_way(tracer: &EbpfTracer, ops: &[Op]) -> Vec<String> {
+    let cases = kp_flows::cases();
+    let before: Vec<Verdict> = cases.iter().map(|c| tracer.trace(&c.packet)).collect();
+    let mut maps = tracer.clone();
+    let mut refused = Vec::new();
+    for (step, op) in ops.iter().enumerate() {
+        maps.apply(std::slice::from_ref(op));
+        for (case, was) in cases.iter().zip(&before) {
+            let now = maps.trace(&case.packet);
+            if now != *was && now != Verdict::Untouched {
+                refused.push(format!(
+                    "step {step} ({op:?}): {}: {was:?} became {now:?}",
+                    case.name
+                ));
+            }
+        }
+    }
+    refused
+}
+
+/// A stopped ebpf mode's socket hooks stay attached a while after their pins go (the kernel
+/// frees a link after an RCU grace period and a work item), so they meet every state the
+/// hand-over empties the maps through: in each, every flow-table row is decided as over the
+/// full maps or left untouched for the next mode's rules, never refused or dropped instead. In
+/// the reverse order (slots before their heads, addresses last) some state refuses a row the
+/// full maps serve: the order is what holds it.
+#[test]
+fn handing_over_never_refuses_what_the_full_maps_serve() {
+    let tracer = fixture();
+    let ops = kp_ebpf_plan::hand_over_deletions(
+        tracer.maps().addrs.keys().copied(),
+        tracer.maps().services.keys().copied(),
+    );
+    let refused = refused_on_the_way(&tracer, &ops);
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
+    let mut emptied = tracer.clone();
+    emptied.apply(&ops);
+    assert!(emptied.maps().services.is_empty() && emptied.maps().addrs.is_empty());
+    for case in kp_flows::cases() {
+        assert_eq!(
+            emptied.trace(&case.packet),
+            Verdict::Untouched,
+            "{}",
+            case.name
+        );
+    }
+    let reversed: Vec<Op> = ops.iter().rev().cloned().collect();
+    let refused = refused_on_the_way(&tracer, &reversed);
+    assert!(
+        refused.iter().any(|r| r.contains("DeleteService"))
+            && refused.iter().any(|r| r.contains("became Reject")),
+        "{}",
+        refused.join("\n")
+    );
+}
