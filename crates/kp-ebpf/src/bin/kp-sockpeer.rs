@@ -4,6 +4,12 @@
 //!
 //! Usage: `kp-sockpeer tcp|udp ADDRESS PORT COUNT`; output lines: `BACKEND PEER` or
 //! `error TEXT`. The backends are kp-echo servers (their answer starts with their name).
+//!
+//! `kp-sockpeer connects MILLIS ADDRESS:PORT...` starts non-blocking TCP connects to the
+//! targets in turn for MILLIS ms and closes each at once: what the socket hooks answer at the
+//! call itself, as fast as it can be asked (nothing waits for a backend). One line per target:
+//! `TARGET attempts N refused R timedout T` (ECONNREFUSED and ETIMEDOUT from the call: a hook's
+//! reject and drop; anything else, such as EINPROGRESS, let the call through).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
@@ -48,8 +54,59 @@ fn udp(target: SocketAddr) -> Result<String, String> {
     Ok(format!("{backend} {from}"))
 }
 
+/// `connects`: counts of what the calls to each target answered.
+fn connects(millis: u64, targets: &[SocketAddr]) {
+    use nix::errno::Errno;
+    use nix::sys::socket::{
+        connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6,
+    };
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + Duration::from_millis(millis);
+    let mut counts = vec![[0u64; 3]; targets.len()];
+    while std::time::Instant::now() < deadline {
+        for (target, count) in targets.iter().zip(counts.iter_mut()) {
+            let family = match target {
+                SocketAddr::V4(_) => AddressFamily::Inet,
+                SocketAddr::V6(_) => AddressFamily::Inet6,
+            };
+            let fd = match socket(family, SockType::Stream, SockFlag::SOCK_NONBLOCK, None) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    eprintln!("socket: {e}");
+                    std::process::exit(1);
+                }
+            };
+            count[0] += 1;
+            let called = match target {
+                SocketAddr::V4(a) => connect(fd.as_raw_fd(), &SockaddrIn::from(*a)),
+                SocketAddr::V6(a) => connect(fd.as_raw_fd(), &SockaddrIn6::from(*a)),
+            };
+            match called {
+                Err(Errno::ECONNREFUSED) => count[1] += 1,
+                Err(Errno::ETIMEDOUT) => count[2] += 1,
+                _ => {}
+            }
+        }
+    }
+    for (target, [attempts, refused, timedout]) in targets.iter().zip(counts) {
+        println!("{target} attempts {attempts} refused {refused} timedout {timedout}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [mode, millis, targets @ ..] = args.as_slice() {
+        if mode == "connects" {
+            let millis = millis.parse::<u64>();
+            let targets: Result<Vec<SocketAddr>, _> = targets.iter().map(|t| t.parse()).collect();
+            let (Ok(millis), Ok(targets)) = (millis, targets) else {
+                eprintln!("usage: kp-sockpeer connects MILLIS ADDRESS:PORT...");
+                std::process::exit(64);
+            };
+            connects(millis, &targets);
+            return;
+        }
+    }
     let usage = "usage: kp-sockpeer tcp|udp ADDRESS PORT COUNT";
     let [proto, addr, port, count] = args.as_slice() else {
         eprintln!("{usage}");
