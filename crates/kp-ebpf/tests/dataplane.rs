@@ -4,7 +4,6 @@
 //! restarted dataplane adopts the pinned maps without rewriting them; cleanup detaches.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use kp_core::dataplane::Dataplane;
@@ -89,14 +88,7 @@ fn a_restarted_dataplane_adopts_the_pinned_maps_without_rewriting_them() {
 
 /// Runs kp-sockpeer from `ns` inside `cgroup`; its lines.
 fn sockpeer(cgroup: &Cgroup, ns: &Netns, args: &[&str]) -> Vec<String> {
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} \"$@\"",
-        cgroup.path.display(),
-        ns.name(),
-        env!("CARGO_BIN_EXE_kp-sockpeer")
-    );
-    let out = Command::new("sh")
-        .args(["-c", &script, "kp-sockpeer"])
+    let out = common::sockpeer(cgroup, ns)
         .args(args)
         .output()
         .expect("running kp-sockpeer");

@@ -12,7 +12,7 @@
 //!   the test's cgroup and the lab's node namespace, as fast as they go, across the hand-over).
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use aya::maps::{HashMap, Map, MapData};
@@ -31,6 +31,19 @@ mod outside;
 use outside::attach_tc;
 
 const IDLE: Duration = Duration::from_secs(2);
+
+/// A stopped ebpf mode of the fixture: its pins (socket hooks on the test's cgroup, tc programs
+/// in the lab's node namespace) left for the next mode, as a switch leaves them. The maps are
+/// emptied only where tc programs stay for their connections (tcx links).
+fn stopped() -> (Lab, Cgroup, Bpffs) {
+    let lab = Lab::new(1).expect("lab");
+    let cgroup = Cgroup::new();
+    let bpffs = Bpffs::new();
+    let dp = started(pinned_config(&cgroup, &bpffs), &kp_flows::fixture::state());
+    attach_tc(&lab, &bpffs.path);
+    drop(dp);
+    (lab, cgroup, bpffs)
+}
 
 /// Writes connection-table entry `n` (any tuple: hand_over reads stamps only) into the pinned
 /// `kp_ct`, stamped `units` of the table's clock after now (negative: before).
@@ -53,13 +66,7 @@ fn a_connection_used_during_the_walk_keeps_the_tc_programs_and_idle_ones_do_not(
     if !require_root() {
         return;
     }
-    let lab = Lab::new(1).expect("lab");
-    let cgroup = Cgroup::new();
-    let bpffs = Bpffs::new();
-    let dp = started(pinned_config(&cgroup, &bpffs), &kp_flows::fixture::state());
-    attach_tc(&lab, &bpffs.path);
-    // The mode stops; its pins stay for the next.
-    drop(dp);
+    let (_lab, _cgroup, bpffs) = stopped();
 
     // Idle ones, and one stamped a unit after the clock was read (the walk's start, before).
     for n in 0..50 {
@@ -98,20 +105,8 @@ fn connects(
     millis: u64,
     targets: &[SocketAddr],
 ) -> std::process::Child {
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} \"$@\"",
-        cgroup.path.display(),
-        lab.node().name(),
-        env!("CARGO_BIN_EXE_kp-sockpeer")
-    );
-    Command::new("sh")
-        .args([
-            "-c",
-            &script,
-            "kp-sockpeer",
-            "connects",
-            &millis.to_string(),
-        ])
+    common::sockpeer(cgroup, lab.node())
+        .args(["connects", &millis.to_string()])
         .args(targets.iter().map(ToString::to_string))
         .stdout(Stdio::piped())
         .spawn()
@@ -138,13 +133,7 @@ fn the_socket_hooks_never_refuse_a_frontend_while_the_maps_are_emptied() {
     if !require_root() {
         return;
     }
-    let lab = Lab::new(1).expect("lab");
-    let cgroup = Cgroup::new();
-    let bpffs = Bpffs::new();
-    let dp = started(pinned_config(&cgroup, &bpffs), &kp_flows::fixture::state());
-    // The maps are emptied only where tc programs stay for their connections (tcx links).
-    attach_tc(&lab, &bpffs.path);
-    drop(dp);
+    let (lab, cgroup, bpffs) = stopped();
     let maps = kp_ebpf::read_pinned(&bpffs.path).expect("the pinned maps");
     // Every TCP frontend of the socket hooks with backends, v4 and v6.
     let served: Vec<SocketAddr> = maps

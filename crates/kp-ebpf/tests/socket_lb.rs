@@ -4,7 +4,6 @@
 //! the namespace and any bpffs mount are removed on drop, also when an assertion fails.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Instant;
 
 use kp_core::model::{Protocol, ServiceKey as ServiceName};
@@ -17,14 +16,7 @@ use common::{spec, Bpffs, Cgroup};
 
 /// Runs kp-sockpeer inside `cgroup` and `ns` and returns its lines.
 fn client(cgroup: &Cgroup, ns: &Netns, args: &[&str]) -> Vec<String> {
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} \"$@\"",
-        cgroup.path.display(),
-        ns.name(),
-        env!("CARGO_BIN_EXE_kp-sockpeer")
-    );
-    let out = Command::new("sh")
-        .args(["-c", &script, "kp-sockpeer"])
+    let out = common::sockpeer(cgroup, ns)
         .args(args)
         .output()
         .expect("running kp-sockpeer");

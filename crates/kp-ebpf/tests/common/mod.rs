@@ -28,6 +28,20 @@ pub fn unique(what: &str) -> String {
     )
 }
 
+/// kp-sockpeer run from network namespace `ns` inside `cgroup`: the command, its own arguments
+/// still to add (`.args(...)`).
+pub fn sockpeer(cgroup: &Cgroup, ns: &kp_test::netns::Netns) -> Command {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} \"$@\"",
+        cgroup.path.display(),
+        ns.name(),
+        env!("CARGO_BIN_EXE_kp-sockpeer")
+    );
+    let mut command = Command::new("sh");
+    command.args(["-c", &script, "kp-sockpeer"]);
+    command
+}
+
 /// A cgroup of the test's own; its processes are killed and it is removed on drop. The test
 /// process never joins it (its other tests' children would too): a test's clients join it
 /// themselves (`echo $$ > cgroup.procs`, or `Lab::place_in_cgroup`).
