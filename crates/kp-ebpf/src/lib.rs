@@ -347,8 +347,8 @@ pub fn hand_over(dir: &Path, idle: std::time::Duration) -> Result<HandOver, Erro
             _ => {}
         }
     }
-    remove_all(names::ADDRS, Ok(odd_addrs), |k| addrs.remove(k))?;
-    remove_all(names::SERVICES, Ok(odd_services), |k| services.remove(k))?;
+    remove_all(names::ADDRS, &odd_addrs, |k| addrs.remove(k))?;
+    remove_all(names::SERVICES, &odd_services, |k| services.remove(k))?;
     let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VALUE_SIZE]> =
         typed(names::CT, open(names::CT)?)?;
     let (mut entries, mut last_used) = (0, None::<std::time::Duration>);
@@ -385,12 +385,11 @@ pub fn monotonic_ns() -> std::io::Result<u64> {
 /// Removes `keys` (map `name`'s, as read) with `remove`.
 fn remove_all<K>(
     name: &'static str,
-    keys: Result<Vec<K>, aya::maps::MapError>,
+    keys: &[K],
     mut remove: impl FnMut(&K) -> Result<(), aya::maps::MapError>,
 ) -> Result<(), Error> {
-    let err = |source| Error::Map { name, source };
-    for k in &keys.map_err(err)? {
-        remove(k).map_err(err)?;
+    for k in keys {
+        remove(k).map_err(|source| Error::Map { name, source })?;
     }
     Ok(())
 }
